@@ -1,0 +1,39 @@
+# Quire: `make run` starts a local cluster, `make test` runs every test.
+# Both create .venv on first use and install the pinned dependencies into it.
+
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	&& { echo $$p; break; }; done)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -n "$(PYTHON)" || { echo "Quire needs Python 3.11 or newer" >&2; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/quire up $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Re-pin every dependency to what resolves today.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip && .lock-venv/bin/pip install --quiet '.[dev]'
+	{ echo '# Pinned versions of every dependency (pip install -c constraints.txt). Regenerate with `make lock`.'; \
+	  .lock-venv/bin/pip freeze --exclude quire; } > constraints.txt
+	rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) .pytest_cache

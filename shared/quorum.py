@@ -1,0 +1,60 @@
+"""Quorum arithmetic (BookKeeper's RoundRobinDistributionSchedule), shared by the gateway
+and the replicator. Pure: no IO, no clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumSpec:
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ack_quorum <= self.write_quorum <= self.ensemble_size:
+            raise ValueError(
+                "need 1 <= ack_quorum <= write_quorum <= ensemble_size, got "
+                f"E={self.ensemble_size} Qw={self.write_quorum} Qa={self.ack_quorum}"
+            )
+
+
+def write_set(entry_id: int, spec: QuorumSpec) -> tuple[int, ...]:
+    """Ensemble indexes that store `entry_id`: (e + i) mod E for i in [0, Qw)."""
+    return tuple((entry_id + i) % spec.ensemble_size for i in range(spec.write_quorum))
+
+
+def read_order(entry_id: int, spec: QuorumSpec) -> tuple[int, ...]:
+    """Ensemble indexes to try when reading `entry_id`, first the write set in order."""
+    return write_set(entry_id, spec)
+
+
+class AckSet:
+    """Which bookies of one entry's write set acknowledged it."""
+
+    __slots__ = ("_ack_quorum", "_acked", "_write_set")
+
+    def __init__(self, entry_id: int, spec: QuorumSpec) -> None:
+        self._write_set = frozenset(write_set(entry_id, spec))
+        self._ack_quorum = spec.ack_quorum
+        self._acked: set[int] = set()
+
+    def add(self, bookie_index: int) -> bool:
+        """Record an ack; True once the ack quorum is reached. Duplicates count once."""
+        if bookie_index not in self._write_set:
+            raise ValueError(f"bookie index {bookie_index} is not in the write set")
+        self._acked.add(bookie_index)
+        return self.complete
+
+    def remove(self, bookie_index: int) -> None:
+        """Forget an ack (its bookie was replaced before the entry completed)."""
+        self._acked.discard(bookie_index)
+
+    @property
+    def complete(self) -> bool:
+        return len(self._acked) >= self._ack_quorum
+
+    @property
+    def acked(self) -> frozenset[int]:
+        return frozenset(self._acked)

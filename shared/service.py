@@ -1,0 +1,201 @@
+"""The NATS service runner every Quire service stands on.
+
+It connects to NATS (retrying, then reconnecting forever), registers a `nats.micro`
+service (so `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` find it), serves endpoints with a
+bound on requests in flight, publishes events, and on SIGTERM or SIGINT drains: stop
+taking requests, finish the ones in flight, run the service's own shutdown steps, flush
+events, close the connection. A handler that raises is logged and answered with a
+micro error; it never takes the service down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import EndpointConfig, Service
+
+from shared import __version__
+from shared.config import QuireSettings, load_settings
+from shared.events import EventPublisher, ensure_event_stream
+from shared.logs import setup_logging
+from shared.subjects import Subjects
+from shared.telemetry import setup_tracing
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[None]]
+ShutdownStep = Callable[[], Awaitable[None]]
+
+CONNECT_DEADLINE_S = 60.0
+DRAIN_TIMEOUT_S = 10.0
+
+
+async def connect_nats(url: str, name: str, deadline_s: float = CONNECT_DEADLINE_S) -> NatsClient:
+    """Connect, retrying while the server is not up yet; later losses reconnect forever."""
+    give_up_at = time.monotonic() + deadline_s
+    while True:
+        try:
+            return await nats.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+                allow_reconnect=True,
+            )
+        except Exception as exc:
+            if time.monotonic() > give_up_at:
+                raise
+            log.info("waiting for NATS", extra={"url": url, "err": repr(exc)})
+            await asyncio.sleep(0.3)
+
+
+class ServiceRuntime:
+    def __init__(self, kind: str, settings: QuireSettings, instance: str,
+                 metadata: dict[str, str] | None = None) -> None:
+        self.kind = kind
+        self.settings = settings
+        self.instance = instance
+        self.subjects = Subjects(settings.subject_prefix)
+        self.metadata = dict(metadata or {})
+        self.nc: NatsClient
+        self.micro: Service
+        self.events: EventPublisher
+        self._stop = asyncio.Event()
+        self._shutdown_steps: list[ShutdownStep] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._in_flight: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        self.nc = await connect_nats(self.settings.nats_url, self.instance)
+        js = self.nc.jetstream()
+        await ensure_event_stream(js, self.subjects)
+        self.events = EventPublisher(js, self.subjects, source=self.instance)
+        self.events.start()
+        self.micro = await add_service(
+            self.nc,
+            name=f"quire-{self.kind}",
+            version=__version__,
+            description=f"Quire {self.kind} ({self.instance})",
+            metadata={"instance": self.instance, "pid": str(os.getpid()), **self.metadata},
+        )
+
+    async def add_endpoint(self, name: str, subject: str, handler: Handler, *,
+                           queue_group: str | None = None, max_in_flight: int = 256) -> None:
+        """Serve `subject`. Requests run as tasks, at most `max_in_flight` at once, started
+        in arrival order (a handler's synchronous prefix runs in that order)."""
+        slots = asyncio.Semaphore(max_in_flight)
+
+        async def serve(request: Request) -> None:
+            try:
+                await handler(request)
+            except Exception:
+                log.exception("handler failed", extra={"endpoint": name})
+                with contextlib.suppress(Exception):
+                    await request.respond_error("500", "internal error")
+            finally:
+                slots.release()
+
+        async def dispatch(request: Request) -> None:
+            await slots.acquire()
+            task = asyncio.create_task(serve(request))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+        await self.micro.add_endpoint(
+            EndpointConfig(name=name, subject=subject, handler=dispatch,
+                           queue_group=queue_group or f"q-{subject}")
+        )
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        """A background task, cancelled at shutdown. If it dies, the service stops."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._background.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background task died", exc_info=t.exception(), extra={"task": name})
+                self.stop()
+
+        task.add_done_callback(done)
+        return task
+
+    def on_shutdown(self, step: ShutdownStep) -> None:
+        """Run `step` at shutdown, after requests drained; steps run last-added first."""
+        self._shutdown_steps.append(step)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    async def shutdown(self) -> None:
+        log.info("draining")
+        with contextlib.suppress(Exception):
+            await self.micro.stop()
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=DRAIN_TIMEOUT_S)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for step in reversed(self._shutdown_steps):
+            try:
+                await step()
+            except Exception:
+                log.exception("shutdown step failed")
+        await self.events.close()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        log.info("stopped")
+
+
+def run_service(kind: str, main: Callable[[ServiceRuntime], Awaitable[None]], *,
+                instance: Callable[[QuireSettings], str] | None = None,
+                metadata: Callable[[QuireSettings], dict[str, str]] | None = None) -> int:
+    """Run one service process until SIGTERM or SIGINT. `main` sets up the endpoints and
+    background tasks and returns; the runner then waits and drains."""
+    settings = load_settings()
+    name = instance(settings) if instance else kind
+    static = {"bookie_id": settings.bookie_id} if kind in ("journal", "ledgerstore") else {}
+    setup_logging(name, settings.log_level, **static)
+    setup_tracing(kind)
+
+    async def amain() -> None:
+        rt = ServiceRuntime(kind, settings, name, metadata(settings) if metadata else None)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, rt.stop)
+        await rt.start()
+        try:
+            await main(rt)
+            log.info("started", extra={"pid": os.getpid()})
+            await rt.wait_stopped()
+        finally:
+            await rt.shutdown()
+
+    try:
+        import uvloop
+
+        uvloop.run(amain())
+    except Exception:
+        logging.getLogger(kind).exception("service failed")
+        return 1
+    return 0

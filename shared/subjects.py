@@ -1,0 +1,48 @@
+"""Every NATS subject Quire uses is built here, and nowhere else.
+
+    <prefix>.bookie.<bookie_id>.<op>   requests to one bookie (journal or ledgerstore)
+    <prefix>.meta.<area>.<op>          requests to the metadata service (queue group)
+    <prefix>.events.<kind>             domain events, captured by the QUIRE_EVENTS stream
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Bookie operations and which process of the bookie answers them.
+JOURNAL_OPS = ("add", "fence", "write_lac")
+LEDGERSTORE_OPS = ("read", "read_lac")
+# Bookie-internal: the journal tells its ledgerstore that records were committed, and the
+# ledgerstore tells its journal how far it has checkpointed.
+JOURNAL_COMMITTED = "journal.committed"
+JOURNAL_CHECKPOINT = "journal.checkpoint"
+
+METADATA_QUEUE_GROUP = "quire-metadata"
+EVENT_STREAM = "QUIRE_EVENTS"
+
+
+@dataclass(frozen=True)
+class Subjects:
+    prefix: str = "quire"
+
+    def bookie(self, bookie_id: str, op: str) -> str:
+        return f"{self.prefix}.bookie.{bookie_id}.{op}"
+
+    def meta(self, op: str) -> str:
+        """`op` is dotted, e.g. "ledger.create"."""
+        return f"{self.prefix}.meta.{op}"
+
+    def event(self, kind: str) -> str:
+        """`kind` is dotted, e.g. "ledger.created"."""
+        return f"{self.prefix}.events.{kind}"
+
+    @property
+    def events_wildcard(self) -> str:
+        return f"{self.prefix}.events.>"
+
+    @property
+    def event_stream(self) -> str:
+        # Stream names cannot contain dots; a non-default prefix gets its own stream.
+        if self.prefix == "quire":
+            return EVENT_STREAM
+        return f"{EVENT_STREAM}_{self.prefix.replace('.', '_').upper()}"

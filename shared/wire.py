@@ -1,0 +1,262 @@
+"""The compact binary encoding of bookie requests and replies.
+
+Entries travel as raw frames (see `shared.digest`), never as base64 JSON, and adds and
+reads go in batches: one NATS message carries many entries for one bookie. Every
+message starts with a version byte; every reply then carries a batch status
+(`BookieStatus`) before its items, so a malformed request gets BAD_REQUEST back.
+
+    add request     v u8 | n u32 | n x (flags u8 | master_key 20s | len u32 | frame)
+    add reply       v u8 | status u16 | n u32 | n x (ledger u64 | entry i64 | status u16)
+    read request    v u8 | n u32 | n x (ledger u64 | entry i64 | flags u8)
+    read reply      v u8 | status u16 | n u32 | n x (ledger u64 | entry i64 | status u16 |
+                                                     len u32 | frame)
+    read_lac req    v u8 | ledger u64
+    read_lac reply  v u8 | status u16 | lac i64 | last_entry i64
+    fence request   v u8 | ledger u64 | master_key 20s
+    fence reply     v u8 | status u16 | lac i64 | last_entry i64
+    write_lac req   v u8 | ledger u64 | master_key 20s | lac i64
+    write_lac reply v u8 | status u16
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from shared.digest import MASTER_KEY_SIZE
+from shared.status import BookieStatus
+
+VERSION = 1
+
+FLAG_RECOVERY_ADD = 0x01  # an add by recovery: allowed on a fenced ledger
+
+_U8 = struct.Struct(">B")
+_COUNT = struct.Struct(">BI")
+_REPLY_HEAD = struct.Struct(">BHI")
+_ADD_ITEM = struct.Struct(f">B{MASTER_KEY_SIZE}sI")
+_ADD_RESULT = struct.Struct(">QqH")
+_READ_ITEM = struct.Struct(">QqB")
+_READ_RESULT = struct.Struct(">QqHI")
+_LEDGER = struct.Struct(">BQ")
+_LAC_REPLY = struct.Struct(">BHqq")
+_FENCE_REQ = struct.Struct(f">BQ{MASTER_KEY_SIZE}s")
+_WRITE_LAC_REQ = struct.Struct(f">BQ{MASTER_KEY_SIZE}sq")
+_STATUS_REPLY = struct.Struct(">BH")
+
+
+class WireError(ValueError):
+    """A message that does not decode: the sender gets BAD_REQUEST."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddItem:
+    flags: int
+    master_key: bytes
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    ledger_id: int
+    entry_id: int
+    status: BookieStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ReadItem:
+    ledger_id: int
+    entry_id: int
+    flags: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    ledger_id: int
+    entry_id: int
+    status: BookieStatus
+    frame: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class LacReply:
+    status: BookieStatus
+    lac: int = -1
+    last_entry_id: int = -1
+
+
+def _check_version(data: bytes) -> None:
+    if not data:
+        raise WireError("empty message")
+    if data[0] != VERSION:
+        raise WireError(f"unknown wire version {data[0]}")
+
+
+def _status(value: int) -> BookieStatus:
+    try:
+        return BookieStatus(value)
+    except ValueError as exc:
+        raise WireError(f"unknown bookie status {value}") from exc
+
+
+def _unpack(fmt: struct.Struct, data: bytes | memoryview, offset: int) -> tuple:
+    if offset + fmt.size > len(data):
+        raise WireError("message truncated")
+    return fmt.unpack_from(data, offset)
+
+
+# -- add ---------------------------------------------------------------------------------
+
+
+def encode_add_request(items: list[AddItem]) -> bytes:
+    parts = [_COUNT.pack(VERSION, len(items))]
+    for item in items:
+        if len(item.master_key) != MASTER_KEY_SIZE:
+            raise ValueError("master key must be 20 bytes")
+        parts.append(_ADD_ITEM.pack(item.flags, item.master_key, len(item.frame)))
+        parts.append(item.frame)
+    return b"".join(parts)
+
+
+def decode_add_request(data: bytes) -> list[AddItem]:
+    _check_version(data)
+    view = memoryview(data)
+    _, count = _unpack(_COUNT, view, 0)
+    offset = _COUNT.size
+    items = []
+    for _ in range(count):
+        flags, key, size = _unpack(_ADD_ITEM, view, offset)
+        offset += _ADD_ITEM.size
+        if offset + size > len(view):
+            raise WireError("add request truncated")
+        items.append(AddItem(flags, key, bytes(view[offset : offset + size])))
+        offset += size
+    if offset != len(view):
+        raise WireError("trailing bytes after add request")
+    return items
+
+
+def encode_add_reply(status: BookieStatus, results: list[AddResult]) -> bytes:
+    parts = [_REPLY_HEAD.pack(VERSION, status, len(results))]
+    parts.extend(_ADD_RESULT.pack(r.ledger_id, r.entry_id, r.status) for r in results)
+    return b"".join(parts)
+
+
+def decode_add_reply(data: bytes) -> tuple[BookieStatus, list[AddResult]]:
+    _check_version(data)
+    _, status, count = _unpack(_REPLY_HEAD, data, 0)
+    offset = _REPLY_HEAD.size
+    results = []
+    for _ in range(count):
+        ledger_id, entry_id, st = _unpack(_ADD_RESULT, data, offset)
+        offset += _ADD_RESULT.size
+        results.append(AddResult(ledger_id, entry_id, _status(st)))
+    return _status(status), results
+
+
+# -- read --------------------------------------------------------------------------------
+
+
+def encode_read_request(items: list[ReadItem]) -> bytes:
+    parts = [_COUNT.pack(VERSION, len(items))]
+    parts.extend(_READ_ITEM.pack(i.ledger_id, i.entry_id, i.flags) for i in items)
+    return b"".join(parts)
+
+
+def decode_read_request(data: bytes) -> list[ReadItem]:
+    _check_version(data)
+    _, count = _unpack(_COUNT, data, 0)
+    if len(data) != _COUNT.size + count * _READ_ITEM.size:
+        raise WireError("read request has the wrong length")
+    return [
+        ReadItem(*_READ_ITEM.unpack_from(data, _COUNT.size + i * _READ_ITEM.size))
+        for i in range(count)
+    ]
+
+
+def encode_read_reply(status: BookieStatus, results: list[ReadResult]) -> bytes:
+    parts = [_REPLY_HEAD.pack(VERSION, status, len(results))]
+    for r in results:
+        parts.append(_READ_RESULT.pack(r.ledger_id, r.entry_id, r.status, len(r.frame)))
+        parts.append(r.frame)
+    return b"".join(parts)
+
+
+def decode_read_reply(data: bytes) -> tuple[BookieStatus, list[ReadResult]]:
+    _check_version(data)
+    view = memoryview(data)
+    _, status, count = _unpack(_REPLY_HEAD, view, 0)
+    offset = _REPLY_HEAD.size
+    results = []
+    for _ in range(count):
+        ledger_id, entry_id, st, size = _unpack(_READ_RESULT, view, offset)
+        offset += _READ_RESULT.size
+        if offset + size > len(view):
+            raise WireError("read reply truncated")
+        results.append(ReadResult(ledger_id, entry_id, _status(st), bytes(view[offset : offset + size])))
+        offset += size
+    return _status(status), results
+
+
+# -- LAC, fence --------------------------------------------------------------------------
+
+
+def encode_read_lac_request(ledger_id: int) -> bytes:
+    return _LEDGER.pack(VERSION, ledger_id)
+
+
+def decode_read_lac_request(data: bytes) -> int:
+    _check_version(data)
+    if len(data) != _LEDGER.size:
+        raise WireError("read_lac request has the wrong length")
+    return _LEDGER.unpack(data)[1]
+
+
+def encode_lac_reply(reply: LacReply) -> bytes:
+    return _LAC_REPLY.pack(VERSION, reply.status, reply.lac, reply.last_entry_id)
+
+
+def decode_lac_reply(data: bytes) -> LacReply:
+    _check_version(data)
+    if len(data) != _LAC_REPLY.size:
+        raise WireError("LAC reply has the wrong length")
+    _, status, lac, last = _LAC_REPLY.unpack(data)
+    return LacReply(_status(status), lac, last)
+
+
+def encode_fence_request(ledger_id: int, master_key: bytes) -> bytes:
+    return _FENCE_REQ.pack(VERSION, ledger_id, master_key)
+
+
+def decode_fence_request(data: bytes) -> tuple[int, bytes]:
+    _check_version(data)
+    if len(data) != _FENCE_REQ.size:
+        raise WireError("fence request has the wrong length")
+    _, ledger_id, key = _FENCE_REQ.unpack(data)
+    return ledger_id, key
+
+
+def encode_write_lac_request(ledger_id: int, master_key: bytes, lac: int) -> bytes:
+    return _WRITE_LAC_REQ.pack(VERSION, ledger_id, master_key, lac)
+
+
+def decode_write_lac_request(data: bytes) -> tuple[int, bytes, int]:
+    _check_version(data)
+    if len(data) != _WRITE_LAC_REQ.size:
+        raise WireError("write_lac request has the wrong length")
+    _, ledger_id, key, lac = _WRITE_LAC_REQ.unpack(data)
+    return ledger_id, key, lac
+
+
+def encode_status_reply(status: BookieStatus) -> bytes:
+    return _STATUS_REPLY.pack(VERSION, status)
+
+
+def decode_status_reply(data: bytes) -> BookieStatus:
+    _check_version(data)
+    if len(data) != _STATUS_REPLY.size:
+        raise WireError("status reply has the wrong length")
+    return _status(_STATUS_REPLY.unpack(data)[1])
+
+
+def peek_version(data: bytes) -> int:
+    return _U8.unpack_from(data, 0)[0] if data else -1
