@@ -66,3 +66,20 @@ async def nc(nats_url: str) -> AsyncIterator:
     client = await nats.connect(nats_url)
     yield client
     await client.drain()
+
+
+@pytest.fixture
+def fresh_database_url(database_url: str) -> Iterator[str]:
+    """A new, empty database on the session's PostgreSQL, dropped after the test."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    name = f"t_{os.urandom(6).hex()}"
+    admin = {"host": url.host, "port": url.port, "user": url.username, "dbname": "postgres",
+             "autocommit": True}
+    with psycopg.connect(**admin) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield url.set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(**admin) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
