@@ -7,6 +7,7 @@ own (so its pid is real and its death is seen), listening on loopback only.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import pwd
@@ -22,11 +23,26 @@ from pathlib import Path
 NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # room for a 5 MiB entry plus its batch framing
 PG_USER = "quire"
 PG_DATABASE = "quire"
+STARTUP_ATTEMPTS = 5
 UNPRIVILEGED_USER = "nobody"  # PostgreSQL refuses to run as root
 
 
 class InfraError(RuntimeError):
     pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGTERM):
+    """A preexec_fn: the child gets `signum` when the process that started it dies, so a
+    killed `quire up` or test run leaves no server behind holding ports and data dirs."""
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signum)
+
+    return preexec
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -112,7 +128,7 @@ def start_nats(directory: Path, port: int | None = None, host: str = "127.0.0.1"
         proc = subprocess.Popen(
             [str(nats_server_binary()), "-c", str(config)],
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent(),
         )
     managed = ManagedProcess(name, "nats", proc, url=f"nats://{host}:{port}", log_path=log_path)
     try:
@@ -189,7 +205,27 @@ def start_postgres(directory: Path, port: int | None = None, host: str = "127.0.
         )
         if done.returncode != 0:
             raise InfraError(f"initdb failed ({done.returncode}): {done.stderr.strip()}")
-    port = port or free_port(host)
+    # After a kill -9 the old server's backends may hold its shared memory a moment
+    # longer; a start that exits early is retried a few times.
+    for attempt in range(STARTUP_ATTEMPTS):
+        managed = _launch_postgres(directory, data, port or free_port(host), host, name, user)
+        try:
+            wait_for_port(host, managed.extra["port"], 30, managed.proc, what="postgres")
+            _create_database(host, managed.extra["port"])
+            return managed
+        except InfraError:
+            managed.stop()
+            if managed.proc.returncode is None or attempt == STARTUP_ATTEMPTS - 1:
+                raise
+            time.sleep(1.0)
+        except Exception:
+            managed.stop()
+            raise
+    raise AssertionError("unreachable")
+
+
+def _launch_postgres(directory: Path, data: Path, port: int, host: str, name: str,
+                     user: str | None) -> ManagedProcess:
     log_path = directory / "postgres.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
@@ -197,19 +233,14 @@ def start_postgres(directory: Path, port: int | None = None, host: str = "127.0.
              "-p", str(port), "-c", "unix_socket_directories=", "-c", "fsync=on",
              "-c", "max_connections=200"],
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory,
-            start_new_session=True, **_identity(user),
+            start_new_session=True, preexec_fn=die_with_parent(signal.SIGINT),
+            **_identity(user),
         )
-    managed = ManagedProcess(
+    return ManagedProcess(
         name, "postgres", proc, url=f"postgresql+psycopg://{PG_USER}@{host}:{port}/{PG_DATABASE}",
         log_path=log_path, stop_signal=signal.SIGINT,  # SIGINT: PostgreSQL's fast shutdown
+        extra={"port": port},
     )
-    try:
-        wait_for_port(host, port, 30, proc, what="postgres")
-        _create_database(host, port)
-    except Exception:
-        managed.stop()
-        raise
-    return managed
 
 
 def _create_database(host: str, port: int, timeout_s: float = 30.0) -> None:

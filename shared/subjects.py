@@ -2,6 +2,7 @@
 
     <prefix>.bookie.<bookie_id>.<op>   requests to one bookie (journal or ledgerstore)
     <prefix>.meta.<area>.<op>          requests to the metadata service (queue group)
+    <prefix>.<service>.<op>            requests to the auditor or replicators
     <prefix>.events.<kind>             domain events, captured by the QUIRE_EVENTS stream
 """
 
@@ -31,6 +32,10 @@ class Subjects:
     def meta(self, op: str) -> str:
         """`op` is dotted, e.g. "ledger.create"."""
         return f"{self.prefix}.meta.{op}"
+
+    def service(self, kind: str, op: str) -> str:
+        """Requests to a singleton-style service, e.g. ("auditor", "status")."""
+        return f"{self.prefix}.{kind}.{op}"
 
     def event(self, kind: str) -> str:
         """`kind` is dotted, e.g. "ledger.created"."""

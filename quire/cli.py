@@ -1,0 +1,53 @@
+"""The `quire` command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="quire",
+    help="Quire: a replicated, append-only ledger store in the shape of Apache BookKeeper.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def up(
+    data_dir: Annotated[Path, typer.Option(help="Where every process keeps its files.")] = Path(
+        "./quire-data"
+    ),
+    bookies: Annotated[int, typer.Option(min=1, max=64, help="How many bookies to run.")] = 4,
+    http_port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway HTTP port.")] = 7480,
+    grpc_port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway gRPC port.")] = 7481,
+) -> None:
+    """Start a whole cluster on this machine and stay in the foreground.
+
+    NATS and PostgreSQL are started too, unless QUIRE_NATS_URL / QUIRE_DATABASE_URL name
+    existing ones. Ctrl-C (or SIGTERM) stops everything cleanly; running it again on the
+    same data dir brings back every ledger and every acknowledged entry.
+    """
+    from quire.cluster import ClusterConfig, run_up
+
+    config = ClusterConfig(
+        data_dir=data_dir,
+        bookies=bookies,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        nats_url=os.environ.get("QUIRE_NATS_URL") or None,
+        database_url=os.environ.get("QUIRE_DATABASE_URL") or None,
+    )
+    raise typer.Exit(run_up(config))
+
+
+@app.callback()
+def _main() -> None:
+    """Quire's command line: `quire up` starts a local cluster."""
+
+
+def main() -> None:
+    app()

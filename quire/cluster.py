@@ -1,0 +1,268 @@
+"""`quire up`: a whole Quire cluster on this machine, in the foreground.
+
+Starts NATS and PostgreSQL (unless QUIRE_NATS_URL / QUIRE_DATABASE_URL name existing
+ones), then the metadata service, N bookies (a journal and a ledgerstore each), the
+auditor, the replicator and the gateway, each as its own process. It prints the ready
+line once the gateway answers /readyz, keeps DIR/cluster.json up to date, reports a
+process that dies (the rest keeps serving), and on SIGINT or SIGTERM stops everything
+in order: gateway first, PostgreSQL and NATS last.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from quire.infra import InfraError, ManagedProcess, die_with_parent, start_nats, start_postgres
+
+READY_TIMEOUT_S = 120.0
+MONITOR_INTERVAL_S = 0.5
+
+
+@dataclass
+class ClusterConfig:
+    data_dir: Path
+    bookies: int = 4
+    http_port: int = 7480
+    grpc_port: int = 7481
+    host: str = "127.0.0.1"
+    nats_url: str | None = None  # existing NATS, from QUIRE_NATS_URL
+    database_url: str | None = None  # existing PostgreSQL, from QUIRE_DATABASE_URL
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return [f"bookie-{i}" for i in range(1, self.bookies + 1)]
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    kind: str
+    proc: subprocess.Popen
+    bookie_id: str | None = None
+    log_path: Path | None = None
+    reported_dead: bool = False
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig, out: IO[str] = sys.stdout,
+                 err: IO[str] = sys.stderr) -> None:
+        self.config = config
+        self.data_dir = config.data_dir.resolve()
+        self.out = out
+        self.err = err
+        self.nats: ManagedProcess | None = None
+        self.postgres: ManagedProcess | None = None
+        self.nats_url = config.nats_url or ""
+        self.database_url = config.database_url or ""
+        self.services: list[ServiceProcess] = []
+        self._lock_file: IO[str] | None = None
+        self._stopping = threading.Event()
+
+    # -- start --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        try:
+            if not self.nats_url:
+                self.nats = start_nats(self.data_dir / "nats", host=self.config.host)
+                self.nats_url = self.nats.url
+            if not self.database_url:
+                self.postgres = start_postgres(self.data_dir / "postgres", host=self.config.host)
+                self.database_url = self.postgres.url
+            self._spawn("metadata", "metadata")
+            for bookie_id in self.config.bookie_ids:
+                (self.data_dir / bookie_id).mkdir(exist_ok=True)
+                self._spawn(f"{bookie_id}.journal", "journal", bookie_id)
+                self._spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id)
+            self._spawn("auditor", "auditor")
+            self._spawn("replicator", "replicator")
+            self._spawn("gateway", "gateway")
+            self.write_cluster_json()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _lock_data_dir(self) -> None:
+        self._lock_file = open(self.data_dir / ".lock", "w")  # noqa: SIM115 (held while up)
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InfraError(f"another `quire up` is running on {self.data_dir}") from None
+
+    def _env(self, bookie_id: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "QUIRE_NATS_URL": self.nats_url,
+            "QUIRE_DATABASE_URL": self.database_url,
+            "QUIRE_DATA_DIR": str(self.data_dir),
+            "QUIRE_GATEWAY__HTTP_HOST": self.config.host,
+            "QUIRE_GATEWAY__HTTP_PORT": str(self.config.http_port),
+            "QUIRE_GATEWAY__GRPC_PORT": str(self.config.grpc_port),
+            "QUIRE_GATEWAY__READY_MIN_WRITABLE_BOOKIES": str(min(3, self.config.bookies)),
+        })
+        env.update(self.config.extra_env)
+        if bookie_id:
+            env["QUIRE_BOOKIE_ID"] = bookie_id
+        return env
+
+    def _spawn(self, name: str, kind: str, bookie_id: str | None = None) -> None:
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{kind}"],
+                env=self._env(bookie_id), stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(),
+            )
+        self.services.append(ServiceProcess(name, kind, proc, bookie_id, log_path))
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.config.host}:{self.config.grpc_port}"
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                gateway = self.service("gateway")
+                if gateway.proc.poll() is not None:
+                    raise InfraError(f"the gateway exited ({gateway.proc.returncode}); "
+                                     f"see {gateway.log_path}")
+                try:
+                    if client.get(f"{self.http_url}/readyz").status_code == 200:
+                        print(f"quire: gateway ready at {self.http_url} "
+                              f"(grpc {self.grpc_address})", file=self.out, flush=True)
+                        return
+                except httpx.HTTPError:
+                    pass
+                self.check_processes()
+                time.sleep(0.2)
+        raise InfraError(f"the gateway was not ready within {READY_TIMEOUT_S:.0f} s; "
+                         f"see the logs in {self.data_dir / 'logs'}")
+
+    def service(self, name: str) -> ServiceProcess:
+        return next(s for s in self.services if s.name == name)
+
+    # -- cluster.json -------------------------------------------------------------------
+
+    def cluster_info(self) -> dict:
+        rows = []
+        for managed in (self.nats, self.postgres):
+            if managed is not None:
+                rows.append({"name": managed.name, "kind": managed.kind, "bookie_id": None,
+                             "pid": managed.pid})
+        rows.extend({"name": s.name, "kind": s.kind, "bookie_id": s.bookie_id, "pid": s.proc.pid,
+                     "log": str(s.log_path)} for s in self.services)
+        return {
+            "gateway": {"http": self.http_url, "grpc": self.grpc_address,
+                        "pid": self.service("gateway").proc.pid},
+            "nats_url": self.nats_url,
+            "database_url": self.database_url,
+            "data_dir": str(self.data_dir),
+            "pid": os.getpid(),
+            "services": rows,
+        }
+
+    def write_cluster_json(self) -> None:
+        path = self.data_dir / "cluster.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.cluster_info(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    # -- running ------------------------------------------------------------------------
+
+    def check_processes(self) -> list[str]:
+        """Report (once) every process that died; the others keep serving."""
+        died = []
+        for svc in self.services:
+            code = svc.proc.poll()
+            if code is not None and not svc.reported_dead:
+                svc.reported_dead = True
+                died.append(svc.name)
+                print(f"quire: {svc.name} (pid {svc.proc.pid}) exited with code {code}; "
+                      f"see {svc.log_path}", file=self.err, flush=True)
+        for managed in (self.nats, self.postgres):
+            if managed is not None and not managed.alive() and managed.name not in died:
+                if not getattr(managed, "reported_dead", False):
+                    managed.reported_dead = True  # type: ignore[attr-defined]
+                    died.append(managed.name)
+                    print(f"quire: {managed.name} (pid {managed.pid}) exited with code "
+                          f"{managed.proc.returncode}; see {managed.log_path}",
+                          file=self.err, flush=True)
+        return died
+
+    def run_until_stopped(self) -> None:
+        while not self._stopping.wait(MONITOR_INTERVAL_S):
+            self.check_processes()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    # -- stop ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop in dependency order: gateway, auditor and replicator, ledgerstores,
+        journals, metadata, then PostgreSQL and NATS."""
+        self._stopping.set()
+        order = ["gateway", "auditor", "replicator", "ledgerstore", "journal", "metadata"]
+        for kind in order:
+            group = [s for s in self.services if s.kind == kind]
+            for svc in group:
+                if svc.proc.poll() is None:
+                    svc.proc.send_signal(signal.SIGTERM)
+            for svc in group:
+                try:
+                    svc.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    print(f"quire: {svc.name} did not stop in time; killing it", file=self.err)
+                    svc.proc.kill()
+                    svc.proc.wait(timeout=10)
+        for managed in (self.postgres, self.nats):
+            if managed is not None:
+                managed.stop()
+        (self.data_dir / "cluster.json").unlink(missing_ok=True)
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+
+def run_up(config: ClusterConfig) -> int:
+    """The body of `quire up`: start, serve until SIGINT/SIGTERM, stop."""
+    cluster = Cluster(config)
+
+    def on_signal(signum: int, frame: object) -> None:
+        cluster.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        cluster.start()
+    except (InfraError, OSError, subprocess.SubprocessError) as exc:
+        print(f"quire: {exc}", file=sys.stderr)
+        return 1
+    print(f"quire: data in {cluster.data_dir}, logs in {cluster.data_dir / 'logs'}; "
+          "Ctrl-C stops the cluster", file=sys.stderr, flush=True)
+    cluster.run_until_stopped()
+    print("quire: stopping", file=sys.stderr, flush=True)
+    cluster.stop()
+    print("quire: stopped", file=sys.stderr, flush=True)
+    return 0

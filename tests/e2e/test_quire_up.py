@@ -1,0 +1,329 @@
+"""End to end: `quire up` as a user runs it, driven through the HTTP API.
+
+One cluster per module (starting one costs seconds); the tests run in file order and
+build on each other: write, restart cleanly, kill -9 everything, restart, read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from tests.support.cluster import QuireUp, pid_alive, wait_gone
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PASSWORD = "s3cret"
+AUTH = {"Quire-Ledger-Password": PASSWORD}
+KINDS = {"nats", "postgres", "metadata", "journal", "ledgerstore", "auditor", "replicator",
+         "gateway"}
+
+
+def payload(ledger_id: int, i: int) -> bytes:
+    """Distinct, binary, varied-length payloads (byte-exactness is part of the check)."""
+    return bytes([i % 256]) * (i % 37) + f"{ledger_id}:{i}".encode() + b"\x00\xff"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
+    # infra_dir makes the temp tree enterable by PostgreSQL's unprivileged user.
+    data_dir = tmp_path_factory.mktemp("e2e") / "quire-data"
+    up = QuireUp(data_dir)
+    up.start()
+    yield up
+    if up.proc and up.proc.poll() is None:
+        up.stop()
+    if (data_dir / "cluster.json").exists():
+        for pid in up.pids():
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# Everything the tests have had acknowledged: ledger id -> {entry id: bytes}.
+ACKED: dict[int, dict[int, bytes]] = {}
+STATE: dict[str, int] = {}
+
+
+def create_ledger(client: httpx.Client, **overrides) -> dict:
+    body = {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2, "digest": "crc32c",
+            "password": PASSWORD, "metadata": {"owner": "e2e"}} | overrides
+    resp = client.post("/v1/ledgers", json=body)
+    assert resp.status_code == 201, resp.text
+    ledger = resp.json()
+    ACKED[ledger["ledger_id"]] = {}
+    return ledger
+
+
+def append_one(client: httpx.Client, ledger_id: int, data: bytes) -> int:
+    resp = client.post(f"/v1/ledgers/{ledger_id}/entries", content=data,
+                       headers={**AUTH, "Content-Type": "application/octet-stream"})
+    assert resp.status_code == 200, resp.text
+    entry_id = resp.json()["entry_id"]
+    ACKED[ledger_id][entry_id] = data
+    return entry_id
+
+
+def append_batch(client: httpx.Client, ledger_id: int, items: list[bytes]) -> tuple[int, int]:
+    resp = client.post(f"/v1/ledgers/{ledger_id}/entries", headers=AUTH,
+                       json={"entries": [base64.b64encode(d).decode() for d in items]})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    first, last = body["first_entry_id"], body["last_entry_id"]
+    assert last - first + 1 == len(items)
+    for offset, data in enumerate(items):
+        ACKED[ledger_id][first + offset] = data
+    return first, last
+
+
+def read_all(client: httpx.Client, ledger_id: int, unconfirmed: bool = False) -> dict[int, bytes]:
+    expected = ACKED[ledger_id]
+    last = max(expected)
+    got: dict[int, bytes] = {}
+    start = 0
+    while start <= last:
+        end = min(start + 499, last)
+        params = {"from": start, "to": end}
+        if unconfirmed:
+            params["unconfirmed"] = "true"
+        resp = client.get(f"/v1/ledgers/{ledger_id}/entries", params=params, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        for entry in resp.json()["entries"]:
+            got[entry["entry_id"]] = base64.b64decode(entry["data"])
+        start = end + 1
+    return got
+
+
+def test_ready_line_and_cluster_json(cluster: QuireUp) -> None:
+    assert cluster.ready_line == (f"quire: gateway ready at http://127.0.0.1:{cluster.http_port} "
+                                  f"(grpc 127.0.0.1:{cluster.grpc_port})")
+    info = cluster.cluster_json()
+    assert info["gateway"]["http"] == cluster.url
+    assert info["gateway"]["grpc"] == f"127.0.0.1:{cluster.grpc_port}"
+    assert info["nats_url"].startswith("nats://127.0.0.1:")
+    assert info["database_url"].startswith("postgresql")
+    kinds = [row["kind"] for row in info["services"]]
+    assert set(kinds) == KINDS
+    assert kinds.count("journal") == kinds.count("ledgerstore") == 4
+    for row in info["services"]:
+        assert pid_alive(row["pid"]), row
+    assert info["gateway"]["pid"] in [r["pid"] for r in info["services"] if r["kind"] == "gateway"]
+    for i in range(1, 5):
+        assert (cluster.data_dir / f"bookie-{i}" / "journal").is_dir()
+    assert (cluster.data_dir / "nats").is_dir()
+    assert (cluster.data_dir / "postgres").is_dir()
+
+
+def test_every_service_answers_discovery(cluster: QuireUp) -> None:
+    async def ping() -> list[dict]:
+        nc = await nats.connect(cluster.cluster_json()["nats_url"])
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish("$SRV.PING", b"", reply=inbox)
+        replies = []
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                msg = await sub.next_msg(timeout=0.3)
+            except nats.errors.TimeoutError:
+                continue
+            replies.append(json.loads(msg.data))
+        await nc.drain()
+        return replies
+
+    names = sorted(r["name"] for r in asyncio.run(ping()))
+    assert names.count("quire-journal") == 4
+    assert names.count("quire-ledgerstore") == 4
+    for kind in ("metadata", "auditor", "replicator", "gateway"):
+        assert f"quire-{kind}" in names
+
+
+def test_bookies_registered(cluster: QuireUp) -> None:
+    with cluster.client() as client:
+        bookies = client.get("/v1/bookies").json()["bookies"]
+    assert sorted(b["bookie_id"] for b in bookies) == [f"bookie-{i}" for i in range(1, 5)]
+    assert {b["state"] for b in bookies} == {"writable"}
+
+
+def test_thousand_appends_read_back_byte_exact_then_close(cluster: QuireUp) -> None:
+    with cluster.client() as client:
+        ledger = create_ledger(client)
+        lid = ledger["ledger_id"]
+        assert ledger["state"] == "OPEN" and ledger["last_entry_id"] is None
+        assert "password" not in json.dumps(ledger)
+        assert len(ledger["segments"][0]["bookies"]) == 3
+        for i in range(500):
+            assert append_one(client, lid, payload(lid, i)) == i
+        for batch in range(50):
+            first, _ = append_batch(client, lid, [payload(lid, 500 + batch * 10 + k)
+                                                  for k in range(10)])
+            assert first == 500 + batch * 10
+        assert read_all(client, lid) == ACKED[lid]
+        one = client.get(f"/v1/ledgers/{lid}/entries/777", headers=AUTH)
+        assert one.status_code == 200 and one.content == ACKED[lid][777]
+        assert int(one.headers["Quire-LAC"]) >= 998
+        closed = client.post(f"/v1/ledgers/{lid}/close", headers=AUTH)
+        assert closed.status_code == 200, closed.text
+        assert closed.json() == {"state": "CLOSED", "last_entry_id": 999}
+        after = client.post(f"/v1/ledgers/{lid}/entries", content=b"late", headers={
+            **AUTH, "Content-Type": "application/octet-stream"})
+        assert after.status_code == 409 and after.json()["code"] == "LEDGER_CLOSED"
+        meta = client.get(f"/v1/ledgers/{lid}").json()
+        assert meta["state"] == "CLOSED" and meta["last_entry_id"] == 999
+        assert meta["length"] == sum(len(d) for d in ACKED[lid].values())
+        # Closed: the LAC is the last entry, and every entry reads.
+        assert read_all(client, lid) == ACKED[lid]
+        STATE["closed"] = lid
+
+
+def test_events_reach_the_stream(cluster: QuireUp) -> None:
+    lid = STATE["closed"]
+
+    async def kinds() -> set[str]:
+        nc = await nats.connect(cluster.cluster_json()["nats_url"])
+        js = nc.jetstream()
+        sub = await js.subscribe("quire.events.>", ordered_consumer=True)
+        seen = set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not {"ledger.created", "ledger.closed"} <= seen:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            event = json.loads(msg.data)
+            assert event["schema_version"] == 1 and event["ts_ms"] > 0
+            if event.get("ledger_id") == lid:
+                seen.add(event["kind"])
+        await nc.drain()
+        return seen
+
+    assert {"ledger.created", "ledger.closed"} <= asyncio.run(kinds())
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "code"),
+    [
+        ("post", "/v1/ledgers", {"json": {"ensemble_size": 3, "write_quorum": 4, "ack_quorum": 2,
+                                          "password": "p"}}, 400, "INVALID_ARGUMENT"),
+        ("post", "/v1/ledgers", {"json": {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2,
+                                          "digest": "md5", "password": "p"}}, 400,
+         "INVALID_ARGUMENT"),
+        ("post", "/v1/ledgers", {"content": b"{not json", "headers": {
+            "Content-Type": "application/json"}}, 400, "INVALID_ARGUMENT"),
+        ("post", "/v1/ledgers", {"json": {"ensemble_size": 9, "write_quorum": 3, "ack_quorum": 2,
+                                          "password": "p"}}, 503, "NOT_ENOUGH_BOOKIES"),
+        ("get", "/v1/ledgers/999999999", {}, 404, "NO_SUCH_LEDGER"),
+        ("get", "/v1/ledgers/abc", {}, 400, "INVALID_ARGUMENT"),
+        ("get", "/v1/ledgers/{open}/entries?from=0&to=0", {}, 403, "UNAUTHORIZED"),
+        ("get", "/v1/ledgers/{open}/entries?from=0&to=0", {"headers": {
+            "Quire-Ledger-Password": "wrong"}}, 403, "UNAUTHORIZED"),
+        ("get", "/v1/ledgers/{open}/entries?from=5&to=2", {"headers": AUTH}, 400,
+         "INVALID_ARGUMENT"),
+        ("get", "/v1/ledgers/{open}/entries/12345", {"headers": AUTH}, 404, "NO_SUCH_ENTRY"),
+        ("post", "/v1/ledgers/{open}/entries", {"json": {"entries": ["aGk=", "%%%"]},
+                                                "headers": AUTH}, 400, "INVALID_ARGUMENT"),
+        ("post", "/v1/ledgers/{open}/entries", {"content": b"x" * (5 * 1024 * 1024 + 1),
+                                                "headers": {**AUTH, "Content-Type":
+                                                            "application/octet-stream"}},
+         413, "ENTRY_TOO_LARGE"),
+        ("post", "/v1/ledgers/{open}/close", {}, 403, "UNAUTHORIZED"),
+        ("delete", "/v1/ledgers/{open}", {"headers": {"Quire-Ledger-Password": "no"}}, 403,
+         "UNAUTHORIZED"),
+        ("get", "/v1/ledgers/{open}/lac?after=-1&timeout_ms=-5", {"headers": AUTH}, 400,
+         "INVALID_ARGUMENT"),
+    ],
+)
+def test_bad_input_gets_its_code_and_changes_nothing(cluster: QuireUp, method: str, path: str,
+                                                     kwargs: dict, status: int, code: str) -> None:
+    with cluster.client() as client:
+        if "open" not in STATE:
+            STATE["open"] = create_ledger(client)["ledger_id"]
+            append_one(client, STATE["open"], b"first")
+        lid = STATE["open"]
+        before = client.get(f"/v1/ledgers/{lid}").json()
+        listed_before = client.get("/v1/ledgers", params={"limit": 1000}).json()
+        resp = client.request(method, path.replace("{open}", str(lid)), **kwargs)
+        # API.md: INVALID_ARGUMENT is 400 or 422.
+        allowed = {400, 422} if code == "INVALID_ARGUMENT" else {status}
+        assert resp.status_code in allowed, resp.text
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        problem = resp.json()
+        assert problem["code"] == code and problem["status"] == resp.status_code
+        assert {"type", "title", "detail"} <= problem.keys()
+        assert client.get(f"/v1/ledgers/{lid}").json() == before
+        assert client.get("/v1/ledgers", params={"limit": 1000}).json() == listed_before
+        assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
+
+
+def test_open_ledger_with_acknowledged_entries(cluster: QuireUp) -> None:
+    with cluster.client() as client:
+        lid = create_ledger(client, ensemble_size=4, write_quorum=3, ack_quorum=2,
+                            digest="crc32")["ledger_id"]
+        append_batch(client, lid, [payload(lid, i) for i in range(200)])
+        for i in range(200, 300):
+            append_one(client, lid, payload(lid, i))
+        lac = client.get(f"/v1/ledgers/{lid}/lac", headers=AUTH).json()["lac"]
+        assert lac >= 298  # the LAC rides on the next add: at least all but the last
+        STATE["open_written"] = lid
+
+
+def test_clean_restart_brings_everything_back(cluster: QuireUp) -> None:
+    pids = cluster.pids()
+    assert cluster.stop() == 0
+    assert wait_gone(pids) == [], "quire up left processes behind"
+    assert not (cluster.data_dir / "cluster.json").exists()
+    cluster.start()
+    with cluster.client() as client:
+        assert client.get(f"/v1/ledgers/{STATE['closed']}").json()["state"] == "CLOSED"
+        for lid in ACKED:
+            assert read_all(client, lid, unconfirmed=True) == ACKED[lid], lid
+        assert read_all(client, STATE["closed"]) == ACKED[STATE["closed"]]
+
+
+def test_new_ledgers_after_restart(cluster: QuireUp) -> None:
+    with cluster.client() as client:
+        lid = create_ledger(client, digest="hmac")["ledger_id"]
+        assert lid not in (STATE["closed"], STATE["open"])
+        append_batch(client, lid, [payload(lid, i) for i in range(100)])
+        append_one(client, lid, b"tail")
+        assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
+
+
+def test_kill_9_everything_then_restart_loses_nothing_acknowledged(cluster: QuireUp) -> None:
+    killed = cluster.kill_everything()
+    assert killed
+    cluster.start()
+    with cluster.client() as client:
+        for lid in ACKED:
+            assert read_all(client, lid, unconfirmed=True) == ACKED[lid], lid
+        ledgers = client.get("/v1/ledgers", params={"limit": 1000}).json()["ledgers"]
+        assert set(ACKED) <= {row["ledger_id"] for row in ledgers}
+
+
+def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireUp) -> None:
+    with cluster.client() as client:
+        ledger = create_ledger(client)
+        lid = ledger["ledger_id"]
+        append_one(client, lid, b"before")
+        victim = ledger["segments"][0]["bookies"][0]
+        row = next(r for r in cluster.cluster_json()["services"]
+                   if r["name"] == f"{victim}.journal")
+        os.kill(row["pid"], signal.SIGKILL)
+        # Qw=3, Qa=2: adds still complete on the two living bookies.
+        for i in range(20):
+            append_one(client, lid, payload(lid, i))
+        assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
+    deadline = time.monotonic() + 10
+    while f"{victim}.journal" not in cluster.stderr() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"quire: {victim}.journal (pid {row['pid']}) exited" in cluster.stderr()
+    assert cluster.proc is not None and cluster.proc.poll() is None
