@@ -38,7 +38,9 @@ def payload(ledger_id: int, i: int) -> bytes:
 def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
     # infra_dir makes the temp tree enterable by PostgreSQL's unprivileged user.
     data_dir = tmp_path_factory.mktemp("e2e") / "quire-data"
-    up = QuireUp(data_dir)
+    # Short leases, so that a killed bookie is seen lost within seconds.
+    up = QuireUp(data_dir, env={"QUIRE_METADATA__BOOKIE_LEASE_MS": "3000",
+                                "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": "500"})
     up.start()
     yield up
     if up.proc and up.proc.poll() is None:
@@ -327,3 +329,28 @@ def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireU
         time.sleep(0.2)
     assert f"quire: {victim}.journal (pid {row['pid']}) exited" in cluster.stderr()
     assert cluster.proc is not None and cluster.proc.poll() is None
+    # Its lease lapses: the registry says lost, and the auditor publishes bookie.lost.
+    with cluster.client() as client:
+        deadline = time.monotonic() + 15
+        state = None
+        while time.monotonic() < deadline and state != "lost":
+            bookies = client.get("/v1/bookies").json()["bookies"]
+            state = next(b["state"] for b in bookies if b["bookie_id"] == victim)
+            time.sleep(0.3)
+        assert state == "lost"
+
+    async def lost_event() -> bool:
+        nc = await nats.connect(cluster.cluster_json()["nats_url"])
+        sub = await nc.jetstream().subscribe("quire.events.bookie.lost", ordered_consumer=True)
+        found = False
+        deadline = time.monotonic() + 10
+        while not found and time.monotonic() < deadline:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            found = json.loads(msg.data)["bookie_id"] == victim
+        await nc.drain()
+        return found
+
+    assert asyncio.run(lost_event())
