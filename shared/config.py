@@ -23,6 +23,10 @@ class JournalSettings(BaseModel):
     buffered_writes_threshold_bytes: int = Field(default=512 * 1024, ge=1)
     # journalBufferedEntriesThreshold: commit as soon as this many entries are pending.
     buffered_entries_threshold: int = Field(default=4096, ge=1)
+    # journalFlushWhenQueueEmpty: commit as soon as the writer has taken everything
+    # pending, without waiting max_group_wait_ms for more (batches still form while the
+    # previous fsync runs). Off: wait for a threshold or max_group_wait_ms.
+    flush_when_queue_empty: bool = True
     # journalSyncData: fsync before acknowledging. Off means a machine crash can lose
     # acknowledged entries; a process crash cannot (the data is in the page cache).
     sync_data: bool = True
@@ -61,6 +65,8 @@ class GatewaySettings(BaseModel):
     max_entry_size_bytes: int = Field(default=5 * MIB, ge=1)
     # The most entries one batch append may carry.
     max_batch_entries: int = Field(default=10_000, ge=1)
+    # The most bytes one append request body may carry (a JSON batch is base64): 413 beyond.
+    max_batch_bytes: int = Field(default=64 * MIB, ge=1)
     # addEntryTimeoutSec: an add not acknowledged by then fails with TIMEOUT.
     add_entry_timeout_ms: int = Field(default=10_000, ge=10)
     # readEntryTimeoutSec: a bookie read not answered by then moves to the next replica.
@@ -69,6 +75,8 @@ class GatewaySettings(BaseModel):
     long_poll_max_timeout_ms: int = Field(default=60_000, ge=0)
     # Adds in flight per ledger before appends wait (back-pressure).
     max_pending_adds_per_ledger: int = Field(default=10_000, ge=1)
+    # /readyz answers 200 only once this many writable bookies are registered.
+    ready_min_writable_bookies: int = Field(default=1, ge=0)
 
 
 class QuireSettings(BaseSettings):

@@ -1,0 +1,87 @@
+"""Requests from the gateway to bookies over NATS, in the binary wire codec.
+
+A thin transport: every failure to get a decodable answer (timeout, no responder, a micro
+error, a malformed reply) is a `BookieUnreachable`, which the cores treat as "this replica
+did not answer"."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NatsClient
+
+from shared import wire
+from shared.status import BookieStatus
+from shared.subjects import Subjects
+from shared.telemetry import inject_headers
+
+# Room for the wire framing around the items of one request.
+REQUEST_OVERHEAD_BYTES = 4096
+MICRO_ERROR_HEADER = "Nats-Service-Error"
+
+
+class BookieUnreachable(Exception):
+    """No usable answer: the outcome on the bookie is unknown. `timed_out` tells a slow
+    bookie from one that could not be reached at all."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class BookieClient:
+    def __init__(
+        self, nc: NatsClient, subjects: Subjects, *, add_timeout_ms: int, read_timeout_ms: int
+    ) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._add_timeout_s = add_timeout_ms / 1000
+        self._read_timeout_s = read_timeout_ms / 1000
+
+    @property
+    def max_send_bytes(self) -> int:
+        """The most item bytes one request may carry: under the server's max_payload."""
+        return max(self._nc.max_payload - REQUEST_OVERHEAD_BYTES, 1024)
+
+    async def _request(self, bookie_id: str, op: str, body: bytes, timeout_s: float) -> bytes:
+        subject = self._subjects.bookie(bookie_id, op)
+        try:
+            msg = await self._nc.request(subject, body, timeout=timeout_s, headers=inject_headers())
+        except TimeoutError as exc:  # nats.errors.TimeoutError is one
+            raise BookieUnreachable(
+                f"{op} to {bookie_id}: timed out after {timeout_s} s", timed_out=True
+            ) from exc
+        except Exception as exc:  # no responders, connection closed, payload too big
+            raise BookieUnreachable(f"{op} to {bookie_id}: {type(exc).__name__}") from exc
+        if msg.headers and MICRO_ERROR_HEADER in msg.headers:
+            raise BookieUnreachable(f"{op} to {bookie_id}: {msg.headers[MICRO_ERROR_HEADER]}")
+        return msg.data
+
+    async def add(
+        self, bookie_id: str, items: list[wire.AddItem]
+    ) -> tuple[BookieStatus, list[wire.AddResult]]:
+        data = await self._request(
+            bookie_id, "add", wire.encode_add_request(items), self._add_timeout_s
+        )
+        try:
+            return wire.decode_add_reply(data)
+        except wire.WireError as exc:
+            raise BookieUnreachable(f"add reply from {bookie_id}: {exc}") from exc
+
+    async def read(
+        self, bookie_id: str, items: list[wire.ReadItem]
+    ) -> tuple[BookieStatus, list[wire.ReadResult]]:
+        data = await self._request(
+            bookie_id, "read", wire.encode_read_request(items), self._read_timeout_s
+        )
+        try:
+            return wire.decode_read_reply(data)
+        except wire.WireError as exc:
+            raise BookieUnreachable(f"read reply from {bookie_id}: {exc}") from exc
+
+    async def read_lac(self, bookie_id: str, ledger_id: int) -> wire.LacReply:
+        data = await self._request(
+            bookie_id, "read_lac", wire.encode_read_lac_request(ledger_id), self._read_timeout_s
+        )
+        try:
+            return wire.decode_lac_reply(data)
+        except wire.WireError as exc:
+            raise BookieUnreachable(f"read_lac reply from {bookie_id}: {exc}") from exc

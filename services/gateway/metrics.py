@@ -1,0 +1,52 @@
+"""The gateway's Prometheus metrics, in a registry of its own (one per app, so that two
+gateways in one process, as in tests, do not collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.add_latency = Histogram(
+            "quire_gateway_add_latency_seconds",
+            "Time from an append request to its acknowledgement (ack quorum, in order)",
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.adds = Counter(
+            "quire_gateway_add_entries",
+            "Entries appended, by outcome",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reads = Counter(
+            "quire_gateway_read_entries",
+            "Entries read, by outcome",
+            ["result"],
+            registry=self.registry,
+        )
+        self.corrupt_replicas = Counter(
+            "quire_gateway_corrupt_replicas",
+            "Replicas that returned a frame failing its digest",
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "quire_gateway_http_requests",
+            "HTTP requests served",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.writer_handles = Gauge(
+            "quire_gateway_writer_handles",
+            "Ledgers this gateway holds the writer handle of",
+            registry=self.registry,
+        )
+        self.pending_adds = Gauge(
+            "quire_gateway_pending_adds",
+            "Adds sent and not yet acknowledged, all ledgers",
+            registry=self.registry,
+        )

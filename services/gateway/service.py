@@ -1,0 +1,98 @@
+"""The gateway service: the client quorum protocol behind the HTTP API.
+
+`main` wires the driver (`Ledgers`) to NATS and the metadata service, and serves the
+FastAPI app with uvicorn inside this process's event loop. Uvicorn gets a socket bound
+here (a busy port fails `main` loudly instead of exiting the process) and none of its
+signal handling: the service runner owns SIGTERM and drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from services.gateway.bookie_client import BookieClient
+from services.gateway.http import create_app
+from services.gateway.ledgers import Ledgers
+from services.gateway.metrics import GatewayMetrics
+from shared.metaclient import MetadataClient
+from shared.service import ServiceRuntime
+
+log = logging.getLogger(__name__)
+
+HTTP_START_TIMEOUT_S = 10.0
+HTTP_GRACEFUL_SHUTDOWN_S = 5
+
+
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals to the service runner."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+async def main(rt: ServiceRuntime) -> None:
+    settings = rt.settings
+    gateway = settings.gateway
+    metrics = GatewayMetrics()
+    meta = MetadataClient(rt.nc, rt.subjects, timeout_s=settings.request_timeout_ms / 1000)
+    bookies = BookieClient(
+        rt.nc,
+        rt.subjects,
+        add_timeout_ms=gateway.add_entry_timeout_ms,
+        read_timeout_ms=gateway.read_entry_timeout_ms,
+    )
+    ledgers = Ledgers(rt.nc, settings, meta, bookies, rt.events, metrics)
+    rt.spawn(ledgers.run_ticker(), "gateway-ticker")
+    rt.on_shutdown(ledgers.stop)
+
+    app = create_app(ledgers, gateway, metrics)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=HTTP_GRACEFUL_SHUTDOWN_S,
+    )
+    server = EmbeddedServer(config)
+    sock = bind_socket(gateway.http_host, gateway.http_port)
+    host, port = sock.getsockname()[:2]
+
+    async def serve() -> None:
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Shutdown: stop accepting, let requests in flight finish (bounded), then go.
+            server.should_exit = True
+            await task
+            raise
+        finally:
+            sock.close()
+
+    http_task = rt.spawn(serve(), "gateway-http")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HTTP_START_TIMEOUT_S
+    while not server.started:
+        if http_task.done() or loop.time() > deadline:
+            raise RuntimeError(f"the HTTP server did not start on {host}:{port}")
+        await asyncio.sleep(0.01)
+    log.info("gateway HTTP listening", extra={"url": f"http://{host}:{port}"})
