@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from shared.models import (
     METADATA_FORMAT_VERSION,
     BookieInfo,
-    CreateLedgerRequest,
     BookieState,
+    CreateLedgerRequest,
     LedgerMetadata,
     LedgerState,
     RegisterBookieRequest,

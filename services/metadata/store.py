@@ -16,8 +16,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import Row, delete, func, select, text, update
+from sqlalchemy import (
+    BigInteger,
+    Insert,
+    Row,
+    Text,
+    Update,
+    bindparam,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -221,28 +234,20 @@ class PostgresMetadataStore:
     # -- ledgers --------------------------------------------------------------------------
 
     async def create_ledger(self, request: CreateLedgerRequest, ctime_ms: int) -> LedgerMetadata:
-        draft = core.new_ledger(request, request.ledger_id or 0, ctime_ms)
-        values = ledger_row(draft)
+        values = ledger_row(core.new_ledger(request, request.ledger_id or 0, ctime_ms))
         async with self._connect() as conn:
             if request.ledger_id is not None:
-                row = await self._insert_ledger(conn, values)
+                row = (await conn.execute(INSERT_LEDGER, values)).first()
                 if row is None:
                     raise LedgerExists(f"ledger {request.ledger_id} exists")
                 return ledger_from_row(row)
-            values["ledger_id"] = ledger_id_seq.next_value()
+            del values["ledger_id"]
             for _ in range(MAX_ID_ATTEMPTS):
-                row = await self._insert_ledger(conn, values)
+                row = (await conn.execute(INSERT_LEDGER_NEXT_ID, values)).first()
                 if row is not None:
                     return ledger_from_row(row)
                 await self._skip_taken_ids(conn)
         raise StoreUnavailable(f"no free ledger id after {MAX_ID_ATTEMPTS} attempts")
-
-    @staticmethod
-    async def _insert_ledger(conn: AsyncConnection, values: dict[str, Any]) -> Row[Any] | None:
-        stmt = (pg_insert(ledgers).values(values)
-                .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
-                .returning(*ledgers.c))
-        return (await conn.execute(stmt)).first()
 
     @staticmethod
     async def _skip_taken_ids(conn: AsyncConnection) -> None:
@@ -265,44 +270,30 @@ class PostgresMetadataStore:
 
     @staticmethod
     async def _read_ledger(conn: AsyncConnection, ledger_id: int) -> LedgerMetadata | None:
-        row = (await conn.execute(
-            select(ledgers).where(ledgers.c.ledger_id == ledger_id))).first()
+        row = (await conn.execute(SELECT_LEDGER, {"id": ledger_id})).first()
         return None if row is None else ledger_from_row(row)
 
     async def list_ledgers(self, after: int | None, limit: int) -> ListLedgersReply:
-        stmt = (select(ledgers).where(ledgers.c.ledger_id > core.list_start(after))
-                .order_by(ledgers.c.ledger_id).limit(core.list_fetch_limit(limit)))
+        params = {"after": core.list_start(after), "fetch_limit": core.list_fetch_limit(limit)}
         async with self._connect() as conn:
-            rows = (await conn.execute(stmt)).all()
+            rows = (await conn.execute(LIST_LEDGERS, params)).all()
         page, next_after = core.list_page(rows, limit, key=lambda r: r.ledger_id)
         return ListLedgersReply(ledgers=[ledger_from_row(r) for r in page],
                                 next_after=next_after)
 
     async def update_ledger(self, request: UpdateLedgerRequest) -> LedgerChange:
-        changes: dict[str, Any] = {}
-        if request.state is not None:
-            changes["state"] = request.state.value
-        if request.last_entry_id is not None:
-            changes["last_entry_id"] = request.last_entry_id
-        if request.length is not None:
-            changes["length"] = request.length
-        if request.segments is not None:
-            changes["segments"] = [s.model_dump(mode="json") for s in request.segments]
-        # The CTE locks the row at the expected version and keeps its old values, so the
-        # one statement both sets and tells what it replaced.
-        old = (select(ledgers.c.ledger_id, ledgers.c.state, ledgers.c.segments)
-               .where(ledgers.c.ledger_id == request.ledger_id,
-                      ledgers.c.version == request.expected_version)
-               .with_for_update().cte("old"))
-        stmt = (update(ledgers)
-                .where(ledgers.c.ledger_id == old.c.ledger_id,
-                       ledgers.c.version == request.expected_version)
-                .values(**changes, version=ledgers.c.version + 1)
-                .returning(*ledgers.c, old.c.state.label("previous_state"),
-                           ledgers.c.segments.is_distinct_from(old.c.segments)
-                           .label("segments_changed")))
+        segments = request.segments
+        params = {
+            "id": request.ledger_id,
+            "expected": request.expected_version,
+            "new_state": request.state.value if request.state is not None else None,
+            "new_last_entry_id": request.last_entry_id,
+            "new_length": request.length,
+            "new_segments": (None if segments is None
+                             else [s.model_dump(mode="json") for s in segments]),
+        }
         async with self._connect() as conn:
-            row = (await conn.execute(stmt)).first()
+            row = (await conn.execute(CAS_LEDGER, params)).first()
             if row is not None:
                 return LedgerChange(metadata=ledger_from_row(row),
                                     previous_state=LedgerState(row.previous_state),
@@ -314,10 +305,8 @@ class PostgresMetadataStore:
                          f"not {request.expected_version}", current)
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        stmt = (delete(ledgers).where(ledgers.c.ledger_id == ledger_id)
-                .returning(ledgers.c.ledger_id))
         async with self._connect() as conn:
-            row = (await conn.execute(stmt)).first()
+            row = (await conn.execute(DELETE_LEDGER, {"id": ledger_id})).first()
         if row is None:
             raise NoSuchLedger(f"no ledger {ledger_id}")
 
@@ -325,26 +314,15 @@ class PostgresMetadataStore:
 
     async def register_bookie(self, request: RegisterBookieRequest, now_ms: int,
                               lease_ms: int) -> BookieRegistration:
-        old = (select(bookies.c.state, bookies.c.lease_expires_at)
-               .where(bookies.c.bookie_id == request.bookie_id).cte("old"))
-        insert = pg_insert(bookies).values(
-            bookie_id=request.bookie_id,
-            state=request.state.value,
-            last_seen=now_ms,
-            lease_expires_at=core.lease_expiry_ms(now_ms, lease_ms),
-            info=request.info,
-        )
-        stmt = (insert.on_conflict_do_update(
-                    index_elements=[bookies.c.bookie_id],
-                    set_={c: insert.excluded[c]
-                          for c in ("state", "last_seen", "lease_expires_at", "info")})
-                .returning(*bookies.c,
-                           select(old.c.state).scalar_subquery().label("previous_state"),
-                           select(old.c.lease_expires_at).scalar_subquery()
-                           .label("previous_lease_expires_at"))
-                .add_cte(old))
+        params = {
+            "b_bookie_id": request.bookie_id,
+            "b_state": request.state.value,
+            "b_last_seen": now_ms,
+            "b_lease_expires_at": core.lease_expiry_ms(now_ms, lease_ms),
+            "b_info": request.info,
+        }
         async with self._connect() as conn:
-            row = (await conn.execute(stmt)).one()
+            row = (await conn.execute(UPSERT_BOOKIE, params)).one()
         previous = None
         if row.previous_state is not None:
             previous = core.bookie_state(BookieState(row.previous_state),
@@ -352,18 +330,83 @@ class PostgresMetadataStore:
         return BookieRegistration(info=bookie_from_row(row, now_ms), previous_state=previous)
 
     async def unregister_bookie(self, bookie_id: str, now_ms: int) -> BookieInfo | None:
-        stmt = (update(bookies).where(bookies.c.bookie_id == bookie_id)
-                .values(lease_expires_at=func.least(bookies.c.lease_expires_at, now_ms))
-                .returning(*bookies.c))
         async with self._connect() as conn:
-            row = (await conn.execute(stmt)).first()
+            row = (await conn.execute(EXPIRE_BOOKIE, {"id": bookie_id, "now": now_ms})).first()
         return None if row is None else bookie_from_row(row, now_ms)
 
     async def list_bookies(self, now_ms: int) -> list[BookieInfo]:
-        stmt = select(bookies).order_by(bookies.c.bookie_id).limit(MAX_BOOKIES_LISTED)
         async with self._connect() as conn:
-            rows = (await conn.execute(stmt)).all()
+            rows = (await conn.execute(LIST_BOOKIES)).all()
         return [bookie_from_row(r, now_ms) for r in rows]
+
+
+# -- statements, built once: per call only parameters change ------------------------------
+
+INSERT_LEDGER = (pg_insert(ledgers)
+                 .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
+                 .returning(*ledgers.c))
+INSERT_LEDGER_NEXT_ID = (pg_insert(ledgers).values(ledger_id=ledger_id_seq.next_value())
+                         .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
+                         .returning(*ledgers.c))
+SELECT_LEDGER = select(ledgers).where(ledgers.c.ledger_id == bindparam("id"))
+LIST_LEDGERS = (select(ledgers).where(ledgers.c.ledger_id > bindparam("after"))
+                .order_by(ledgers.c.ledger_id).limit(bindparam("fetch_limit")))
+DELETE_LEDGER = (delete(ledgers).where(ledgers.c.ledger_id == bindparam("id"))
+                 .returning(ledgers.c.ledger_id))
+
+
+def _cas_ledger() -> Update:
+    """The compare-and-set. The CTE locks the row at the expected version and keeps its old
+    values, so one statement both sets and tells what it replaced. A None parameter leaves
+    its field as it is."""
+    old = (select(ledgers.c.ledger_id, ledgers.c.state, ledgers.c.segments)
+           .where(ledgers.c.ledger_id == bindparam("id"),
+                  ledgers.c.version == bindparam("expected"))
+           .with_for_update().cte("old"))
+
+    def unless_none(name: str, column: Any, type_: Any) -> Any:
+        return func.coalesce(bindparam(name, type_=type_), column)
+
+    return (update(ledgers)
+            .where(ledgers.c.ledger_id == old.c.ledger_id,
+                   ledgers.c.version == bindparam("expected"))
+            .values(version=ledgers.c.version + 1,
+                    state=unless_none("new_state", ledgers.c.state, Text()),
+                    last_entry_id=unless_none("new_last_entry_id", ledgers.c.last_entry_id,
+                                              BigInteger()),
+                    length=unless_none("new_length", ledgers.c.length, BigInteger()),
+                    # none_as_null: None must be SQL NULL here, not the JSON value null.
+                    segments=unless_none("new_segments", ledgers.c.segments,
+                                         JSONB(none_as_null=True)))
+            .returning(*ledgers.c, old.c.state.label("previous_state"),
+                       ledgers.c.segments.is_distinct_from(old.c.segments)
+                       .label("segments_changed")))
+
+
+def _upsert_bookie() -> Insert:
+    """Register or renew, returning the row as it was before (for "is this news?")."""
+    old = (select(bookies.c.state, bookies.c.lease_expires_at)
+           .where(bookies.c.bookie_id == bindparam("b_bookie_id")).cte("old"))
+    insert = pg_insert(bookies).values({c: bindparam(f"b_{c}", type_=bookies.c[c].type)
+                                        for c in bookies.c.keys()})
+    return (insert.on_conflict_do_update(
+                index_elements=[bookies.c.bookie_id],
+                set_={c: insert.excluded[c]
+                      for c in ("state", "last_seen", "lease_expires_at", "info")})
+            .returning(*bookies.c,
+                       select(old.c.state).scalar_subquery().label("previous_state"),
+                       select(old.c.lease_expires_at).scalar_subquery()
+                       .label("previous_lease_expires_at"))
+            .add_cte(old))
+
+
+CAS_LEDGER = _cas_ledger()
+UPSERT_BOOKIE = _upsert_bookie()
+EXPIRE_BOOKIE = (update(bookies).where(bookies.c.bookie_id == bindparam("id"))
+                 .values(lease_expires_at=func.least(bookies.c.lease_expires_at,
+                                                     bindparam("now", type_=BigInteger())))
+                 .returning(*bookies.c))
+LIST_BOOKIES = select(bookies).order_by(bookies.c.bookie_id).limit(MAX_BOOKIES_LISTED)
 
 
 async def migrate_when_reachable(engine: AsyncEngine, deadline_s: float) -> None:
