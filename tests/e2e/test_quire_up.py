@@ -37,7 +37,9 @@ def payload(ledger_id: int, i: int) -> bytes:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
     # infra_dir makes the temp tree enterable by PostgreSQL's unprivileged user.
-    data_dir = tmp_path_factory.mktemp("e2e") / "quire-data"
+    parent = tmp_path_factory.mktemp("e2e")
+    parent.chmod(0o711)  # PostgreSQL, as 'nobody' when we are root, must enter it
+    data_dir = parent / "quire-data"
     # Short leases, so that a killed bookie is seen lost within seconds.
     up = QuireUp(data_dir, env={"QUIRE_METADATA__BOOKIE_LEASE_MS": "3000",
                                 "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": "500"})
@@ -175,7 +177,7 @@ def test_thousand_appends_read_back_byte_exact_then_close(cluster: QuireUp) -> N
         assert int(one.headers["Quire-LAC"]) >= 998
         closed = client.post(f"/v1/ledgers/{lid}/close", headers=AUTH)
         assert closed.status_code == 200, closed.text
-        assert closed.json() == {"state": "CLOSED", "last_entry_id": 999}
+        assert closed.json()["state"] == "CLOSED" and closed.json()["last_entry_id"] == 999
         after = client.post(f"/v1/ledgers/{lid}/entries", content=b"late", headers={
             **AUTH, "Content-Type": "application/octet-stream"})
         assert after.status_code == 409 and after.json()["code"] == "LEDGER_CLOSED"

@@ -1,0 +1,489 @@
+"""The journal's pure core: record format, group-commit planning and the bookie's
+per-ledger facts. No IO, no clock, no asyncio: the service drives it.
+
+Everything that decides what the journal writes, when it commits, and what a bookie
+answers about a ledger lives here, so that the journal service, the ledgerstore (which
+reads the same files) and the simulator all share one definition.
+
+A journal file (`journal-NNNNNN.log`) is a 16-byte header, then records:
+
+    file header  magic "QJNL" | version u16 | reserved u16 | file_id u64
+    record       size u32 | crc u32 | kind u8 | body (size - 1 bytes)
+
+`crc` is CRC32C over the size field, the kind and the body, so a torn or flipped size
+is caught as surely as a flipped payload byte. Record kinds and their bodies:
+
+    ENTRY         master_key 20s | frame     (ledger, entry, LAC come from the frame header)
+    MASTER_KEY    ledger u64 | master_key 20s
+    FENCE         ledger u64
+    LAC           ledger u64 | lac i64       (an explicit LAC, BookKeeper's writeLac)
+    LEDGER_STATE  ledger u64 | master_key 20s | flags u8 | lac i64 | last_entry i64
+                  (only in the ledger-state snapshot written at checkpoints)
+
+A position is (file_id, offset): the byte offset just after a record, i.e. where the next
+record starts. Positions only grow: the journal never appends to a file it replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum, IntEnum
+
+import crc32c as _crc32c
+
+from shared.digest import HEADER_SIZE, MASTER_KEY_SIZE, DigestMismatch, parse_header
+from shared.status import BookieStatus
+from shared.wire import FLAG_RECOVERY_ADD
+
+FORMAT_VERSION = 1
+JOURNAL_MAGIC = b"QJNL"
+SNAPSHOT_MAGIC = b"QJSN"
+FILE_HEADER = struct.Struct(">4sHHQ")
+FILE_HEADER_SIZE = FILE_HEADER.size  # 16
+RECORD_HEAD = struct.Struct(">II")  # size, crc
+RECORD_HEAD_SIZE = RECORD_HEAD.size  # 8
+# A record is at most one entry (<= the gateway's max entry size, 5 MiB by default) plus its
+# key; anything larger in a size field is damage, not data.
+MAX_RECORD_SIZE = 64 * 1024 * 1024
+NO_KEY = b""
+_ZERO_KEY = bytes(MASTER_KEY_SIZE)  # NO_KEY in a snapshot (a SHA-1 is never all zeros)
+
+_SIZE = struct.Struct(">I")
+_KIND = struct.Struct(">B")
+_LEDGER = struct.Struct(">Q")
+_MASTER_KEY = struct.Struct(f">Q{MASTER_KEY_SIZE}s")
+_LAC = struct.Struct(">Qq")
+_LEDGER_STATE = struct.Struct(f">Q{MASTER_KEY_SIZE}sBqq")
+_SNAPSHOT_HEAD = struct.Struct(">4sHHQQI")  # magic, version, reserved, file_id, offset, count
+_FILE_NAME = re.compile(r"^journal-(\d{6,})\.log$")
+
+
+class JournalFormatError(ValueError):
+    """Bytes that are not a valid journal record, file header or snapshot."""
+
+
+def journal_file_name(file_id: int) -> str:
+    return f"journal-{file_id:06d}.log"
+
+
+def parse_journal_file_name(name: str) -> int | None:
+    match = _FILE_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class JournalPosition:
+    file_id: int
+    offset: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"file": self.file_id, "offset": self.offset}
+
+    @classmethod
+    def from_json(cls, data: dict) -> JournalPosition:
+        file_id, offset = data["file"], data["offset"]
+        if not (isinstance(file_id, int) and isinstance(offset, int)):
+            raise JournalFormatError(f"bad journal position {data!r}")
+        if file_id < 1 or offset < 0:
+            raise JournalFormatError(f"bad journal position {data!r}")
+        return cls(file_id, offset)
+
+
+# The very beginning of the journal: file ids start at 1.
+JOURNAL_START = JournalPosition(1, 0)
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+class RecordKind(IntEnum):
+    ENTRY = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    LAC = 4
+    LEDGER_STATE = 5
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRecord:
+    master_key: bytes
+    frame: bytes
+    ledger_id: int
+    entry_id: int
+    lac: int
+
+    @classmethod
+    def of(cls, master_key: bytes, frame: bytes) -> EntryRecord:
+        """An entry record; DigestMismatch if the frame has no complete header."""
+        ledger_id, entry_id, lac, _length = parse_header(frame)
+        return cls(master_key, frame, ledger_id, entry_id, lac)
+
+
+@dataclass(frozen=True, slots=True)
+class MasterKeyRecord:
+    ledger_id: int
+    master_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRecord:
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LacRecord:
+    ledger_id: int
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStateRecord:
+    ledger_id: int
+    master_key: bytes
+    fenced: bool
+    lac: int
+    last_entry_id: int
+
+
+Record = EntryRecord | MasterKeyRecord | FenceRecord | LacRecord | LedgerStateRecord
+
+
+def _body(record: Record) -> tuple[RecordKind, bytes]:
+    match record:
+        case EntryRecord(master_key=key, frame=frame):
+            return RecordKind.ENTRY, key + frame
+        case MasterKeyRecord(ledger_id=ledger_id, master_key=key):
+            return RecordKind.MASTER_KEY, _MASTER_KEY.pack(ledger_id, key)
+        case FenceRecord(ledger_id=ledger_id):
+            return RecordKind.FENCE, _LEDGER.pack(ledger_id)
+        case LacRecord(ledger_id=ledger_id, lac=lac):
+            return RecordKind.LAC, _LAC.pack(ledger_id, lac)
+        case LedgerStateRecord():
+            return RecordKind.LEDGER_STATE, _LEDGER_STATE.pack(
+                record.ledger_id, record.master_key, int(record.fenced), record.lac,
+                record.last_entry_id)
+    raise TypeError(f"not a journal record: {record!r}")
+
+
+def encode_record(record: Record) -> bytes:
+    kind, body = _body(record)
+    if isinstance(record, EntryRecord | MasterKeyRecord) and len(record.master_key) != 20:
+        raise ValueError("master key must be 20 bytes")
+    size = _SIZE.pack(1 + len(body))
+    kind_byte = _KIND.pack(kind)
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(kind_byte, _crc32c.crc32c(size)))
+    return b"".join((size, struct.pack(">I", crc), kind_byte, body))
+
+
+def _fixed(fmt: struct.Struct, body: memoryview, kind: RecordKind) -> tuple:
+    if len(body) != fmt.size:
+        raise JournalFormatError(f"{kind.name} record body of {len(body)} bytes")
+    return fmt.unpack(body)
+
+
+def decode_body(kind_value: int, body: memoryview) -> Record:
+    try:
+        kind = RecordKind(kind_value)
+    except ValueError as exc:
+        raise JournalFormatError(f"unknown record kind {kind_value}") from exc
+    if kind is RecordKind.ENTRY:
+        if len(body) < MASTER_KEY_SIZE + HEADER_SIZE:
+            raise JournalFormatError(f"entry record body of {len(body)} bytes")
+        try:
+            return EntryRecord.of(bytes(body[:MASTER_KEY_SIZE]), bytes(body[MASTER_KEY_SIZE:]))
+        except DigestMismatch as exc:
+            raise JournalFormatError(str(exc)) from exc
+    if kind is RecordKind.MASTER_KEY:
+        return MasterKeyRecord(*_fixed(_MASTER_KEY, body, kind))
+    if kind is RecordKind.FENCE:
+        return FenceRecord(*_fixed(_LEDGER, body, kind))
+    if kind is RecordKind.LAC:
+        return LacRecord(*_fixed(_LAC, body, kind))
+    ledger_id, key, flags, lac, last = _fixed(_LEDGER_STATE, body, kind)
+    return LedgerStateRecord(ledger_id, key, bool(flags & 1), lac, last)
+
+
+class ScanStop(Enum):
+    END = "end"  # every byte was a complete, valid record
+    INCOMPLETE = "incomplete"  # the last record runs past the end of the bytes
+    BAD = "bad"  # a record that is complete but fails its checks
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    start: int  # offset of the record's first byte
+    end: int  # offset just after it: the position once it is applied
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    records: list[ScannedRecord]
+    end: int  # offset just after the last valid record (where scanning stopped)
+    stop: ScanStop
+    reason: str = ""
+    # For INCOMPLETE: how many bytes from `end` the stopping record needs.
+    needed_bytes: int = 0
+
+
+def _try_record(buf: memoryview, at: int) -> tuple[ScanStop | None, str, int, Record | None]:
+    """(None, "", end, record) for a valid record at `at`, else the stop and why."""
+    available = len(buf) - at
+    if available < RECORD_HEAD_SIZE:
+        return ScanStop.INCOMPLETE, "record header cut short", RECORD_HEAD_SIZE, None
+    size, crc = RECORD_HEAD.unpack_from(buf, at)
+    if size < 1 or size > MAX_RECORD_SIZE:
+        return ScanStop.BAD, f"impossible record size {size}", 0, None
+    if available < RECORD_HEAD_SIZE + size:
+        return ScanStop.INCOMPLETE, "record cut short", RECORD_HEAD_SIZE + size, None
+    payload = buf[at + RECORD_HEAD_SIZE : at + RECORD_HEAD_SIZE + size]
+    if _crc32c.crc32c(payload, _crc32c.crc32c(buf[at : at + 4])) != crc:
+        return ScanStop.BAD, "checksum mismatch", 0, None
+    try:
+        record = decode_body(payload[0], payload[1:])
+    except JournalFormatError as exc:
+        return ScanStop.BAD, str(exc), 0, None
+    return None, "", at + RECORD_HEAD_SIZE + size, record
+
+
+def scan_records(buf: bytes | memoryview, base_offset: int = 0,
+                 max_records: int | None = None) -> ScanResult:
+    """Decode the records in `buf`, which holds a file's bytes from `base_offset` on.
+    Stops at the end, at an incomplete record, at a bad one, or after `max_records`."""
+    view = memoryview(buf)
+    records: list[ScannedRecord] = []
+    at = 0
+    while at < len(view):
+        if max_records is not None and len(records) >= max_records:
+            return ScanResult(records, base_offset + at, ScanStop.END)
+        stop, reason, end_or_needed, record = _try_record(view, at)
+        if stop is not None:
+            needed = end_or_needed if stop is ScanStop.INCOMPLETE else 0
+            return ScanResult(records, base_offset + at, stop, reason, needed)
+        assert record is not None
+        records.append(ScannedRecord(base_offset + at, base_offset + end_or_needed, record))
+        at = end_or_needed
+    return ScanResult(records, base_offset + at, ScanStop.END)
+
+
+def is_torn_tail(buf: bytes | memoryview, stop_at: int) -> bool:
+    """Whether the bytes of a LAST journal file from `stop_at` (where scanning stopped) to
+    the end can be a write cut short by a crash, rather than damage to durable records.
+
+    Only the last group commit can be torn (each is fsynced before the next is written),
+    and it ends the file. So if any valid record starts after the bad spot, the bad spot
+    was once durable: that is damage, and truncating there would drop good records."""
+    view = memoryview(buf)
+    for at in range(stop_at + 1, len(view) - RECORD_HEAD_SIZE + 1):
+        stop, _, _, _ = _try_record(view, at)
+        if stop is None:
+            return False
+    return True
+
+
+# -- file headers -------------------------------------------------------------------------
+
+
+def encode_file_header(file_id: int) -> bytes:
+    return FILE_HEADER.pack(JOURNAL_MAGIC, FORMAT_VERSION, 0, file_id)
+
+
+def check_file_header(buf: bytes | memoryview, file_id: int) -> bool:
+    """True if `buf` starts with the header of journal file `file_id`; False if it is too
+    short to tell (a file being created); JournalFormatError if it is another file."""
+    if len(buf) < FILE_HEADER_SIZE:
+        if bytes(buf) != encode_file_header(file_id)[: len(buf)]:
+            raise JournalFormatError("not a Quire journal file header")
+        return False
+    magic, version, _, got_id = FILE_HEADER.unpack_from(buf, 0)
+    if magic != JOURNAL_MAGIC:
+        raise JournalFormatError("not a Quire journal file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise JournalFormatError(f"unsupported journal format version {version}")
+    if got_id != file_id:
+        raise JournalFormatError(f"header says file {got_id}, name says {file_id}")
+    return True
+
+
+# -- LastLogMark and the ledger-state snapshot --------------------------------------------
+
+
+def encode_last_mark(position: JournalPosition) -> bytes:
+    return json.dumps(position.to_json()).encode()
+
+
+def decode_last_mark(data: bytes) -> JournalPosition:
+    try:
+        return JournalPosition.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise JournalFormatError(f"bad lastMark: {exc}") from exc
+
+
+def encode_snapshot(position: JournalPosition, records: Sequence[LedgerStateRecord]) -> bytes:
+    """The durable ledger facts as of `position`: replay starts there, not at file 1."""
+    head = _SNAPSHOT_HEAD.pack(SNAPSHOT_MAGIC, FORMAT_VERSION, 0, position.file_id,
+                               position.offset, len(records))
+    return head + b"".join(encode_record(r) for r in records)
+
+
+def decode_snapshot(data: bytes) -> tuple[JournalPosition, list[LedgerStateRecord]]:
+    if len(data) < _SNAPSHOT_HEAD.size:
+        raise JournalFormatError("snapshot shorter than its header")
+    magic, version, _, file_id, offset, count = _SNAPSHOT_HEAD.unpack_from(data, 0)
+    if magic != SNAPSHOT_MAGIC or version != FORMAT_VERSION:
+        raise JournalFormatError("not a Quire ledger-state snapshot")
+    scan = scan_records(memoryview(data)[_SNAPSHOT_HEAD.size :])
+    if scan.stop is not ScanStop.END or len(scan.records) != count:
+        raise JournalFormatError(f"damaged snapshot ({scan.reason or 'record count'})")
+    records = [s.record for s in scan.records]
+    if not all(isinstance(r, LedgerStateRecord) for r in records):
+        raise JournalFormatError("snapshot holds records other than ledger state")
+    return JournalPosition(file_id, offset), records  # type: ignore[return-value]
+
+
+# -- group commit -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCommitPolicy:
+    max_group_wait_ms: float
+    buffered_writes_threshold_bytes: int
+    buffered_entries_threshold: int
+    # BookKeeper's journalFlushWhenQueueEmpty: once the writer has taken everything that
+    # is pending, commit at once instead of waiting for more. Batches still form under
+    # load (adds pile up while the previous fsync runs) and a lone add is not delayed.
+    flush_when_queue_empty: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FlushPlan:
+    flush_now: bool
+    wait_ms: float | None = None  # when not flushing: how long to wait at most (None: any)
+
+
+def plan_group_commit(policy: GroupCommitPolicy, pending_records: int, pending_bytes: int,
+                      oldest_enqueued_ms: float, now_ms: float) -> FlushPlan:
+    """What the idle journal writer does now with what is pending."""
+    if pending_records == 0:
+        return FlushPlan(False, None)
+    if policy.flush_when_queue_empty:
+        return FlushPlan(True)
+    if pending_bytes >= policy.buffered_writes_threshold_bytes:
+        return FlushPlan(True)
+    if pending_records >= policy.buffered_entries_threshold:
+        return FlushPlan(True)
+    waited_ms = now_ms - oldest_enqueued_ms
+    if waited_ms >= policy.max_group_wait_ms:
+        return FlushPlan(True)
+    return FlushPlan(False, policy.max_group_wait_ms - waited_ms)
+
+
+def batch_length(policy: GroupCommitPolicy, record_sizes: Sequence[int]) -> int:
+    """How many of the pending records (oldest first) go into one write: all of them up to
+    the byte and entry thresholds, and at least one (a record larger than the byte
+    threshold is written alone)."""
+    total = 0
+    for count, size in enumerate(record_sizes):
+        if count >= policy.buffered_entries_threshold:
+            return count
+        if count > 0 and total + size > policy.buffered_writes_threshold_bytes:
+            return count
+        total += size
+    return len(record_sizes)
+
+
+# -- the bookie's per-ledger facts --------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LedgerFacts:
+    master_key: bytes = NO_KEY  # NO_KEY until a fence or write_lac or add sets it
+    fenced: bool = False
+    lac: int = -1
+    last_entry_id: int = -1
+
+
+class BookieLedgerState:
+    """What a bookie knows about each ledger: master key, fenced flag, LAC, last entry.
+
+    `check_*` decide whether a request may proceed; `apply` records a fact that the journal
+    accepted. Replay applies records without checks: they were checked when written.
+    Rules (BookKeeper's Bookie.addEntry / fenceLedger / setExplicitLac):
+    - the first request for a ledger sets its master key; a different key is UNAUTHORIZED;
+    - a fenced ledger refuses normal adds (FENCED) but takes recovery adds;
+    - LAC is the max of every piggybacked LAC and every explicit LAC.
+    """
+
+    def __init__(self) -> None:
+        self._ledgers: dict[int, LedgerFacts] = {}
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+    def __contains__(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers
+
+    def get(self, ledger_id: int) -> LedgerFacts | None:
+        return self._ledgers.get(ledger_id)
+
+    def check_master_key(self, ledger_id: int, master_key: bytes) -> BookieStatus:
+        facts = self._ledgers.get(ledger_id)
+        if facts is None or facts.master_key == NO_KEY or facts.master_key == master_key:
+            return BookieStatus.OK
+        return BookieStatus.UNAUTHORIZED
+
+    def check_add(self, ledger_id: int, master_key: bytes, flags: int) -> BookieStatus:
+        status = self.check_master_key(ledger_id, master_key)
+        if status is not BookieStatus.OK:
+            return status
+        facts = self._ledgers.get(ledger_id)
+        if facts is not None and facts.fenced and not flags & FLAG_RECOVERY_ADD:
+            return BookieStatus.FENCED
+        return BookieStatus.OK
+
+    def needs_master_key(self, ledger_id: int) -> bool:
+        """A fence or write_lac on a ledger without a key must journal the key first."""
+        facts = self._ledgers.get(ledger_id)
+        return facts is None or facts.master_key == NO_KEY
+
+    def apply(self, record: Record) -> None:
+        match record:
+            case EntryRecord():
+                facts = self._facts(record.ledger_id, record.master_key)
+                facts.last_entry_id = max(facts.last_entry_id, record.entry_id)
+                facts.lac = max(facts.lac, record.lac)
+            case MasterKeyRecord():
+                self._facts(record.ledger_id, record.master_key)
+            case FenceRecord():
+                self._facts(record.ledger_id, NO_KEY).fenced = True
+            case LacRecord():
+                facts = self._facts(record.ledger_id, NO_KEY)
+                facts.lac = max(facts.lac, record.lac)
+            case LedgerStateRecord():
+                key = NO_KEY if record.master_key == _ZERO_KEY else record.master_key
+                self._ledgers[record.ledger_id] = LedgerFacts(
+                    key, record.fenced, record.lac, record.last_entry_id)
+
+    def _facts(self, ledger_id: int, master_key: bytes) -> LedgerFacts:
+        facts = self._ledgers.get(ledger_id)
+        if facts is None:
+            facts = self._ledgers[ledger_id] = LedgerFacts(master_key)
+        elif facts.master_key == NO_KEY:
+            facts.master_key = master_key
+        return facts
+
+    def copy(self) -> BookieLedgerState:
+        other = BookieLedgerState()
+        other._ledgers = {k: replace(v) for k, v in self._ledgers.items()}
+        return other
+
+    def snapshot_records(self) -> list[LedgerStateRecord]:
+        return [
+            LedgerStateRecord(ledger_id, f.master_key or _ZERO_KEY, f.fenced,
+                              f.lac, f.last_entry_id)
+            for ledger_id, f in sorted(self._ledgers.items())
+        ]

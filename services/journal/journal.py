@@ -1,0 +1,444 @@
+"""The journal's IO: files, replay, the group-commit writer, LastLogMark checkpoints.
+
+The decisions (record format, when to commit, the ledger rules) are in `core`; this
+module only moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
+
+    journal-NNNNNN.log   the write-ahead log (see `core` for the format)
+    lastMark             {"file": n, "offset": m}: the ledgerstore has checkpointed up to
+                         here; journal files wholly before file n are deleted
+    ledgers.snapshot     the durable ledger facts (key, fenced, LAC, last entry) as of a
+                         position, written just before files are deleted, so that replay
+                         still knows every fence and key (replay = snapshot + records after it)
+
+Durability: a batch is written with one write and made durable with fdatasync before any
+add of it is answered. A write or fsync error is fatal: the process exits at once
+(fail-stop; after a failed fsync the page cache state is unknown, so never retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+from services.journal.core import (
+    FILE_HEADER_SIZE,
+    JOURNAL_START,
+    BookieLedgerState,
+    EntryRecord,
+    GroupCommitPolicy,
+    JournalFormatError,
+    JournalPosition,
+    Record,
+    ScanStop,
+    batch_length,
+    check_file_header,
+    decode_last_mark,
+    decode_snapshot,
+    encode_file_header,
+    encode_last_mark,
+    encode_record,
+    encode_snapshot,
+    is_torn_tail,
+    journal_file_name,
+    parse_journal_file_name,
+    plan_group_commit,
+    scan_records,
+)
+from shared.config import MIB, JournalSettings
+
+log = logging.getLogger(__name__)
+
+LAST_MARK = "lastMark"
+SNAPSHOT = "ledgers.snapshot"
+_SYNC_LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
+
+
+class JournalStartupError(RuntimeError):
+    """The journal on disk cannot be trusted as it is: refuse to start, say why and where."""
+
+
+class QueueFull(Exception):
+    """More adds pending than journal.queue_size: the caller answers TOO_MANY_REQUESTS."""
+
+
+def die(reason: str) -> None:
+    """Fail-stop: after a failed write or fsync nothing we hold is trustworthy."""
+    log.critical("journal IO failed, exiting", extra={"reason": reason})
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(70)
+
+
+def journal_files(directory: Path) -> list[int]:
+    """The ids of the journal files in `directory`, ascending."""
+    ids = []
+    for path in directory.iterdir():
+        file_id = parse_journal_file_name(path.name)
+        if file_id is not None:
+            ids.append(file_id)
+    return sorted(ids)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` so that a crash leaves the old or the new content, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass
+class JournalStats:
+    """BookKeeper's journal metric names; served as JSON now, Prometheus later."""
+
+    journal_add_entry: int = 0
+    journal_add_entry_rejected: dict[str, int] = field(default_factory=dict)
+    journal_records: int = 0
+    journal_sync: int = 0
+    journal_sync_latency_ms_sum: float = 0.0
+    journal_sync_latency_ms_max: float = 0.0
+    journal_sync_latency_ms_buckets: list[int] = field(
+        default_factory=lambda: [0] * (len(_SYNC_LATENCY_BUCKETS_MS) + 1))
+    journal_flush_batch_records_sum: int = 0
+    journal_flush_batch_records_max: int = 0
+    journal_flush_batch_bytes_sum: int = 0
+    journal_flush_batch_bytes_max: int = 0
+    journal_queue_size: int = 0
+    journal_queue_max_size: int = 0
+    journal_rolls: int = 0
+    journal_checkpoints: int = 0
+    journal_files_deleted: int = 0
+
+    def rejected(self, status_name: str) -> None:
+        self.journal_add_entry_rejected[status_name] = (
+            self.journal_add_entry_rejected.get(status_name, 0) + 1)
+
+    def synced(self, records: int, size: int, latency_ms: float) -> None:
+        self.journal_sync += 1
+        self.journal_records += records
+        self.journal_sync_latency_ms_sum += latency_ms
+        self.journal_sync_latency_ms_max = max(self.journal_sync_latency_ms_max, latency_ms)
+        bucket = sum(1 for b in _SYNC_LATENCY_BUCKETS_MS if latency_ms > b)
+        self.journal_sync_latency_ms_buckets[bucket] += 1
+        self.journal_flush_batch_records_sum += records
+        self.journal_flush_batch_records_max = max(self.journal_flush_batch_records_max, records)
+        self.journal_flush_batch_bytes_sum += size
+        self.journal_flush_batch_bytes_max = max(self.journal_flush_batch_bytes_max, size)
+
+    def as_json(self) -> dict:
+        data = dict(vars(self))
+        data["journal_sync_latency_ms_bucket_bounds"] = list(_SYNC_LATENCY_BUCKETS_MS)
+        return data
+
+
+@dataclass
+class Replayed:
+    state: BookieLedgerState
+    durable: JournalPosition  # end of the last valid record
+    last_file_id: int  # highest journal file id seen (0 if none)
+    mark: JournalPosition | None
+
+
+def replay(directory: Path) -> Replayed:
+    """Rebuild the ledger facts from the snapshot and the journal files (blocking).
+    Truncates a torn tail of the last file; refuses damage anywhere else."""
+    mark = _read_optional(directory / LAST_MARK, decode_last_mark)
+    snapshot = _read_optional(directory / SNAPSHOT, decode_snapshot)
+    ids = journal_files(directory)
+    if mark is not None:
+        for file_id in [i for i in ids if i < mark.file_id]:
+            # A checkpoint died between writing lastMark and deleting: finish the job.
+            (directory / journal_file_name(file_id)).unlink()
+            log.info("deleted journal file below lastMark", extra={"file_id": file_id})
+        ids = [i for i in ids if i >= mark.file_id]
+    if ids and ids != list(range(ids[0], ids[-1] + 1)):
+        missing = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids))
+        raise JournalStartupError(f"journal files missing in {directory}: ids {missing}")
+    if snapshot is None and (ids[:1] != [1] if ids else mark is not None):
+        raise JournalStartupError(
+            f"journal files before {ids[:1]} were deleted but {directory / SNAPSHOT} is "
+            "missing: the fenced flags and master keys they held are unknown")
+    state = BookieLedgerState()
+    start = JOURNAL_START
+    if snapshot is not None:
+        start, records = snapshot
+        for record in records:
+            state.apply(record)
+    durable = start
+    for file_id in ids:
+        durable = _replay_file(directory / journal_file_name(file_id), file_id,
+                               last=file_id == ids[-1], start=start, state=state)
+    seen = [*ids, mark.file_id if mark else 0, start.file_id if snapshot else 0]
+    return Replayed(state, durable, max(seen), mark)
+
+
+def _read_optional(path: Path, decode: Callable):
+    if not path.exists():
+        return None
+    try:
+        return decode(path.read_bytes())
+    except JournalFormatError as exc:
+        raise JournalStartupError(f"{path}: {exc}") from exc
+
+
+def _replay_file(path: Path, file_id: int, *, last: bool, start: JournalPosition,
+                 state: BookieLedgerState) -> JournalPosition:
+    data = path.read_bytes()
+    try:
+        complete = check_file_header(data, file_id)
+    except JournalFormatError as exc:
+        raise JournalStartupError(f"{path}: {exc}") from exc
+    if not complete:
+        if not last:
+            raise JournalStartupError(f"{path}: header cut short in a file that is not last")
+        log.warning("journal file header torn, rewriting it", extra={"file": str(path)})
+        _truncate(path, 0, rewrite_header=file_id)
+        return JournalPosition(file_id, FILE_HEADER_SIZE)
+    scan = scan_records(memoryview(data)[FILE_HEADER_SIZE:], FILE_HEADER_SIZE)
+    for scanned in scan.records:
+        if JournalPosition(file_id, scanned.end) > start:
+            state.apply(scanned.record)
+    if scan.stop is ScanStop.END:
+        return JournalPosition(file_id, scan.end)
+    where = f"{path} at offset {scan.end} ({scan.reason})"
+    if not last:
+        raise JournalStartupError(f"bad journal record in {where}, in a file that is not last")
+    # A damaged size field can look like a record cut short: check both kinds of stop.
+    if not is_torn_tail(data, scan.end):
+        raise JournalStartupError(
+            f"bad journal record in {where}, followed by valid records: the journal is "
+            "damaged before its tail; refusing to start (inspect or restore the file)")
+    log.warning("truncating torn journal tail", extra={
+        "file": str(path), "offset": scan.end, "dropped_bytes": len(data) - scan.end,
+        "reason": scan.reason})
+    _truncate(path, scan.end)
+    return JournalPosition(file_id, scan.end)
+
+
+def _truncate(path: Path, size: int, rewrite_header: int | None = None) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        if rewrite_header is not None:
+            f.write(encode_file_header(rewrite_header))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass(slots=True)
+class _Pending:
+    data: bytes
+    record: Record
+    future: asyncio.Future[JournalPosition]
+    enqueued_ms: float
+
+
+CommitListener = Callable[[JournalPosition], Awaitable[None]]
+
+
+class Journal:
+    """One bookie's journal. `submit` is synchronous (checks and queueing happen in
+    request arrival order); the writer task commits; `checkpoint` moves the LastLogMark."""
+
+    def __init__(self, directory: Path, settings: JournalSettings,
+                 on_commit: CommitListener | None = None,
+                 fatal: Callable[[str], None] = die) -> None:
+        self.directory = directory
+        self.settings = settings
+        self.policy = GroupCommitPolicy(
+            max_group_wait_ms=settings.max_group_wait_ms,
+            buffered_writes_threshold_bytes=settings.buffered_writes_threshold_bytes,
+            buffered_entries_threshold=settings.buffered_entries_threshold,
+            flush_when_queue_empty=settings.flush_when_queue_empty,
+        )
+        self.stats = JournalStats()
+        # `live` includes what is queued (admission decisions); `durable` only what is
+        # fsynced (fence replies, snapshots).
+        self.live = BookieLedgerState()
+        self.durable = BookieLedgerState()
+        self.durable_position = JOURNAL_START
+        self.mark: JournalPosition | None = None
+        self._on_commit = on_commit
+        self._fatal = fatal
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._fd = -1
+        self._file_id = 0
+        self._file_size = 0
+        self._max_file_bytes = settings.max_size_mb * MIB
+        self._io_lock = threading.Lock()  # a write in a thread vs. close at shutdown
+        self._checkpoint_lock = asyncio.Lock()
+
+    # -- start and stop -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        replayed = await asyncio.to_thread(replay, self.directory)
+        self.durable = replayed.state
+        self.live = replayed.state.copy()
+        self.durable_position = replayed.durable
+        self.mark = replayed.mark
+        # Never append to a replayed file: a position the ledgerstore may have read past
+        # (bytes lost to a crash) is never reused, and "file n+1 exists" means "file n is
+        # complete".
+        await asyncio.to_thread(self._create_file, replayed.last_file_id + 1)
+        log.info("journal replayed", extra={
+            "ledgers": len(self.durable), "durable": self.durable_position.to_json(),
+            "file_id": self._file_id, "mark": self.mark.to_json() if self.mark else None})
+
+    async def close(self) -> None:
+        with self._io_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    # -- submitting -----------------------------------------------------------------------
+
+    def room_for(self, count: int) -> bool:
+        """Whether `count` more records fit in the queue. An empty queue takes any batch,
+        so that a batch larger than the queue is not refused forever."""
+        return not self._pending or len(self._pending) + count <= self.settings.queue_size
+
+    def submit(self, records: list[Record], now_ms: float) -> list[asyncio.Future]:
+        """Queue records (already admitted against `live` by the caller, who applies them
+        to it); each future completes with the durable position once fsynced."""
+        if not self.room_for(len(records)):
+            raise QueueFull(f"{len(self._pending)} records pending")
+        loop = asyncio.get_running_loop()
+        futures = []
+        for record in records:
+            future: asyncio.Future[JournalPosition] = loop.create_future()
+            self._pending.append(_Pending(encode_record(record), record, future, now_ms))
+            futures.append(future)
+            if isinstance(record, EntryRecord):
+                self.stats.journal_add_entry += 1
+        self.stats.journal_queue_size = len(self._pending)
+        self.stats.journal_queue_max_size = max(self.stats.journal_queue_max_size,
+                                                len(self._pending))
+        self._wakeup.set()
+        return futures
+
+    # -- the writer -----------------------------------------------------------------------
+
+    async def run_writer(self) -> None:
+        """Take what is pending, write it, fsync it, then answer it: forever."""
+        while True:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            plan = plan_group_commit(
+                self.policy, len(self._pending), sum(len(p.data) for p in self._pending),
+                self._pending[0].enqueued_ms, _now_ms())
+            if not plan.flush_now:
+                self._wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), (plan.wait_ms or 0) / 1000)
+                continue
+            sizes = [len(p.data) for p in
+                     islice(self._pending, self.policy.buffered_entries_threshold + 1)]
+            count = batch_length(self.policy, sizes)
+            batch = [self._pending.popleft() for _ in range(count)]
+            self.stats.journal_queue_size = len(self._pending)
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        data = b"".join(p.data for p in batch)
+        if self._file_size > FILE_HEADER_SIZE and \
+                self._file_size + len(data) > self._max_file_bytes:
+            await asyncio.to_thread(self._create_file, self._file_id + 1)
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self._write, data)
+        except OSError as exc:
+            self._fatal(f"journal write/fsync of {journal_file_name(self._file_id)}: {exc!r}")
+            raise
+        self.stats.synced(len(batch), len(data), (time.perf_counter() - started) * 1000)
+        self._file_size += len(data)
+        position = JournalPosition(self._file_id, self._file_size)
+        self.durable_position = position
+        for pending in batch:
+            self.durable.apply(pending.record)
+            if not pending.future.done():
+                pending.future.set_result(position)
+        if self._on_commit is not None:
+            await self._on_commit(position)
+
+    def _write(self, data: bytes) -> None:
+        with self._io_lock:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if self.settings.sync_data:
+                os.fdatasync(self._fd)
+
+    def _create_file(self, file_id: int) -> None:
+        """Start journal file `file_id` (blocking): header, fsync, directory fsync."""
+        path = self.directory / journal_file_name(file_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            os.write(fd, encode_file_header(file_id))
+            os.fsync(fd)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            self._fatal(f"creating journal file {path}: {exc!r}")
+            raise
+        with self._io_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self.stats.journal_rolls += 1
+            self._fd, self._file_id, self._file_size = fd, file_id, FILE_HEADER_SIZE
+
+    # -- LastLogMark ----------------------------------------------------------------------
+
+    async def checkpoint(self, requested: JournalPosition) -> tuple[JournalPosition, list[int]]:
+        """The ledgerstore has made everything before `requested` durable: record the
+        LastLogMark and delete journal files wholly before it. Returns (mark, deleted)."""
+        async with self._checkpoint_lock:
+            # Never past what is fsynced here: the ledgerstore may have read further.
+            mark = min(requested, self.durable_position)
+            if self.mark is not None and mark <= self.mark:
+                return self.mark, []
+            doomed = [i for i in journal_files(self.directory) if i < mark.file_id]
+            if doomed:
+                # Captured in one synchronous step, so state and position agree.
+                snapshot = encode_snapshot(self.durable_position, self.durable.snapshot_records())
+                await asyncio.to_thread(write_atomic, self.directory / SNAPSHOT, snapshot)
+            await asyncio.to_thread(write_atomic, self.directory / LAST_MARK,
+                                    encode_last_mark(mark))
+            self.mark = mark
+            if doomed:
+                await asyncio.to_thread(self._delete, doomed)
+            self.stats.journal_checkpoints += 1
+            self.stats.journal_files_deleted += len(doomed)
+            return mark, doomed
+
+    def _delete(self, file_ids: list[int]) -> None:
+        for file_id in file_ids:
+            (self.directory / journal_file_name(file_id)).unlink(missing_ok=True)
+        fsync_dir(self.directory)
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000

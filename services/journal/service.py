@@ -1,0 +1,254 @@
+"""The journal service: one bookie's write-ahead log on NATS.
+
+Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
+    add                 batch of entry frames -> per-entry status, answered after fsync
+    fence               journal the fenced flag, then answer with the bookie's LAC
+    write_lac           journal an explicit LAC
+    journal.checkpoint  (from the ledgerstore) JSON {"file", "offset"}: move the LastLogMark
+    journal.stats       JSON counters (BookKeeper's journal metric names)
+After each group commit it publishes `journal.committed` ({"file", "offset"}, core NATS)
+so that the ledgerstore applies at once. It also keeps the bookie registered in metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+
+from nats.micro.request import Request
+
+from services.journal.core import (
+    EntryRecord,
+    FenceRecord,
+    JournalFormatError,
+    JournalPosition,
+    LacRecord,
+    MasterKeyRecord,
+    Record,
+)
+from services.journal.journal import Journal, QueueFull
+from shared import wire
+from shared.digest import DigestMismatch
+from shared.metaclient import MetadataClient, MetadataError
+from shared.service import ServiceRuntime
+from shared.status import BookieStatus
+from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
+
+log = logging.getLogger(__name__)
+
+ADD_MAX_IN_FLIGHT = 1024  # add batches waiting for their group commit at once
+UNREGISTER_TIMEOUT_S = 1.0
+MAX_ENTRY_ID = 2**63 - 1
+
+
+class JournalService:
+    def __init__(self, rt: ServiceRuntime) -> None:
+        self.rt = rt
+        self.bookie_id = rt.settings.bookie_id
+        self.committed_subject = rt.subjects.bookie(self.bookie_id, JOURNAL_COMMITTED)
+        self.journal = Journal(rt.settings.bookie_dir / "journal", rt.settings.journal,
+                               on_commit=self._announce)
+
+    async def _announce(self, position: JournalPosition) -> None:
+        # Fire and forget: the ledgerstore also polls, a lost notification only delays it.
+        try:
+            await self.rt.nc.publish(self.committed_subject,
+                                     json.dumps(position.to_json()).encode())
+        except Exception as exc:
+            log.debug("committed notification not sent", extra={"err": repr(exc)})
+
+    def _submit(self, records: list[Record]) -> list[asyncio.Future] | None:
+        """Queue admitted records and apply them to the live state; None if the queue is
+        full (nothing queued then)."""
+        try:
+            futures = self.journal.submit(records, time.monotonic() * 1000)
+        except QueueFull:
+            return None
+        for record in records:
+            self.journal.live.apply(record)
+        return futures
+
+    # -- add ------------------------------------------------------------------------------
+
+    async def handle_add(self, request: Request) -> None:
+        try:
+            items = wire.decode_add_request(request.data)
+        except wire.WireError as exc:
+            log.warning("bad add request", extra={"err": str(exc)})
+            await request.respond(wire.encode_add_reply(BookieStatus.BAD_REQUEST, []))
+            return
+        results, futures = self._admit_adds(items)
+        if futures:
+            await asyncio.gather(*futures)
+        await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
+
+    def _admit_adds(self, items: list[wire.AddItem]
+                    ) -> tuple[list[wire.AddResult], list[asyncio.Future]]:
+        """Check every item against the ledger rules and queue the good ones, all in one
+        synchronous step (so the checks see the adds that arrived before)."""
+        live, stats = self.journal.live, self.journal.stats
+        results: list[wire.AddResult] = []
+        futures: list[asyncio.Future] = []
+        if not self.journal.room_for(len(items)):
+            for item in items:
+                ledger_id, entry_id = _ids(item.frame)
+                results.append(wire.AddResult(ledger_id, entry_id,
+                                              BookieStatus.TOO_MANY_REQUESTS))
+                stats.rejected(BookieStatus.TOO_MANY_REQUESTS.name)
+            return results, futures
+        for item in items:
+            try:
+                record = EntryRecord.of(item.master_key, item.frame)
+            except DigestMismatch:
+                record = None
+            if record is None or record.entry_id > MAX_ENTRY_ID:
+                # No header, or an entry id the wire's i64 cannot carry back.
+                results.append(wire.AddResult(record.ledger_id if record else 0, -1,
+                                              BookieStatus.BAD_REQUEST))
+                stats.rejected(BookieStatus.BAD_REQUEST.name)
+                continue
+            status = live.check_add(record.ledger_id, record.master_key, item.flags)
+            if status is BookieStatus.OK:
+                queued = self._submit([record])
+                assert queued is not None  # room_for checked the whole batch
+                futures.extend(queued)
+            else:
+                stats.rejected(status.name)
+            results.append(wire.AddResult(record.ledger_id, record.entry_id, status))
+        return results, futures
+
+    # -- fence and explicit LAC -----------------------------------------------------------
+
+    async def handle_fence(self, request: Request) -> None:
+        try:
+            ledger_id, master_key = wire.decode_fence_request(request.data)
+        except wire.WireError as exc:
+            log.warning("bad fence request", extra={"err": str(exc)})
+            await request.respond(wire.encode_lac_reply(wire.LacReply(BookieStatus.BAD_REQUEST)))
+            return
+        facts = self.journal.durable.get(ledger_id)
+        was_fenced = facts is not None and facts.fenced
+        status = await self._journal_meta(ledger_id, master_key, FenceRecord(ledger_id))
+        if status is not BookieStatus.OK:
+            await request.respond(wire.encode_lac_reply(wire.LacReply(status)))
+            return
+        facts = self.journal.durable.get(ledger_id)
+        assert facts is not None and facts.fenced
+        await request.respond(wire.encode_lac_reply(
+            wire.LacReply(BookieStatus.OK, facts.lac, facts.last_entry_id)))
+        if not was_fenced:
+            log.info("ledger fenced", extra={"ledger_id": ledger_id})
+            self.rt.events.emit("ledger.fenced", ledger_id=ledger_id, bookie_id=self.bookie_id,
+                                lac=facts.lac, last_entry_id=facts.last_entry_id)
+
+    async def handle_write_lac(self, request: Request) -> None:
+        try:
+            ledger_id, master_key, lac = wire.decode_write_lac_request(request.data)
+        except wire.WireError as exc:
+            log.warning("bad write_lac request", extra={"err": str(exc)})
+            await request.respond(wire.encode_status_reply(BookieStatus.BAD_REQUEST))
+            return
+        if lac < -1:
+            await request.respond(wire.encode_status_reply(BookieStatus.BAD_REQUEST))
+            return
+        status = await self._journal_meta(ledger_id, master_key, LacRecord(ledger_id, lac))
+        await request.respond(wire.encode_status_reply(status))
+
+    async def _journal_meta(self, ledger_id: int, master_key: bytes,
+                            record: Record) -> BookieStatus:
+        """Journal a ledger fact (with the ledger's key first if it has none) and wait
+        until it is durable."""
+        status = self.journal.live.check_master_key(ledger_id, master_key)
+        if status is not BookieStatus.OK:
+            return status
+        records: list[Record] = [record]
+        if self.journal.live.needs_master_key(ledger_id):
+            records.insert(0, MasterKeyRecord(ledger_id, master_key))
+        futures = self._submit(records)
+        if futures is None:
+            return BookieStatus.TOO_MANY_REQUESTS
+        await asyncio.gather(*futures)
+        return BookieStatus.OK
+
+    # -- checkpoint and stats -------------------------------------------------------------
+
+    async def handle_checkpoint(self, request: Request) -> None:
+        try:
+            requested = JournalPosition.from_json(json.loads(request.data))
+        except (ValueError, KeyError, TypeError, JournalFormatError) as exc:
+            await request.respond(json.dumps({"ok": False, "error": str(exc)}).encode())
+            return
+        mark, deleted = await self.journal.checkpoint(requested)
+        await request.respond(json.dumps({"ok": True, "mark": mark.to_json(),
+                                          "deleted": deleted}).encode())
+        if deleted:
+            log.info("journal checkpoint", extra={"mark": mark.to_json(), "deleted": deleted})
+            self.rt.events.emit("journal.checkpoint", bookie_id=self.bookie_id,
+                                mark=mark.to_json(), deleted_files=deleted)
+
+    async def handle_stats(self, request: Request) -> None:
+        data = self.journal.stats.as_json()
+        data["durable"] = self.journal.durable_position.to_json()
+        data["mark"] = self.journal.mark.to_json() if self.journal.mark else None
+        data["ledgers"] = len(self.journal.durable)
+        await request.respond(json.dumps(data).encode())
+
+    # -- registration ---------------------------------------------------------------------
+
+    async def keep_registered(self) -> None:
+        """Renew the bookie's lease forever; metadata being down is logged, never fatal."""
+        settings = self.rt.settings
+        client = MetadataClient(self.rt.nc, self.rt.subjects,
+                                timeout_s=settings.request_timeout_ms / 1000)
+        info = {"journal_pid": os.getpid(), "bookie_dir": str(settings.bookie_dir.resolve())}
+        registered = False
+        while True:
+            try:
+                await client.register_bookie(self.bookie_id, info=info)
+                if not registered:
+                    log.info("bookie registered")
+                    registered = True
+            except (MetadataError, Exception) as exc:  # noqa: B014 (both logged alike)
+                log.warning("bookie registration failed, will retry", extra={"err": str(exc)})
+                registered = False
+            await asyncio.sleep(settings.metadata.bookie_heartbeat_ms / 1000)
+
+    async def unregister(self) -> None:
+        client = MetadataClient(self.rt.nc, self.rt.subjects, timeout_s=UNREGISTER_TIMEOUT_S)
+        try:
+            await client.unregister_bookie(self.bookie_id)
+        except Exception as exc:
+            log.info("bookie unregister skipped", extra={"err": str(exc)})
+
+
+def _ids(frame: bytes) -> tuple[int, int]:
+    try:
+        record = EntryRecord.of(b"", frame)
+    except DigestMismatch:
+        return 0, -1
+    return record.ledger_id, record.entry_id if record.entry_id <= MAX_ENTRY_ID else -1
+
+
+async def main(rt: ServiceRuntime) -> None:
+    service = JournalService(rt)
+    await service.journal.open()
+    rt.on_shutdown(service.journal.close)
+    rt.on_shutdown(service.unregister)
+    rt.spawn(service.journal.run_writer(), "journal-writer")
+    bookie = rt.settings.bookie_id
+    endpoints = [
+        ("add", "add", service.handle_add, ADD_MAX_IN_FLIGHT),
+        ("fence", "fence", service.handle_fence, 256),
+        ("write_lac", "write_lac", service.handle_write_lac, 256),
+        ("journal-checkpoint", JOURNAL_CHECKPOINT, service.handle_checkpoint, 4),
+        ("journal-stats", "journal.stats", service.handle_stats, 16),
+    ]
+    for name, op, handler, max_in_flight in endpoints:
+        await rt.add_endpoint(name, rt.subjects.bookie(bookie, op), handler,
+                              max_in_flight=max_in_flight)
+    rt.spawn(service.keep_registered(), "bookie-registration")
+    # The server has our subscriptions once this returns: no request finds no responder.
+    await rt.nc.flush()

@@ -1,0 +1,372 @@
+"""The ledgerstore's files: entry logs, the SQLite index, and the journal tailer.
+
+All methods here block; the store calls them through `asyncio.to_thread` (except index
+point lookups, which are fast enough for the event loop). Formats are in `core`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from services.journal.core import (
+    FILE_HEADER_SIZE,
+    MAX_RECORD_SIZE,
+    JournalFormatError,
+    JournalPosition,
+    ScannedRecord,
+    ScanStop,
+    check_file_header,
+    journal_file_name,
+    scan_records,
+)
+from services.journal.journal import fsync_dir, journal_files
+from services.ledgerstore.core import (
+    ENTRYLOG_HEADER_SIZE,
+    CursorAction,
+    EntryLocation,
+    LedgerInfo,
+    check_entry_log_header,
+    encode_entry,
+    encode_entry_log_header,
+    entry_log_name,
+    locate,
+    next_file,
+    parse_entry_log_name,
+)
+
+log = logging.getLogger(__name__)
+
+READ_FDS_MAX = 64  # open entry log files kept for reads
+
+
+# -- entry logs ---------------------------------------------------------------------------
+
+
+class EntryLogger:
+    """Interleaved entry logs: appends go to the current log, which rolls at
+    `log_size_limit_bytes`. A rolled log is fsynced when it is closed; `sync` fsyncs the
+    current one. Appends and syncs come from one caller at a time; reads from anywhere."""
+
+    def __init__(self, directory: Path, log_size_limit_bytes: int) -> None:
+        self.directory = directory
+        self.limit_bytes = log_size_limit_bytes
+        self.log_id = 0
+        self.size = 0
+        self._fd = -1
+        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._read_lock = threading.Lock()
+
+    def log_ids(self) -> list[int]:
+        ids = [parse_entry_log_name(p.name) for p in self.directory.iterdir()]
+        return sorted(i for i in ids if i is not None)
+
+    def open(self, end: tuple[int, int] | None) -> None:
+        """Resume after the checkpoint that ended the logs at `end` (log_id, size): bytes
+        written after it are not indexed and will be written again from the journal."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ids = self.log_ids()
+        if end is None:
+            self._create(max(ids, default=0) + 1)
+            return
+        log_id, size = end
+        for later in (i for i in ids if i > log_id):
+            (self.directory / entry_log_name(later)).unlink()
+            log.info("removed entry log written after the last checkpoint",
+                     extra={"log_id": later})
+        path = self.directory / entry_log_name(log_id)
+        with open(path, "r+b") as f:
+            check_entry_log_header(f.read(ENTRYLOG_HEADER_SIZE), log_id)
+            f.truncate(size)
+            os.fsync(f.fileno())
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self.log_id, self.size = log_id, size
+
+    def _create(self, log_id: int) -> None:
+        path = self.directory / entry_log_name(log_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        os.write(fd, encode_entry_log_header(log_id))
+        os.fsync(fd)
+        fsync_dir(self.directory)
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+        self._fd, self.log_id, self.size = fd, log_id, ENTRYLOG_HEADER_SIZE
+
+    def append(self, entries: Iterable[tuple[int, int, bytes]]) -> list[EntryLocation]:
+        """Write (ledger, entry, frame)s; their locations, in order."""
+        locations: list[EntryLocation] = []
+        chunk: list[bytes] = []
+        for ledger_id, entry_id, frame in entries:
+            data = encode_entry(ledger_id, entry_id, frame)
+            pending = sum(len(c) for c in chunk)
+            if self.size + pending > ENTRYLOG_HEADER_SIZE and \
+                    self.size + pending + len(data) > self.limit_bytes:
+                self._write(chunk)
+                chunk = []
+                self._create(self.log_id + 1)
+                pending = 0
+            locations.append(EntryLocation(self.log_id, self.size + pending, len(frame)))
+            chunk.append(data)
+        self._write(chunk)
+        return locations
+
+    def _write(self, chunk: list[bytes]) -> None:
+        view = memoryview(b"".join(chunk))
+        while view:
+            written = os.write(self._fd, view)
+            self.size += written
+            view = view[written:]
+
+    def sync(self) -> tuple[int, int]:
+        """fsync the current log; the (log_id, size) now durable."""
+        os.fdatasync(self._fd)
+        return self.log_id, self.size
+
+    def read(self, location: EntryLocation) -> bytes:
+        fd = self._read_fd(location.log_id)
+        frame = os.pread(fd, location.size, location.frame_offset)
+        if len(frame) != location.size:
+            raise OSError(f"entry log {location.log_id} ends before {location}")
+        return frame
+
+    def _read_fd(self, log_id: int) -> int:
+        with self._read_lock:
+            fd = self._read_fds.get(log_id)
+            if fd is not None:
+                self._read_fds.move_to_end(log_id)
+                return fd
+            fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+            self._read_fds[log_id] = fd
+            if len(self._read_fds) > READ_FDS_MAX:
+                _, old = self._read_fds.popitem(last=False)
+                os.close(old)
+            return fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        with self._read_lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+
+
+# -- the index ----------------------------------------------------------------------------
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    ledger_id INTEGER NOT NULL, entry_id INTEGER NOT NULL,
+    log_id INTEGER NOT NULL, offset INTEGER NOT NULL, size INTEGER NOT NULL,
+    PRIMARY KEY (ledger_id, entry_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledgers (
+    ledger_id INTEGER PRIMARY KEY, last_entry_id INTEGER NOT NULL, lac INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoint (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    journal_file INTEGER NOT NULL, journal_offset INTEGER NOT NULL,
+    log_id INTEGER NOT NULL, log_size INTEGER NOT NULL);
+"""
+
+
+@dataclass
+class IndexState:
+    position: JournalPosition | None  # journal position the index reflects (None: fresh)
+    log_end: tuple[int, int] | None  # entry logs as of that checkpoint
+    ledgers: dict[int, LedgerInfo] = field(default_factory=dict)
+
+
+def _u64_to_i64(value: int) -> int:
+    # SQLite integers are signed 64-bit; ledger ids are u64 on the wire.
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _i64_to_u64(value: int) -> int:
+    return value + (1 << 64) if value < 0 else value
+
+
+class EntryIndex:
+    """(ledger, entry) -> location, per-ledger facts, and the applied journal position, in
+    SQLite (WAL). Everything of one checkpoint commits in one transaction. Issue 4 may
+    replace it: callers use only `open`, `lookup`, `commit`, `close`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._reader: sqlite3.Connection | None = None
+        self._writer: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")  # a commit is durable when it returns
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    def open(self) -> IndexState:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = self._connect()
+        self._writer.executescript(_SCHEMA)
+        self._reader = self._connect()
+        row = self._writer.execute(
+            "SELECT journal_file, journal_offset, log_id, log_size FROM checkpoint").fetchone()
+        state = IndexState(None, None)
+        if row is not None:
+            state.position = JournalPosition(row[0], row[1])
+            state.log_end = (row[2], row[3])
+        for ledger_id, last, lac in self._writer.execute(
+                "SELECT ledger_id, last_entry_id, lac FROM ledgers"):
+            state.ledgers[_i64_to_u64(ledger_id)] = LedgerInfo(last, lac)
+        return state
+
+    def lookup(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
+        assert self._reader is not None
+        row = self._reader.execute(
+            "SELECT log_id, offset, size FROM entries WHERE ledger_id = ? AND entry_id = ?",
+            (_u64_to_i64(ledger_id), entry_id)).fetchone()
+        return EntryLocation(*row) if row else None
+
+    def commit(self, entries: Mapping[tuple[int, int], EntryLocation],
+               ledgers: Mapping[int, LedgerInfo], position: JournalPosition,
+               log_end: tuple[int, int]) -> None:
+        conn = self._writer
+        assert conn is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)",
+                ((_u64_to_i64(ledger), e, loc.log_id, loc.offset, loc.size)
+                 for (ledger, e), loc in entries.items()))
+            conn.executemany(
+                "INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?)",
+                ((_u64_to_i64(ledger), info.last_entry_id, info.lac)
+                 for ledger, info in ledgers.items()))
+            conn.execute("INSERT OR REPLACE INTO checkpoint VALUES (1, ?, ?, ?, ?)",
+                         (position.file_id, position.offset, *log_end))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                conn.close()
+        self._reader = self._writer = None
+
+
+# -- following the journal ----------------------------------------------------------------
+
+
+class TailStatus(Enum):
+    MORE = "more"  # records (or a move to the next file) were returned: read again
+    CAUGHT_UP = "caught_up"  # at the end of the newest journal file
+    STALLED = "stalled"  # a bad record in the newest file: wait for the journal
+    DAMAGED = "damaged"  # records are missing or bad for good: never claim absence
+
+
+@dataclass
+class TailRead:
+    records: list[ScannedRecord]
+    position: JournalPosition  # after these records
+    status: TailStatus
+    reason: str = ""
+
+
+class JournalTailer:
+    """Reads the journal's files from a position, as the journal writes them. A record
+    still being written reads as incomplete: stop there and come back later."""
+
+    def __init__(self, directory: Path, position: JournalPosition,
+                 chunk_bytes: int = 4 * 1024 * 1024) -> None:
+        self.directory = directory
+        self.position = position
+        self.chunk_bytes = chunk_bytes
+        # The highest durable position the journal announced (notifications are lossy, so
+        # this may lag): a record that stops us below it is damage, not a write going on.
+        self.durable_hint: JournalPosition | None = None
+        self._fd = -1
+        self._fd_file = 0
+
+    def end_position(self) -> JournalPosition | None:
+        """Where the journal's newest file ends right now (None if there is none)."""
+        ids = journal_files(self.directory) if self.directory.exists() else []
+        if not ids:
+            return None
+        try:
+            size = (self.directory / journal_file_name(ids[-1])).stat().st_size
+        except FileNotFoundError:
+            return None
+        return JournalPosition(ids[-1], size)
+
+    def read(self) -> TailRead:
+        """The next records after `position` (blocking). Does not move `position`: the
+        caller does, once it has applied them (`advance`)."""
+        # List first: if file n+1 exists now, file n was complete before we read it.
+        ids = journal_files(self.directory) if self.directory.exists() else []
+        pos = self.position
+        action = locate(pos, ids)
+        if action is CursorAction.WAIT:
+            return TailRead([], pos, TailStatus.CAUGHT_UP)
+        if action is CursorAction.GAP:
+            return TailRead([], pos, TailStatus.DAMAGED,
+                            f"journal file {pos.file_id} is gone but later files exist")
+        fd = self._open(pos.file_id)
+        finished = next_file(pos, ids)
+        offset = pos.offset
+        if offset < FILE_HEADER_SIZE:
+            try:
+                complete = check_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), pos.file_id)
+            except JournalFormatError as exc:
+                return TailRead([], pos, TailStatus.DAMAGED, f"journal file {pos.file_id}: {exc}")
+            if not complete:
+                if finished is not None:
+                    return TailRead([], pos, TailStatus.DAMAGED,
+                                    f"journal file {pos.file_id} has no header")
+                return TailRead([], pos, TailStatus.CAUGHT_UP)
+            offset = FILE_HEADER_SIZE
+        scan = scan_records(os.pread(fd, self.chunk_bytes, offset), offset)
+        if not scan.records and scan.stop is ScanStop.INCOMPLETE \
+                and self.chunk_bytes < scan.needed_bytes <= MAX_RECORD_SIZE + 8:
+            scan = scan_records(os.pread(fd, scan.needed_bytes, offset), offset)
+        if scan.records:
+            return TailRead(scan.records, JournalPosition(pos.file_id, scan.end), TailStatus.MORE)
+        at = f"journal file {pos.file_id} offset {scan.end}: {scan.reason}"
+        if scan.stop is ScanStop.BAD:
+            status = TailStatus.DAMAGED if finished is not None else TailStatus.STALLED
+            return TailRead([], JournalPosition(pos.file_id, offset), status, at)
+        if finished is None:
+            here = JournalPosition(pos.file_id, offset)
+            if self.durable_hint is not None and self.durable_hint > here:
+                # "Cut short" below what the journal says is durable: a damaged size
+                # field, not a write in progress.
+                return TailRead([], here, TailStatus.STALLED, at)
+            return TailRead([], here, TailStatus.CAUGHT_UP)
+        if scan.stop is ScanStop.INCOMPLETE:
+            return TailRead([], pos, TailStatus.DAMAGED, f"complete {at}")
+        # At (or, after a crash that lost unsynced bytes, past) the end of a complete
+        # file: the journal never appends to it again.
+        return TailRead([], finished, TailStatus.MORE)
+
+    def advance(self, position: JournalPosition) -> None:
+        self.position = position
+
+    def _open(self, file_id: int) -> int:
+        if self._fd_file != file_id:
+            self.close()
+            self._fd = os.open(self.directory / journal_file_name(file_id), os.O_RDONLY)
+            self._fd_file = file_id
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._fd_file = -1, 0

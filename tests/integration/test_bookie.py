@@ -1,0 +1,345 @@
+"""A bookie (journal + ledgerstore) against real NATS: adds answered after the journal has
+the record, reads back byte-exact, fencing, master keys, bad input, LastLogMark, restart,
+and kill -9 of real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from services.journal.core import FILE_HEADER_SIZE, EntryRecord, scan_records
+from services.journal.journal import journal_files
+from shared import wire
+from shared.config import QuireSettings
+from shared.digest import DigestManager, master_key
+from shared.status import BookieStatus
+from shared.subjects import Subjects
+from tests.support.inprocess import running_service
+
+KEY = master_key(b"secret")
+OTHER_KEY = master_key(b"other")
+DIGEST = DigestManager("crc32c")
+
+
+def frame(ledger_id: int, entry_id: int, lac: int = -1, payload: bytes | None = None) -> bytes:
+    payload = payload if payload is not None else f"entry {ledger_id}:{entry_id}".encode()
+    return DIGEST.sign(ledger_id, entry_id, lac, len(payload), payload)
+
+
+class Bookie:
+    """Talks to one bookie the way the gateway does: shared.wire over NATS requests."""
+
+    def __init__(self, nc, settings: QuireSettings) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.subjects = Subjects(settings.subject_prefix)
+
+    async def call(self, op: str, data: bytes, timeout: float = 10.0) -> bytes:
+        msg = await self.nc.request(self.subjects.bookie(self.settings.bookie_id, op), data,
+                                    timeout=timeout)
+        return msg.data
+
+    async def add(self, frames: list[bytes], key: bytes = KEY, flags: int = 0
+                  ) -> list[BookieStatus]:
+        items = [wire.AddItem(flags, key, f) for f in frames]
+        status, results = wire.decode_add_reply(await self.call("add",
+                                                                wire.encode_add_request(items)))
+        assert status is BookieStatus.OK
+        return [r.status for r in results]
+
+    async def read(self, pairs: list[tuple[int, int]]) -> list[wire.ReadResult]:
+        data = wire.encode_read_request([wire.ReadItem(ledger, e) for ledger, e in pairs])
+        status, results = wire.decode_read_reply(await self.call("read", data))
+        assert status is BookieStatus.OK
+        return results
+
+    async def read_lac(self, ledger_id: int) -> wire.LacReply:
+        return wire.decode_lac_reply(await self.call("read_lac",
+                                                     wire.encode_read_lac_request(ledger_id)))
+
+    async def fence(self, ledger_id: int, key: bytes = KEY) -> wire.LacReply:
+        return wire.decode_lac_reply(await self.call("fence",
+                                                     wire.encode_fence_request(ledger_id, key)))
+
+    async def write_lac(self, ledger_id: int, lac: int, key: bytes = KEY) -> BookieStatus:
+        data = wire.encode_write_lac_request(ledger_id, key, lac)
+        return wire.decode_status_reply(await self.call("write_lac", data))
+
+    async def stats(self, kind: str) -> dict:
+        return json.loads(await self.call(f"{kind}.stats", b""))
+
+
+@asynccontextmanager
+async def bookie(settings: QuireSettings):
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(running_service("journal", settings))
+        await stack.enter_async_context(running_service("ledgerstore", settings))
+        yield
+
+
+def journal_entries(settings: QuireSettings) -> set[tuple[int, int]]:
+    """(ledger, entry) of every entry record in the bookie's journal files, read raw."""
+    directory = settings.bookie_dir / "journal"
+    found = set()
+    for file_id in journal_files(directory):
+        data = (directory / f"journal-{file_id:06d}.log").read_bytes()
+        for scanned in scan_records(memoryview(data)[FILE_HEADER_SIZE:]).records:
+            if isinstance(scanned.record, EntryRecord):
+                found.add((scanned.record.ledger_id, scanned.record.entry_id))
+    return found
+
+
+async def test_adds_are_journaled_before_ack_and_read_back_byte_exact(nc, settings) -> None:
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        frames = {(ledger, e): frame(ledger, e, e - 1) for ledger in (1, 2**40) for e in range(30)}
+        for e in range(30):
+            batch = [frames[(1, e)], frames[(2**40, e)]]
+            assert await client.add(batch) == [BookieStatus.OK] * 2
+            # Acknowledged means written to the journal file (and fsynced) already.
+            assert {(1, e), (2**40, e)} <= journal_entries(settings)
+        # The ledgerstore serves them at once: an acked entry is never reported absent.
+        results = await client.read(list(frames))
+        assert [r.status for r in results] == [BookieStatus.OK] * len(frames)
+        assert {(r.ledger_id, r.entry_id): r.frame for r in results} == frames
+        lac = await client.read_lac(1)
+        assert (lac.status, lac.lac, lac.last_entry_id) == (BookieStatus.OK, 28, 29)
+        stats = await client.stats("journal")
+        assert stats["journal_add_entry"] == 60
+        assert 1 <= stats["journal_sync"] <= 30
+        assert stats["journal_flush_batch_records_sum"] == 60
+
+
+async def test_absent_entries_and_ledgers(nc, settings) -> None:
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        assert await client.add([frame(5, 0), frame(5, 1, 0)]) == [BookieStatus.OK] * 2
+        results = await client.read([(5, 1), (5, 2), (6, 0)])
+        assert [r.status for r in results] == [
+            BookieStatus.OK, BookieStatus.NO_ENTRY, BookieStatus.NO_LEDGER]
+        assert (await client.read_lac(6)).status is BookieStatus.NO_LEDGER
+
+
+async def test_fence_then_normal_add_is_fenced_and_recovery_add_passes(nc, settings) -> None:
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        events = await nc.jetstream().subscribe(
+            Subjects(settings.subject_prefix).event("ledger.fenced"), ordered_consumer=True)
+        assert await client.add([frame(7, 0), frame(7, 1, 0)]) == [BookieStatus.OK] * 2
+        fenced = await client.fence(7)
+        assert (fenced.status, fenced.lac, fenced.last_entry_id) == (BookieStatus.OK, 0, 1)
+        assert await client.add([frame(7, 2, 1)]) == [BookieStatus.FENCED]
+        assert await client.add([frame(7, 2, 1)], flags=wire.FLAG_RECOVERY_ADD) == [
+            BookieStatus.OK]
+        assert (await client.fence(7)).status is BookieStatus.OK  # idempotent
+        # Fencing a ledger this bookie never saw makes it known, empty and fenced.
+        assert (await client.fence(8)).status is BookieStatus.OK
+        assert await client.add([frame(8, 0)]) == [BookieStatus.FENCED]
+        lac8 = await client.read_lac(8)
+        assert (lac8.status, lac8.lac, lac8.last_entry_id) == (BookieStatus.OK, -1, -1)
+        event = json.loads((await events.next_msg(timeout=5)).data)
+        assert (event["kind"], event["ledger_id"], event["bookie_id"]) == (
+            "ledger.fenced", 7, settings.bookie_id)
+        await events.unsubscribe()
+
+
+async def test_wrong_master_key_is_unauthorized(nc, settings) -> None:
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        assert await client.add([frame(9, 0)]) == [BookieStatus.OK]
+        assert await client.add([frame(9, 1)], key=OTHER_KEY) == [BookieStatus.UNAUTHORIZED]
+        assert (await client.fence(9, key=OTHER_KEY)).status is BookieStatus.UNAUTHORIZED
+        assert await client.write_lac(9, 0, key=OTHER_KEY) is BookieStatus.UNAUTHORIZED
+        # In one batch: the first add of a new ledger sets the key for the rest.
+        assert await client.add([frame(10, 0)]) == [BookieStatus.OK]
+        mixed = [wire.AddItem(0, KEY, frame(11, 0)), wire.AddItem(0, OTHER_KEY, frame(11, 1))]
+        _, results = wire.decode_add_reply(await client.call("add",
+                                                             wire.encode_add_request(mixed)))
+        assert [r.status for r in results] == [BookieStatus.OK, BookieStatus.UNAUTHORIZED]
+        assert [r.status for r in await client.read([(9, 1), (11, 1)])] == [
+            BookieStatus.NO_ENTRY, BookieStatus.NO_ENTRY]
+
+
+async def test_explicit_lac(nc, settings) -> None:
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        assert await client.add([frame(12, e, e - 1) for e in range(4)]) == [BookieStatus.OK] * 4
+        assert (await client.read_lac(12)).lac == 2
+        assert await client.write_lac(12, 3) is BookieStatus.OK
+        assert (await client.read_lac(12)).lac == 3
+        assert await client.write_lac(12, 1) is BookieStatus.OK  # never goes back
+        assert (await client.read_lac(12)).lac == 3
+
+
+@pytest.mark.parametrize(("op", "data"), [
+    ("add", b""), ("add", b"\x07garbage"), ("add", b"\x01\x00\x00\x00\x05"),
+    ("fence", b"\x01short"), ("write_lac", b"\x01"), ("read", b"\x01\x00\x00\x00\x02xx"),
+    ("read_lac", b"\x02" + bytes(8)),
+])
+async def test_malformed_requests_get_bad_request_and_the_bookie_keeps_serving(
+        nc, settings, op: str, data: bytes) -> None:
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        reply = await client.call(op, data)
+        if op == "add":
+            assert wire.decode_add_reply(reply) == (BookieStatus.BAD_REQUEST, [])
+        elif op == "read":
+            assert wire.decode_read_reply(reply) == (BookieStatus.BAD_REQUEST, [])
+        elif op == "write_lac":
+            assert wire.decode_status_reply(reply) is BookieStatus.BAD_REQUEST
+        else:
+            assert wire.decode_lac_reply(reply).status is BookieStatus.BAD_REQUEST
+        # A frame without a complete header is a bad item, not a bad batch.
+        assert await client.add([b"short", frame(13, 0)]) == [
+            BookieStatus.BAD_REQUEST, BookieStatus.OK]
+        assert (await client.read([(13, 0)]))[0].frame == frame(13, 0)
+
+
+async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settings) -> None:
+    # Small files and frequent checkpoints: journal files roll and old ones are deleted,
+    # so the restart must rebuild fences and keys from the snapshot, not from file 1.
+    settings = settings.model_copy(update={
+        "journal": settings.journal.model_copy(update={"max_size_mb": 1}),
+        "ledgerstore": settings.ledgerstore.model_copy(
+            update={"flush_interval_ms": 50, "log_size_limit_bytes": 256 * 1024}),
+    })
+    client = Bookie(nc, settings)
+    payload = os.urandom(20_000)
+    frames = {(ledger, e): frame(ledger, e, e - 1, payload + bytes([e]))
+              for ledger in (20, 21) for e in range(60)}
+    async with bookie(settings):
+        assert await client.add([frames[(20, 0)]]) == [BookieStatus.OK]
+        assert (await client.fence(21)).status is BookieStatus.OK
+        for e in range(1, 60):
+            assert await client.add([frames[(20, e)]]) == [BookieStatus.OK]
+        recovery = [frames[(21, e)] for e in range(60)]
+        assert await client.add(recovery, flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK] * 60
+        for _ in range(100):
+            stats = await client.stats("journal")
+            if stats["journal_files_deleted"] >= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert stats["journal_files_deleted"] >= 1, stats
+        assert len(list((settings.bookie_dir / "ledgers").glob("entrylog-*.log"))) > 1
+    assert min(journal_files(settings.bookie_dir / "journal")) > 1
+    async with bookie(settings):
+        results = await client.read(list(frames))
+        assert {(r.ledger_id, r.entry_id): r.frame for r in results} == frames
+        assert await client.add([frame(21, 60, 59)]) == [BookieStatus.FENCED]
+        assert await client.add([frame(20, 60, 59)], key=OTHER_KEY) == [
+            BookieStatus.UNAUTHORIZED]
+        assert await client.add([frame(20, 60, 59)]) == [BookieStatus.OK]
+        lac = await client.read_lac(20)
+        assert (lac.lac, lac.last_entry_id) == (59, 60)
+    # A wiped ledgerstore under a journal whose first files are gone: it cannot know what
+    # it lost, so it must never say "no such entry" (recovery would trust that).
+    shutil.rmtree(settings.bookie_dir / "ledgers")
+    async with bookie(settings):
+        results = await client.read([(20, 0), (20, 61), (99, 0)])
+        assert {r.status for r in results} == {BookieStatus.UNKNOWN_LEDGER_STATE}
+        assert (await client.read_lac(99)).status is BookieStatus.UNKNOWN_LEDGER_STATE
+
+
+async def test_a_stored_frame_that_is_not_the_entry_asked_for_is_corrupt(nc, settings) -> None:
+    client = Bookie(nc, settings)
+    marker = os.urandom(32)
+    async with bookie(settings):
+        assert await client.add([frame(40, 0, payload=marker)]) == [BookieStatus.OK]
+        assert (await client.read([(40, 0)]))[0].status is BookieStatus.OK
+        # Damage the stored copy: its header now claims entry 1.
+        (log_path,) = (settings.bookie_dir / "ledgers").glob("entrylog-*.log")
+        data = log_path.read_bytes()
+        at = data.index(frame(40, 0, payload=marker))
+        with open(log_path, "r+b") as f:
+            f.seek(at + 8)
+            f.write((1).to_bytes(8, "big"))
+        result = (await client.read([(40, 0)]))[0]
+        assert (result.status, result.frame) == (BookieStatus.CORRUPT, b"")
+
+
+# -- real processes -----------------------------------------------------------------------
+
+
+def spawn(kind: str, settings: QuireSettings, log_dir: Path) -> subprocess.Popen:
+    env = dict(os.environ, QUIRE_NATS_URL=settings.nats_url,
+               QUIRE_SUBJECT_PREFIX=settings.subject_prefix,
+               QUIRE_DATA_DIR=str(settings.data_dir), QUIRE_BOOKIE_ID=settings.bookie_id,
+               # Checkpoints during the test: the restart resumes from a persisted position.
+               QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS="100")
+    with open(log_dir / f"{kind}.log", "ab") as log_file:
+        return subprocess.Popen([sys.executable, "-m", f"services.{kind}"], env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).parents[2], start_new_session=True)
+
+
+async def wait_serving(client: Bookie, procs: list[subprocess.Popen]) -> None:
+    for _ in range(300):
+        assert all(p.poll() is None for p in procs), "a bookie process exited"
+        try:
+            await client.read_lac(0)
+            await client.stats("journal")
+            return
+        except Exception:
+            await asyncio.sleep(0.05)
+    raise AssertionError("bookie processes did not start serving")
+
+
+@pytest.mark.slow
+async def test_kill_9_of_both_processes_loses_no_acknowledged_entry(nc, settings,
+                                                                    tmp_path) -> None:
+    client = Bookie(nc, settings)
+    procs: list[subprocess.Popen] = []
+    acked: dict[tuple[int, int], bytes] = {}
+    try:
+        procs = [spawn("journal", settings, tmp_path), spawn("ledgerstore", settings, tmp_path)]
+        await wait_serving(client, procs)
+
+        async def writer(ledger_id: int) -> None:
+            for e in range(1_000):
+                data = frame(ledger_id, e, e - 1)
+                try:
+                    statuses = await client.add([data], key=KEY)
+                except Exception:
+                    return  # the bookie died under us: the outcome is unknown
+                assert statuses == [BookieStatus.OK]
+                acked[(ledger_id, e)] = data
+
+        tasks = [asyncio.create_task(writer(ledger_id)) for ledger_id in (30, 31, 32)]
+        while len(acked) < 600:
+            await asyncio.sleep(0.01)
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait(timeout=10)
+        await asyncio.gather(*tasks)
+        assert len(acked) >= 600
+
+        procs = [spawn("journal", settings, tmp_path), spawn("ledgerstore", settings, tmp_path)]
+        await wait_serving(client, procs)
+        results = await client.read(list(acked))
+        missing = [(r.ledger_id, r.entry_id, r.status) for r in results
+                   if r.status is not BookieStatus.OK or r.frame != acked[(r.ledger_id,
+                                                                          r.entry_id)]]
+        assert missing == []
+        for ledger_id in (30, 31, 32):
+            last = max(e for ledger, e in acked if ledger == ledger_id)
+            assert (await client.read_lac(ledger_id)).last_entry_id >= last
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

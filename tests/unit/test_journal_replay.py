@@ -1,0 +1,161 @@
+"""Journal files on a temp dir: replay truncates a torn tail, refuses damage before it,
+the writer commits in groups and bounds its queue, checkpoints delete old files and keep
+the ledger facts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from services.journal.core import (
+    FILE_HEADER_SIZE,
+    EntryRecord,
+    FenceRecord,
+    JournalPosition,
+    MasterKeyRecord,
+    encode_file_header,
+    encode_record,
+    journal_file_name,
+)
+from services.journal.journal import (
+    SNAPSHOT,
+    Journal,
+    JournalStartupError,
+    QueueFull,
+    journal_files,
+    replay,
+)
+from shared.config import JournalSettings
+from shared.digest import DigestManager
+
+KEY = b"k" * 20
+DIGEST = DigestManager("crc32c")
+
+
+def entry(ledger_id: int, entry_id: int) -> EntryRecord:
+    payload = f"{ledger_id}:{entry_id}".encode()
+    return EntryRecord.of(KEY, DIGEST.sign(ledger_id, entry_id, entry_id - 1, len(payload),
+                                           payload))
+
+
+def write_file(directory: Path, file_id: int, records: list, tail: bytes = b"") -> bytes:
+    data = encode_file_header(file_id) + b"".join(encode_record(r) for r in records) + tail
+    (directory / journal_file_name(file_id)).write_bytes(data)
+    return data
+
+
+def test_replay_rebuilds_state_across_files(tmp_path: Path) -> None:
+    write_file(tmp_path, 1, [entry(1, 0), entry(1, 1)])
+    data = write_file(tmp_path, 2, [MasterKeyRecord(2, KEY), FenceRecord(2), entry(1, 2)])
+    replayed = replay(tmp_path)
+    assert replayed.durable == JournalPosition(2, len(data))
+    assert replayed.last_file_id == 2
+    assert replayed.state.get(1).last_entry_id == 2 and replayed.state.get(2).fenced
+
+
+@pytest.mark.parametrize("cut", [1, 10, 30])
+def test_torn_tail_of_the_last_file_is_truncated_and_logged(tmp_path: Path, caplog,
+                                                            cut: int) -> None:
+    good = write_file(tmp_path, 1, [entry(1, 0)])
+    torn = encode_record(entry(1, 1))[:-cut]
+    write_file(tmp_path, 2, [entry(1, 1)], tail=torn)
+    size2 = (tmp_path / journal_file_name(2)).stat().st_size - len(torn)
+    with caplog.at_level(logging.WARNING):
+        replayed = replay(tmp_path)
+    assert replayed.durable == JournalPosition(2, size2)
+    assert (tmp_path / journal_file_name(2)).stat().st_size == size2
+    assert (tmp_path / journal_file_name(1)).read_bytes() == good
+    assert "truncating torn journal tail" in caplog.text
+
+
+def test_bad_record_before_the_tail_refuses_to_start(tmp_path: Path) -> None:
+    records = [entry(1, e) for e in range(3)]
+    data = bytearray(write_file(tmp_path, 1, records))
+    second = FILE_HEADER_SIZE + len(encode_record(records[0]))
+    data[second + 12] ^= 0x01
+    (tmp_path / journal_file_name(1)).write_bytes(bytes(data))
+    with pytest.raises(JournalStartupError) as err:
+        replay(tmp_path)
+    assert journal_file_name(1) in str(err.value) and f"offset {second}" in str(err.value)
+    assert (tmp_path / journal_file_name(1)).read_bytes() == bytes(data)  # left untouched
+
+
+def test_damage_in_a_file_that_is_not_last_refuses(tmp_path: Path) -> None:
+    write_file(tmp_path, 1, [entry(1, 0)], tail=encode_record(entry(1, 1))[:-3])
+    write_file(tmp_path, 2, [entry(1, 2)])
+    with pytest.raises(JournalStartupError, match="not last"):
+        replay(tmp_path)
+
+
+def test_missing_file_in_the_middle_refuses(tmp_path: Path) -> None:
+    write_file(tmp_path, 1, [])
+    write_file(tmp_path, 3, [])
+    with pytest.raises(JournalStartupError, match=r"missing.*\[2\]"):
+        replay(tmp_path)
+
+
+def test_deleted_files_without_snapshot_refuse(tmp_path: Path) -> None:
+    write_file(tmp_path, 2, [entry(1, 0)])
+    with pytest.raises(JournalStartupError, match="snapshot"):
+        replay(tmp_path)
+
+
+def test_torn_header_of_a_new_last_file_is_rewritten(tmp_path: Path) -> None:
+    write_file(tmp_path, 1, [entry(1, 0)])
+    (tmp_path / journal_file_name(2)).write_bytes(encode_file_header(2)[:7])
+    assert replay(tmp_path).durable == JournalPosition(2, FILE_HEADER_SIZE)
+    assert (tmp_path / journal_file_name(2)).read_bytes() == encode_file_header(2)
+
+
+def settings(**update) -> JournalSettings:
+    return JournalSettings().model_copy(update=update)
+
+
+async def test_writer_commits_in_groups_and_queue_is_bounded(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, settings(queue_size=5), fatal=pytest.fail)
+    await journal.open()
+    assert journal_files(tmp_path) == [1]
+    futures = journal.submit([entry(1, e) for e in range(3)], now_ms=0)
+    futures += journal.submit([entry(1, 3), entry(1, 4)], now_ms=0)
+    with pytest.raises(QueueFull):
+        journal.submit([entry(1, 5)], now_ms=0)
+    writer = asyncio.create_task(journal.run_writer())
+    positions = await asyncio.gather(*futures)
+    assert len(set(positions)) == 1  # one group commit for all five
+    assert journal.stats.journal_sync == 1 and journal.stats.journal_flush_batch_records_max == 5
+    assert journal.durable.get(1).last_entry_id == 4
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+    await journal.close()
+
+
+async def test_checkpoint_deletes_old_files_and_replay_keeps_the_facts(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, settings(), fatal=pytest.fail)
+    await journal.open()
+    writer = asyncio.create_task(journal.run_writer())
+    await asyncio.gather(*journal.submit([MasterKeyRecord(9, KEY), FenceRecord(9),
+                                          entry(1, 0)], now_ms=0))
+    await journal.close()
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+
+    journal = Journal(tmp_path, settings(), fatal=pytest.fail)  # restart: file 2
+    await journal.open()
+    writer = asyncio.create_task(journal.run_writer())
+    position = (await asyncio.gather(*journal.submit([entry(1, 1)], now_ms=0)))[0]
+    assert position.file_id == 2
+    mark, deleted = await journal.checkpoint(JournalPosition(99, 0))  # clamped to durable
+    assert mark == position and deleted == [1]
+    assert journal_files(tmp_path) == [2] and (tmp_path / SNAPSHOT).exists()
+    assert await journal.checkpoint(JournalPosition(1, 20)) == (mark, [])  # never goes back
+    await journal.close()
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+
+    replayed = replay(tmp_path)
+    assert replayed.mark == mark
+    assert replayed.state.get(9).fenced and replayed.state.get(9).master_key == KEY
+    assert replayed.state.get(1).last_entry_id == 1

@@ -1,0 +1,218 @@
+"""The ledgerstore's core (entry log format, ledger facts, following the journal, the
+authority rule) and its file-level pieces (entry logs, SQLite index, journal tailer) on a
+temp dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from services.journal.core import (
+    EntryRecord,
+    FenceRecord,
+    JournalPosition,
+    LacRecord,
+    MasterKeyRecord,
+    encode_file_header,
+    encode_record,
+    journal_file_name,
+)
+from services.ledgerstore.core import (
+    ENTRY_HEAD_SIZE,
+    ENTRYLOG_HEADER_SIZE,
+    CursorAction,
+    EntryLocation,
+    EntryLogFormatError,
+    LedgerInfo,
+    absent_status,
+    apply_to_ledgers,
+    check_entry_log_header,
+    decode_entry_head,
+    encode_entry,
+    encode_entry_log_header,
+    entry_log_name,
+    frame_matches,
+    locate,
+    next_file,
+    parse_entry_log_name,
+)
+from services.ledgerstore.storage import EntryIndex, EntryLogger, JournalTailer, TailStatus
+from shared.digest import DigestManager
+from shared.status import BookieStatus
+
+KEY = b"k" * 20
+DIGEST = DigestManager("crc32c")
+
+
+def frame(ledger_id: int, entry_id: int, lac: int = -1, payload: bytes = b"data") -> bytes:
+    return DIGEST.sign(ledger_id, entry_id, lac, len(payload), payload)
+
+
+def test_entry_encoding() -> None:
+    data = encode_entry(2**64 - 1, 7, frame(1, 2))
+    assert decode_entry_head(data[:ENTRY_HEAD_SIZE]) == (2**64 - 1, 7, len(frame(1, 2)))
+    assert data[ENTRY_HEAD_SIZE:] == frame(1, 2)
+
+
+def test_entry_log_header_and_names() -> None:
+    header = encode_entry_log_header(3)
+    assert len(header) == ENTRYLOG_HEADER_SIZE
+    check_entry_log_header(header, 3)
+    for bad, log_id in [(header, 4), (header[:8], 3), (b"JUNK" + header[4:], 3)]:
+        with pytest.raises(EntryLogFormatError):
+            check_entry_log_header(bad, log_id)
+    assert parse_entry_log_name(entry_log_name(12)) == 12
+    assert parse_entry_log_name("index.sqlite") is None
+
+
+@pytest.mark.parametrize(("data", "ledger_id", "entry_id", "expected"), [
+    (frame(1, 2), 1, 2, True),
+    (frame(1, 2), 1, 3, False),
+    (frame(1, 2), 2, 2, False),
+    (b"short", 1, 2, False),
+])
+def test_frame_matches(data: bytes, ledger_id: int, entry_id: int, expected: bool) -> None:
+    assert frame_matches(data, ledger_id, entry_id) is expected
+
+
+def test_apply_to_ledgers() -> None:
+    ledgers: dict[int, LedgerInfo] = {}
+    steps = [
+        (EntryRecord.of(KEY, frame(1, 0)), 1, LedgerInfo(0, -1)),
+        (EntryRecord.of(KEY, frame(1, 2, 1)), 1, LedgerInfo(2, 1)),
+        (EntryRecord.of(KEY, frame(1, 1, 0)), 1, LedgerInfo(2, 1)),
+        (LacRecord(1, 5), 1, LedgerInfo(2, 5)),
+        (LacRecord(1, 3), 1, LedgerInfo(2, 5)),
+        (MasterKeyRecord(2, KEY), 2, LedgerInfo(-1, -1)),
+        (FenceRecord(3), 3, LedgerInfo(-1, -1)),
+    ]
+    for record, ledger_id, expected in steps:
+        assert apply_to_ledgers(ledgers, record) == ledger_id
+        assert ledgers[ledger_id] == expected
+
+
+@pytest.mark.parametrize(("position", "files", "expected"), [
+    (JournalPosition(1, 0), [], CursorAction.WAIT),
+    (JournalPosition(1, 0), [1], CursorAction.READ),
+    (JournalPosition(2, 50), [1, 2, 3], CursorAction.READ),
+    (JournalPosition(4, 0), [1, 2, 3], CursorAction.WAIT),
+    (JournalPosition(1, 0), [2, 3], CursorAction.GAP),  # deleted below us: lost records
+    (JournalPosition(2, 90), [3], CursorAction.GAP),
+])
+def test_locate(position, files, expected) -> None:
+    assert locate(position, files) is expected
+
+
+@pytest.mark.parametrize(("position", "files", "expected"), [
+    (JournalPosition(2, 90), [2], None),
+    (JournalPosition(2, 90), [2, 3], JournalPosition(3, 0)),
+    (JournalPosition(2, 90), [1, 2, 3, 4], JournalPosition(3, 0)),
+])
+def test_next_file(position, files, expected) -> None:
+    assert next_file(position, files) == expected
+
+
+@pytest.mark.parametrize(("known", "caught_up", "expected"), [
+    (True, True, BookieStatus.NO_ENTRY),
+    (False, True, BookieStatus.NO_LEDGER),
+    (True, False, BookieStatus.UNKNOWN_LEDGER_STATE),
+    (False, False, BookieStatus.UNKNOWN_LEDGER_STATE),
+])
+def test_absent_status_never_claims_absence_when_unsure(known, caught_up, expected) -> None:
+    assert absent_status(known, caught_up) is expected
+
+
+# -- file-level pieces --------------------------------------------------------------------
+
+
+def test_entry_logger_rolls_reads_and_resumes_after_checkpoint(tmp_path: Path) -> None:
+    logger = EntryLogger(tmp_path, log_size_limit_bytes=4096)
+    logger.open(None)
+    entries = [(1, e, frame(1, e, payload=os.urandom(1000))) for e in range(10)]
+    locations = logger.append(entries)
+    assert len({loc.log_id for loc in locations}) >= 3  # rolled
+    for (_, _, data), location in zip(entries, locations, strict=True):
+        assert logger.read(location) == data
+    end = logger.sync()
+    # Written after the checkpoint: gone when reopening at `end`.
+    extra = logger.append([(2, e, frame(2, e, payload=os.urandom(3000))) for e in range(3)])
+    logger.close()
+    reopened = EntryLogger(tmp_path, log_size_limit_bytes=4096)
+    reopened.open(end)
+    assert (reopened.log_id, reopened.size) == end
+    assert max(reopened.log_ids()) == end[0] < extra[-1].log_id
+    again = reopened.append([(3, 0, frame(3, 0))])
+    assert again[0] == EntryLocation(end[0], end[1], len(frame(3, 0)))
+    assert reopened.read(locations[0]) == entries[0][2]
+    reopened.close()
+
+
+def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
+    index = EntryIndex(tmp_path / "index.sqlite")
+    state = index.open()
+    assert state.position is None and state.ledgers == {}
+    location = EntryLocation(1, 16, 100)
+    index.commit({(2**64 - 1, 0): location}, {2**64 - 1: LedgerInfo(0, -1)},
+                 JournalPosition(1, 500), (1, 136))
+    assert index.lookup(2**64 - 1, 0) == location
+    assert index.lookup(2**64 - 1, 1) is None
+    index.close()
+    again = EntryIndex(tmp_path / "index.sqlite")
+    state = again.open()
+    assert state.position == JournalPosition(1, 500) and state.log_end == (1, 136)
+    assert state.ledgers == {2**64 - 1: LedgerInfo(0, -1)}
+    assert again.lookup(2**64 - 1, 0) == location
+    again.close()
+
+
+def _write_journal(directory: Path, file_id: int, records: list, tail: bytes = b"") -> None:
+    data = encode_file_header(file_id) + b"".join(encode_record(r) for r in records) + tail
+    (directory / journal_file_name(file_id)).write_bytes(data)
+
+
+def test_tailer_follows_files_and_waits_at_partial_records(tmp_path: Path) -> None:
+    first = [EntryRecord.of(KEY, frame(1, e)) for e in range(3)]
+    partial = encode_record(EntryRecord.of(KEY, frame(1, 3)))[:-5]
+    _write_journal(tmp_path, 1, first, tail=partial)
+    tailer = JournalTailer(tmp_path, JournalPosition(1, 0))
+    read = tailer.read()
+    assert read.status is TailStatus.MORE and [s.record for s in read.records] == first
+    tailer.advance(read.position)
+    # A record still being written: caught up for now, position unchanged.
+    read = tailer.read()
+    assert read.status is TailStatus.CAUGHT_UP and read.records == []
+    # Unless the journal said it is durable beyond it: then it is damage.
+    tailer.durable_hint = JournalPosition(1, read.position.offset + 1)
+    assert tailer.read().status is TailStatus.STALLED
+    tailer.durable_hint = None
+    # The journal restarted: truncated the torn record and started file 2.
+    path = tmp_path / journal_file_name(1)
+    path.write_bytes(path.read_bytes()[: read.position.offset])
+    _write_journal(tmp_path, 2, [FenceRecord(1)])
+    read = tailer.read()
+    assert (read.status, read.position) == (TailStatus.MORE, JournalPosition(2, 0))
+    tailer.advance(read.position)
+    read = tailer.read()
+    assert [s.record for s in read.records] == [FenceRecord(1)]
+    tailer.advance(read.position)
+    assert tailer.read().status is TailStatus.CAUGHT_UP
+    tailer.close()
+
+
+def test_tailer_reports_damage_and_gaps(tmp_path: Path) -> None:
+    good = encode_record(FenceRecord(1))
+    bad = bytearray(encode_record(LacRecord(1, 5)))
+    bad[-1] ^= 0xFF
+    _write_journal(tmp_path, 1, [], tail=good + bytes(bad) + good)
+    tailer = JournalTailer(tmp_path, JournalPosition(1, 0))
+    read = tailer.read()
+    tailer.advance(read.position)
+    assert tailer.read().status is TailStatus.STALLED  # newest file: the journal decides
+    _write_journal(tmp_path, 2, [])
+    assert tailer.read().status is TailStatus.DAMAGED  # a complete file with a bad record
+    gone = JournalTailer(tmp_path, JournalPosition(1, 0))
+    (tmp_path / journal_file_name(1)).unlink()
+    assert gone.read().status is TailStatus.DAMAGED  # deleted below our position
+    tailer.close()
