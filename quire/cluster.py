@@ -57,8 +57,9 @@ class ServiceProcess:
 
 
 class Cluster:
-    def __init__(self, config: ClusterConfig, out: IO[str] = sys.stdout,
-                 err: IO[str] = sys.stderr) -> None:
+    def __init__(
+        self, config: ClusterConfig, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr
+    ) -> None:
         self.config = config
         self.data_dir = config.data_dir.resolve()
         self.out = out
@@ -107,15 +108,17 @@ class Cluster:
 
     def _env(self, bookie_id: str | None) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "QUIRE_NATS_URL": self.nats_url,
-            "QUIRE_DATABASE_URL": self.database_url,
-            "QUIRE_DATA_DIR": str(self.data_dir),
-            "QUIRE_GATEWAY__HTTP_HOST": self.config.host,
-            "QUIRE_GATEWAY__HTTP_PORT": str(self.config.http_port),
-            "QUIRE_GATEWAY__GRPC_PORT": str(self.config.grpc_port),
-            "QUIRE_GATEWAY__READY_MIN_WRITABLE_BOOKIES": str(min(3, self.config.bookies)),
-        })
+        env.update(
+            {
+                "QUIRE_NATS_URL": self.nats_url,
+                "QUIRE_DATABASE_URL": self.database_url,
+                "QUIRE_DATA_DIR": str(self.data_dir),
+                "QUIRE_GATEWAY__HTTP_HOST": self.config.host,
+                "QUIRE_GATEWAY__HTTP_PORT": str(self.config.http_port),
+                "QUIRE_GATEWAY__GRPC_PORT": str(self.config.grpc_port),
+                "QUIRE_GATEWAY__READY_MIN_WRITABLE_BOOKIES": str(min(3, self.config.bookies)),
+            }
+        )
         env.update(self.config.extra_env)
         if bookie_id:
             env["QUIRE_BOOKIE_ID"] = bookie_id
@@ -126,8 +129,12 @@ class Cluster:
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", f"services.{kind}"],
-                env=self._env(bookie_id), stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(),
+                env=self._env(bookie_id),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         self.services.append(ServiceProcess(name, kind, proc, bookie_id, log_path))
 
@@ -145,19 +152,25 @@ class Cluster:
             while time.monotonic() < deadline:
                 gateway = self.service("gateway")
                 if gateway.proc.poll() is not None:
-                    raise InfraError(f"the gateway exited ({gateway.proc.returncode}); "
-                                     f"see {gateway.log_path}")
+                    raise InfraError(
+                        f"the gateway exited ({gateway.proc.returncode}); see {gateway.log_path}"
+                    )
                 try:
                     if client.get(f"{self.http_url}/readyz").status_code == 200:
-                        print(f"quire: gateway ready at {self.http_url} "
-                              f"(grpc {self.grpc_address})", file=self.out, flush=True)
+                        print(
+                            f"quire: gateway ready at {self.http_url} (grpc {self.grpc_address})",
+                            file=self.out,
+                            flush=True,
+                        )
                         return
                 except httpx.HTTPError:
                     pass
                 self.check_processes()
                 time.sleep(0.2)
-        raise InfraError(f"the gateway was not ready within {READY_TIMEOUT_S:.0f} s; "
-                         f"see the logs in {self.data_dir / 'logs'}")
+        raise InfraError(
+            f"the gateway was not ready within {READY_TIMEOUT_S:.0f} s; "
+            f"see the logs in {self.data_dir / 'logs'}"
+        )
 
     def service(self, name: str) -> ServiceProcess:
         return next(s for s in self.services if s.name == name)
@@ -168,13 +181,30 @@ class Cluster:
         rows = []
         for managed in (self.nats, self.postgres):
             if managed is not None:
-                rows.append({"name": managed.name, "kind": managed.kind, "bookie_id": None,
-                             "pid": managed.pid})
-        rows.extend({"name": s.name, "kind": s.kind, "bookie_id": s.bookie_id, "pid": s.proc.pid,
-                     "log": str(s.log_path)} for s in self.services)
+                rows.append(
+                    {
+                        "name": managed.name,
+                        "kind": managed.kind,
+                        "bookie_id": None,
+                        "pid": managed.pid,
+                    }
+                )
+        rows.extend(
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "bookie_id": s.bookie_id,
+                "pid": s.proc.pid,
+                "log": str(s.log_path),
+            }
+            for s in self.services
+        )
         return {
-            "gateway": {"http": self.http_url, "grpc": self.grpc_address,
-                        "pid": self.service("gateway").proc.pid},
+            "gateway": {
+                "http": self.http_url,
+                "grpc": self.grpc_address,
+                "pid": self.service("gateway").proc.pid,
+            },
             "nats_url": self.nats_url,
             "database_url": self.database_url,
             "data_dir": str(self.data_dir),
@@ -198,16 +228,23 @@ class Cluster:
             if code is not None and not svc.reported_dead:
                 svc.reported_dead = True
                 died.append(svc.name)
-                print(f"quire: {svc.name} (pid {svc.proc.pid}) exited with code {code}; "
-                      f"see {svc.log_path}", file=self.err, flush=True)
+                print(
+                    f"quire: {svc.name} (pid {svc.proc.pid}) exited with code {code}; "
+                    f"see {svc.log_path}",
+                    file=self.err,
+                    flush=True,
+                )
         for managed in (self.nats, self.postgres):
             if managed is not None and not managed.alive() and managed.name not in died:
                 if not getattr(managed, "reported_dead", False):
                     managed.reported_dead = True  # type: ignore[attr-defined]
                     died.append(managed.name)
-                    print(f"quire: {managed.name} (pid {managed.pid}) exited with code "
-                          f"{managed.proc.returncode}; see {managed.log_path}",
-                          file=self.err, flush=True)
+                    print(
+                        f"quire: {managed.name} (pid {managed.pid}) exited with code "
+                        f"{managed.proc.returncode}; see {managed.log_path}",
+                        file=self.err,
+                        flush=True,
+                    )
         return died
 
     def run_until_stopped(self) -> None:
@@ -259,8 +296,12 @@ def run_up(config: ClusterConfig) -> int:
     except (InfraError, OSError, subprocess.SubprocessError) as exc:
         print(f"quire: {exc}", file=sys.stderr)
         return 1
-    print(f"quire: data in {cluster.data_dir}, logs in {cluster.data_dir / 'logs'}; "
-          "Ctrl-C stops the cluster", file=sys.stderr, flush=True)
+    print(
+        f"quire: data in {cluster.data_dir}, logs in {cluster.data_dir / 'logs'}; "
+        "Ctrl-C stops the cluster",
+        file=sys.stderr,
+        flush=True,
+    )
     cluster.run_until_stopped()
     print("quire: stopping", file=sys.stderr, flush=True)
     cluster.stop()

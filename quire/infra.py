@@ -51,8 +51,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | None = None,
-                  what: str = "server") -> None:
+def wait_for_port(
+    host: str,
+    port: int,
+    timeout_s: float,
+    proc: subprocess.Popen | None = None,
+    what: str = "server",
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -110,8 +115,9 @@ def nats_server_binary() -> Path:
     return path
 
 
-def start_nats(directory: Path, port: int | None = None, host: str = "127.0.0.1",
-               name: str = "nats") -> ManagedProcess:
+def start_nats(
+    directory: Path, port: int | None = None, host: str = "127.0.0.1", name: str = "nats"
+) -> ManagedProcess:
     """nats-server with JetStream, its store and log under `directory`."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -127,8 +133,11 @@ def start_nats(directory: Path, port: int | None = None, host: str = "127.0.0.1"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             [str(nats_server_binary()), "-c", str(config)],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=die_with_parent(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
     managed = ManagedProcess(name, "nats", proc, url=f"nats://{host}:{port}", log_path=log_path)
     try:
@@ -183,8 +192,9 @@ def _chown_tree(path: Path, user: str) -> None:
             os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
 
 
-def start_postgres(directory: Path, port: int | None = None, host: str = "127.0.0.1",
-                   name: str = "postgres") -> ManagedProcess:
+def start_postgres(
+    directory: Path, port: int | None = None, host: str = "127.0.0.1", name: str = "postgres"
+) -> ManagedProcess:
     """PostgreSQL with its cluster in `directory/data` (created on first use), the
     database `quire` owned by user `quire`, trust auth on loopback only."""
     directory = directory.resolve()
@@ -198,9 +208,21 @@ def start_postgres(directory: Path, port: int | None = None, host: str = "127.0.
         if data.exists():
             shutil.rmtree(data)  # a half-made cluster from an interrupted initdb
         done = subprocess.run(
-            [_postgres_bin("initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust",
-             "-E", "UTF8", "--no-instructions"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=directory,
+            [
+                _postgres_bin("initdb"),
+                "-D",
+                str(data),
+                "-U",
+                PG_USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=directory,
             **_identity(user),
         )
         if done.returncode != 0:
@@ -224,21 +246,42 @@ def start_postgres(directory: Path, port: int | None = None, host: str = "127.0.
     raise AssertionError("unreachable")
 
 
-def _launch_postgres(directory: Path, data: Path, port: int, host: str, name: str,
-                     user: str | None) -> ManagedProcess:
+def _launch_postgres(
+    directory: Path, data: Path, port: int, host: str, name: str, user: str | None
+) -> ManagedProcess:
     log_path = directory / "postgres.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
-            [_postgres_bin("postgres"), "-D", str(data), "-c", f"listen_addresses={host}",
-             "-p", str(port), "-c", "unix_socket_directories=", "-c", "fsync=on",
-             "-c", "max_connections=200"],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory,
-            start_new_session=True, preexec_fn=die_with_parent(signal.SIGINT),
+            [
+                _postgres_bin("postgres"),
+                "-D",
+                str(data),
+                "-c",
+                f"listen_addresses={host}",
+                "-p",
+                str(port),
+                "-c",
+                "unix_socket_directories=",
+                "-c",
+                "fsync=on",
+                "-c",
+                "max_connections=200",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=directory,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGINT),
             **_identity(user),
         )
     return ManagedProcess(
-        name, "postgres", proc, url=f"postgresql+psycopg://{PG_USER}@{host}:{port}/{PG_DATABASE}",
-        log_path=log_path, stop_signal=signal.SIGINT,  # SIGINT: PostgreSQL's fast shutdown
+        name,
+        "postgres",
+        proc,
+        url=f"postgresql+psycopg://{PG_USER}@{host}:{port}/{PG_DATABASE}",
+        log_path=log_path,
+        stop_signal=signal.SIGINT,  # SIGINT: PostgreSQL's fast shutdown
         extra={"port": port},
     )
 
@@ -249,10 +292,17 @@ def _create_database(host: str, port: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with psycopg.connect(host=host, port=port, user=PG_USER, dbname="postgres",
-                                 autocommit=True, connect_timeout=2) as conn:
-                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                                      (PG_DATABASE,)).fetchone()
+            with psycopg.connect(
+                host=host,
+                port=port,
+                user=PG_USER,
+                dbname="postgres",
+                autocommit=True,
+                connect_timeout=2,
+            ) as conn:
+                exists = conn.execute(
+                    "SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)
+                ).fetchone()
                 if not exists:
                     conn.execute(f"CREATE DATABASE {PG_DATABASE}")
                 return

@@ -68,10 +68,12 @@ class EventPublisher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="event-publisher")
 
-    def emit(self, kind: str, *, ledger_id: int | None = None, bookie_id: str | None = None,
-             **data: Any) -> None:
-        event = Event(kind=kind, source=self._source, ledger_id=ledger_id, bookie_id=bookie_id,
-                      data=data)
+    def emit(
+        self, kind: str, *, ledger_id: int | None = None, bookie_id: str | None = None, **data: Any
+    ) -> None:
+        event = Event(
+            kind=kind, source=self._source, ledger_id=ledger_id, bookie_id=bookie_id, data=data
+        )
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
@@ -88,14 +90,18 @@ class EventPublisher:
         for attempt in range(5):
             try:
                 await self._js.publish(
-                    self._subjects.event(event.kind), payload,
-                    headers={"Nats-Msg-Id": event.event_id}, timeout=5,
+                    self._subjects.event(event.kind),
+                    payload,
+                    headers={"Nats-Msg-Id": event.event_id},
+                    timeout=5,
                 )
                 self.published += 1
                 return
             except Exception as exc:  # NATS down or JetStream unavailable: retry, then drop
-                log.warning("event publish failed", extra={"kind": event.kind, "err": repr(exc),
-                                                           "attempt": attempt})
+                log.warning(
+                    "event publish failed",
+                    extra={"kind": event.kind, "err": repr(exc), "attempt": attempt},
+                )
                 await asyncio.sleep(0.2 * (attempt + 1))
         self.dropped += 1
 
@@ -106,8 +112,7 @@ class EventPublisher:
         try:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         except TimeoutError:
-            log.warning("events left unpublished at shutdown",
-                        extra={"count": self._queue.qsize()})
+            log.warning("events left unpublished at shutdown", extra={"count": self._queue.qsize()})
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None

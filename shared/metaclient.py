@@ -63,13 +63,15 @@ class MetadataClient:
         """Send `request` to `op`; the parsed result, or MetadataError. A timeout or no
         responder is UNAVAILABLE: the outcome is unknown and the caller must re-read."""
         _, result_model = METADATA_OPS[op]
-        body = (request.model_dump_json() if isinstance(request, BaseModel)
-                else json.dumps(request)).encode()
+        body = (
+            request.model_dump_json() if isinstance(request, BaseModel) else json.dumps(request)
+        ).encode()
         try:
             msg = await self._nc.request(self._subjects.meta(op), body, timeout=self._timeout_s)
         except (NoRespondersError, NatsTimeoutError) as exc:
-            raise MetadataError(MetaError(code=MetaErrorCode.UNAVAILABLE,
-                                          message=f"metadata service: {exc!r}")) from exc
+            raise MetadataError(
+                MetaError(code=MetaErrorCode.UNAVAILABLE, message=f"metadata service: {exc!r}")
+            ) from exc
         reply = MetaReply.model_validate_json(msg.data)
         if not reply.ok:
             assert reply.error is not None
@@ -91,10 +93,16 @@ class MetadataClient:
     async def delete_ledger(self, ledger_id: int) -> None:
         await self.call("ledger.delete", LedgerIdRequest(ledger_id=ledger_id))
 
-    async def register_bookie(self, bookie_id: str, state: BookieState = BookieState.WRITABLE,
-                              info: dict[str, Any] | None = None) -> BookieInfo:
-        return await self.call("bookie.register", RegisterBookieRequest(
-            bookie_id=bookie_id, state=state, info=info or {}))
+    async def register_bookie(
+        self,
+        bookie_id: str,
+        state: BookieState = BookieState.WRITABLE,
+        info: dict[str, Any] | None = None,
+    ) -> BookieInfo:
+        return await self.call(
+            "bookie.register",
+            RegisterBookieRequest(bookie_id=bookie_id, state=state, info=info or {}),
+        )
 
     async def unregister_bookie(self, bookie_id: str) -> None:
         await self.call("bookie.unregister", BookieIdRequest(bookie_id=bookie_id))

@@ -104,7 +104,9 @@ class CreateLedgerRequest(_Strict):
     @model_validator(mode="after")
     def _check_quorum(self) -> CreateLedgerRequest:
         QuorumSpec(self.ensemble_size, self.write_quorum, self.ack_quorum)
-        if len(self.ensemble) != self.ensemble_size or len(set(self.ensemble)) != len(self.ensemble):
+        if len(self.ensemble) != self.ensemble_size or len(set(self.ensemble)) != len(
+            self.ensemble
+        ):
             raise ValueError("ensemble must hold ensemble_size distinct bookies")
         return self
 

@@ -62,8 +62,13 @@ async def connect_nats(url: str, name: str, deadline_s: float = CONNECT_DEADLINE
 
 
 class ServiceRuntime:
-    def __init__(self, kind: str, settings: QuireSettings, instance: str,
-                 metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        settings: QuireSettings,
+        instance: str,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         self.kind = kind
         self.settings = settings
         self.instance = instance
@@ -91,8 +96,15 @@ class ServiceRuntime:
             metadata={"instance": self.instance, "pid": str(os.getpid()), **self.metadata},
         )
 
-    async def add_endpoint(self, name: str, subject: str, handler: Handler, *,
-                           queue_group: str | None = None, max_in_flight: int = 256) -> None:
+    async def add_endpoint(
+        self,
+        name: str,
+        subject: str,
+        handler: Handler,
+        *,
+        queue_group: str | None = None,
+        max_in_flight: int = 256,
+    ) -> None:
         """Serve `subject`. Requests run as tasks, at most `max_in_flight` at once, started
         in arrival order (a handler's synchronous prefix runs in that order)."""
         slots = asyncio.Semaphore(max_in_flight)
@@ -114,8 +126,12 @@ class ServiceRuntime:
             task.add_done_callback(self._in_flight.discard)
 
         await self.micro.add_endpoint(
-            EndpointConfig(name=name, subject=subject, handler=dispatch,
-                           queue_group=queue_group or f"q-{subject}")
+            EndpointConfig(
+                name=name,
+                subject=subject,
+                handler=dispatch,
+                queue_group=queue_group or f"q-{subject}",
+            )
         )
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
@@ -167,9 +183,13 @@ class ServiceRuntime:
         log.info("stopped")
 
 
-def run_service(kind: str, main: Callable[[ServiceRuntime], Awaitable[None]], *,
-                instance: Callable[[QuireSettings], str] | None = None,
-                metadata: Callable[[QuireSettings], dict[str, str]] | None = None) -> int:
+def run_service(
+    kind: str,
+    main: Callable[[ServiceRuntime], Awaitable[None]],
+    *,
+    instance: Callable[[QuireSettings], str] | None = None,
+    metadata: Callable[[QuireSettings], dict[str, str]] | None = None,
+) -> int:
     """Run one service process until SIGTERM or SIGINT. `main` sets up the endpoints and
     background tasks and returns; the runner then waits and drains."""
     settings = load_settings()

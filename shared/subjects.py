@@ -1,9 +1,9 @@
 """Every NATS subject Quire uses is built here, and nowhere else.
 
-    <prefix>.bookie.<bookie_id>.<op>   requests to one bookie (journal or ledgerstore)
-    <prefix>.meta.<area>.<op>          requests to the metadata service (queue group)
-    <prefix>.<service>.<op>            requests to the auditor or replicators
-    <prefix>.events.<kind>             domain events, captured by the QUIRE_EVENTS stream
+<prefix>.bookie.<bookie_id>.<op>   requests to one bookie (journal or ledgerstore)
+<prefix>.meta.<area>.<op>          requests to the metadata service (queue group)
+<prefix>.<service>.<op>            requests to the auditor or replicators
+<prefix>.events.<kind>             domain events, captured by the QUIRE_EVENTS stream
 """
 
 from __future__ import annotations

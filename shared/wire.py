@@ -192,7 +192,9 @@ def decode_read_reply(data: bytes) -> tuple[BookieStatus, list[ReadResult]]:
         offset += _READ_RESULT.size
         if offset + size > len(view):
             raise WireError("read reply truncated")
-        results.append(ReadResult(ledger_id, entry_id, _status(st), bytes(view[offset : offset + size])))
+        results.append(
+            ReadResult(ledger_id, entry_id, _status(st), bytes(view[offset : offset + size]))
+        )
         offset += size
     return _status(status), results
 

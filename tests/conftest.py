@@ -76,8 +76,13 @@ def fresh_database_url(database_url: str) -> Iterator[str]:
 
     url = make_url(database_url)
     name = f"t_{os.urandom(6).hex()}"
-    admin = {"host": url.host, "port": url.port, "user": url.username, "dbname": "postgres",
-             "autocommit": True}
+    admin = {
+        "host": url.host,
+        "port": url.port,
+        "user": url.username,
+        "dbname": "postgres",
+        "autocommit": True,
+    }
     with psycopg.connect(**admin) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     yield url.set(database=name).render_as_string(hide_password=False)

@@ -14,8 +14,9 @@ class BookieTransition:
     after: BookieState
 
 
-def bookie_transitions(previous: dict[str, BookieState],
-                       current: list[BookieInfo]) -> list[BookieTransition]:
+def bookie_transitions(
+    previous: dict[str, BookieState], current: list[BookieInfo]
+) -> list[BookieTransition]:
     """State changes since `previous` (bookie id -> state), in bookie id order."""
     changes = []
     for bookie in sorted(current, key=lambda b: b.bookie_id):

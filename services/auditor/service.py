@@ -38,10 +38,16 @@ class Auditor:
             self.known[change.bookie_id] = change.after
             if change.before is None and change.after is BookieState.WRITABLE:
                 continue  # first sight of a healthy bookie: nothing to report
-            log.warning("bookie state changed", extra={
-                "bookie": change.bookie_id, "before": change.before, "after": change.after})
-            self._rt.events.emit(EVENT_KINDS[change.after], bookie_id=change.bookie_id,
-                                 before=change.before, after=change.after)
+            log.warning(
+                "bookie state changed",
+                extra={"bookie": change.bookie_id, "before": change.before, "after": change.after},
+            )
+            self._rt.events.emit(
+                EVENT_KINDS[change.after],
+                bookie_id=change.bookie_id,
+                before=change.before,
+                after=change.after,
+            )
         self.audits += 1
 
     async def run(self) -> None:
@@ -53,9 +59,14 @@ class Auditor:
             await asyncio.sleep(AUDIT_INTERVAL_S)
 
     async def status(self, request: Request) -> None:
-        await request.respond(json.dumps({
-            "audits": self.audits, "bookies": {k: v.value for k, v in self.known.items()},
-        }).encode())
+        await request.respond(
+            json.dumps(
+                {
+                    "audits": self.audits,
+                    "bookies": {k: v.value for k, v in self.known.items()},
+                }
+            ).encode()
+        )
 
 
 async def main(rt: ServiceRuntime) -> None:

@@ -164,8 +164,12 @@ def _body(record: Record) -> tuple[RecordKind, bytes]:
             return RecordKind.LAC, _LAC.pack(ledger_id, lac)
         case LedgerStateRecord():
             return RecordKind.LEDGER_STATE, _LEDGER_STATE.pack(
-                record.ledger_id, record.master_key, int(record.fenced), record.lac,
-                record.last_entry_id)
+                record.ledger_id,
+                record.master_key,
+                int(record.fenced),
+                record.lac,
+                record.last_entry_id,
+            )
     raise TypeError(f"not a journal record: {record!r}")
 
 
@@ -250,8 +254,9 @@ def _try_record(buf: memoryview, at: int) -> tuple[ScanStop | None, str, int, Re
     return None, "", at + RECORD_HEAD_SIZE + size, record
 
 
-def scan_records(buf: bytes | memoryview, base_offset: int = 0,
-                 max_records: int | None = None) -> ScanResult:
+def scan_records(
+    buf: bytes | memoryview, base_offset: int = 0, max_records: int | None = None
+) -> ScanResult:
     """Decode the records in `buf`, which holds a file's bytes from `base_offset` on.
     Stops at the end, at an incomplete record, at a bad one, or after `max_records`."""
     view = memoryview(buf)
@@ -325,8 +330,9 @@ def decode_last_mark(data: bytes) -> JournalPosition:
 
 def encode_snapshot(position: JournalPosition, records: Sequence[LedgerStateRecord]) -> bytes:
     """The durable ledger facts as of `position`: replay starts there, not at file 1."""
-    head = _SNAPSHOT_HEAD.pack(SNAPSHOT_MAGIC, FORMAT_VERSION, 0, position.file_id,
-                               position.offset, len(records))
+    head = _SNAPSHOT_HEAD.pack(
+        SNAPSHOT_MAGIC, FORMAT_VERSION, 0, position.file_id, position.offset, len(records)
+    )
     return head + b"".join(encode_record(r) for r in records)
 
 
@@ -365,8 +371,13 @@ class FlushPlan:
     wait_ms: float | None = None  # when not flushing: how long to wait at most (None: any)
 
 
-def plan_group_commit(policy: GroupCommitPolicy, pending_records: int, pending_bytes: int,
-                      oldest_enqueued_ms: float, now_ms: float) -> FlushPlan:
+def plan_group_commit(
+    policy: GroupCommitPolicy,
+    pending_records: int,
+    pending_bytes: int,
+    oldest_enqueued_ms: float,
+    now_ms: float,
+) -> FlushPlan:
     """What the idle journal writer does now with what is pending."""
     if pending_records == 0:
         return FlushPlan(False, None)
@@ -466,7 +477,8 @@ class BookieLedgerState:
             case LedgerStateRecord():
                 key = NO_KEY if record.master_key == _ZERO_KEY else record.master_key
                 self._ledgers[record.ledger_id] = LedgerFacts(
-                    key, record.fenced, record.lac, record.last_entry_id)
+                    key, record.fenced, record.lac, record.last_entry_id
+                )
 
     def _facts(self, ledger_id: int, master_key: bytes) -> LedgerFacts:
         facts = self._ledgers.get(ledger_id)
@@ -483,7 +495,8 @@ class BookieLedgerState:
 
     def snapshot_records(self) -> list[LedgerStateRecord]:
         return [
-            LedgerStateRecord(ledger_id, f.master_key or _ZERO_KEY, f.fenced,
-                              f.lac, f.last_entry_id)
+            LedgerStateRecord(
+                ledger_id, f.master_key or _ZERO_KEY, f.fenced, f.lac, f.last_entry_id
+            )
             for ledger_id, f in sorted(self._ledgers.items())
         ]

@@ -119,7 +119,8 @@ class JournalStats:
     journal_sync_latency_ms_sum: float = 0.0
     journal_sync_latency_ms_max: float = 0.0
     journal_sync_latency_ms_buckets: list[int] = field(
-        default_factory=lambda: [0] * (len(_SYNC_LATENCY_BUCKETS_MS) + 1))
+        default_factory=lambda: [0] * (len(_SYNC_LATENCY_BUCKETS_MS) + 1)
+    )
     journal_flush_batch_records_sum: int = 0
     journal_flush_batch_records_max: int = 0
     journal_flush_batch_bytes_sum: int = 0
@@ -132,7 +133,8 @@ class JournalStats:
 
     def rejected(self, status_name: str) -> None:
         self.journal_add_entry_rejected[status_name] = (
-            self.journal_add_entry_rejected.get(status_name, 0) + 1)
+            self.journal_add_entry_rejected.get(status_name, 0) + 1
+        )
 
     def synced(self, records: int, size: int, latency_ms: float) -> None:
         self.journal_sync += 1
@@ -178,7 +180,8 @@ def replay(directory: Path) -> Replayed:
     if snapshot is None and (ids[:1] != [1] if ids else mark is not None):
         raise JournalStartupError(
             f"journal files before {ids[:1]} were deleted but {directory / SNAPSHOT} is "
-            "missing: the fenced flags and master keys they held are unknown")
+            "missing: the fenced flags and master keys they held are unknown"
+        )
     state = BookieLedgerState()
     start = JOURNAL_START
     if snapshot is not None:
@@ -187,8 +190,13 @@ def replay(directory: Path) -> Replayed:
             state.apply(record)
     durable = start
     for file_id in ids:
-        durable = _replay_file(directory / journal_file_name(file_id), file_id,
-                               last=file_id == ids[-1], start=start, state=state)
+        durable = _replay_file(
+            directory / journal_file_name(file_id),
+            file_id,
+            last=file_id == ids[-1],
+            start=start,
+            state=state,
+        )
     seen = [*ids, mark.file_id if mark else 0, start.file_id if snapshot else 0]
     return Replayed(state, durable, max(seen), mark)
 
@@ -202,8 +210,9 @@ def _read_optional(path: Path, decode: Callable):
         raise JournalStartupError(f"{path}: {exc}") from exc
 
 
-def _replay_file(path: Path, file_id: int, *, last: bool, start: JournalPosition,
-                 state: BookieLedgerState) -> JournalPosition:
+def _replay_file(
+    path: Path, file_id: int, *, last: bool, start: JournalPosition, state: BookieLedgerState
+) -> JournalPosition:
     data = path.read_bytes()
     try:
         complete = check_file_header(data, file_id)
@@ -228,10 +237,17 @@ def _replay_file(path: Path, file_id: int, *, last: bool, start: JournalPosition
     if not is_torn_tail(data, scan.end):
         raise JournalStartupError(
             f"bad journal record in {where}, followed by valid records: the journal is "
-            "damaged before its tail; refusing to start (inspect or restore the file)")
-    log.warning("truncating torn journal tail", extra={
-        "file": str(path), "offset": scan.end, "dropped_bytes": len(data) - scan.end,
-        "reason": scan.reason})
+            "damaged before its tail; refusing to start (inspect or restore the file)"
+        )
+    log.warning(
+        "truncating torn journal tail",
+        extra={
+            "file": str(path),
+            "offset": scan.end,
+            "dropped_bytes": len(data) - scan.end,
+            "reason": scan.reason,
+        },
+    )
     _truncate(path, scan.end)
     return JournalPosition(file_id, scan.end)
 
@@ -260,9 +276,13 @@ class Journal:
     """One bookie's journal. `submit` is synchronous (checks and queueing happen in
     request arrival order); the writer task commits; `checkpoint` moves the LastLogMark."""
 
-    def __init__(self, directory: Path, settings: JournalSettings,
-                 on_commit: CommitListener | None = None,
-                 fatal: Callable[[str], None] = die) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        settings: JournalSettings,
+        on_commit: CommitListener | None = None,
+        fatal: Callable[[str], None] = die,
+    ) -> None:
         self.directory = directory
         self.settings = settings
         self.policy = GroupCommitPolicy(
@@ -302,9 +322,15 @@ class Journal:
         # (bytes lost to a crash) is never reused, and "file n+1 exists" means "file n is
         # complete".
         await asyncio.to_thread(self._create_file, replayed.last_file_id + 1)
-        log.info("journal replayed", extra={
-            "ledgers": len(self.durable), "durable": self.durable_position.to_json(),
-            "file_id": self._file_id, "mark": self.mark.to_json() if self.mark else None})
+        log.info(
+            "journal replayed",
+            extra={
+                "ledgers": len(self.durable),
+                "durable": self.durable_position.to_json(),
+                "file_id": self._file_id,
+                "mark": self.mark.to_json() if self.mark else None,
+            },
+        )
 
     async def close(self) -> None:
         with self._io_lock:
@@ -333,8 +359,9 @@ class Journal:
             if isinstance(record, EntryRecord):
                 self.stats.journal_add_entry += 1
         self.stats.journal_queue_size = len(self._pending)
-        self.stats.journal_queue_max_size = max(self.stats.journal_queue_max_size,
-                                                len(self._pending))
+        self.stats.journal_queue_max_size = max(
+            self.stats.journal_queue_max_size, len(self._pending)
+        )
         self._wakeup.set()
         return futures
 
@@ -348,15 +375,21 @@ class Journal:
                 await self._wakeup.wait()
                 continue
             plan = plan_group_commit(
-                self.policy, len(self._pending), sum(len(p.data) for p in self._pending),
-                self._pending[0].enqueued_ms, _now_ms())
+                self.policy,
+                len(self._pending),
+                sum(len(p.data) for p in self._pending),
+                self._pending[0].enqueued_ms,
+                _now_ms(),
+            )
             if not plan.flush_now:
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), (plan.wait_ms or 0) / 1000)
                 continue
-            sizes = [len(p.data) for p in
-                     islice(self._pending, self.policy.buffered_entries_threshold + 1)]
+            sizes = [
+                len(p.data)
+                for p in islice(self._pending, self.policy.buffered_entries_threshold + 1)
+            ]
             count = batch_length(self.policy, sizes)
             batch = [self._pending.popleft() for _ in range(count)]
             self.stats.journal_queue_size = len(self._pending)
@@ -364,8 +397,10 @@ class Journal:
 
     async def _commit(self, batch: list[_Pending]) -> None:
         data = b"".join(p.data for p in batch)
-        if self._file_size > FILE_HEADER_SIZE and \
-                self._file_size + len(data) > self._max_file_bytes:
+        if (
+            self._file_size > FILE_HEADER_SIZE
+            and self._file_size + len(data) > self._max_file_bytes
+        ):
             await asyncio.to_thread(self._create_file, self._file_id + 1)
         started = time.perf_counter()
         try:
@@ -425,8 +460,9 @@ class Journal:
                 # Captured in one synchronous step, so state and position agree.
                 snapshot = encode_snapshot(self.durable_position, self.durable.snapshot_records())
                 await asyncio.to_thread(write_atomic, self.directory / SNAPSHOT, snapshot)
-            await asyncio.to_thread(write_atomic, self.directory / LAST_MARK,
-                                    encode_last_mark(mark))
+            await asyncio.to_thread(
+                write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
+            )
             self.mark = mark
             if doomed:
                 await asyncio.to_thread(self._delete, doomed)

@@ -49,14 +49,16 @@ class JournalService:
         self.rt = rt
         self.bookie_id = rt.settings.bookie_id
         self.committed_subject = rt.subjects.bookie(self.bookie_id, JOURNAL_COMMITTED)
-        self.journal = Journal(rt.settings.bookie_dir / "journal", rt.settings.journal,
-                               on_commit=self._announce)
+        self.journal = Journal(
+            rt.settings.bookie_dir / "journal", rt.settings.journal, on_commit=self._announce
+        )
 
     async def _announce(self, position: JournalPosition) -> None:
         # Fire and forget: the ledgerstore also polls, a lost notification only delays it.
         try:
-            await self.rt.nc.publish(self.committed_subject,
-                                     json.dumps(position.to_json()).encode())
+            await self.rt.nc.publish(
+                self.committed_subject, json.dumps(position.to_json()).encode()
+            )
         except Exception as exc:
             log.debug("committed notification not sent", extra={"err": repr(exc)})
 
@@ -85,8 +87,9 @@ class JournalService:
             await asyncio.gather(*futures)
         await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
 
-    def _admit_adds(self, items: list[wire.AddItem]
-                    ) -> tuple[list[wire.AddResult], list[asyncio.Future]]:
+    def _admit_adds(
+        self, items: list[wire.AddItem]
+    ) -> tuple[list[wire.AddResult], list[asyncio.Future]]:
         """Check every item against the ledger rules and queue the good ones, all in one
         synchronous step (so the checks see the adds that arrived before)."""
         live, stats = self.journal.live, self.journal.stats
@@ -95,8 +98,7 @@ class JournalService:
         if not self.journal.room_for(len(items)):
             for item in items:
                 ledger_id, entry_id = _ids(item.frame)
-                results.append(wire.AddResult(ledger_id, entry_id,
-                                              BookieStatus.TOO_MANY_REQUESTS))
+                results.append(wire.AddResult(ledger_id, entry_id, BookieStatus.TOO_MANY_REQUESTS))
                 stats.rejected(BookieStatus.TOO_MANY_REQUESTS.name)
             return results, futures
         for item in items:
@@ -106,8 +108,9 @@ class JournalService:
                 record = None
             if record is None or record.entry_id > MAX_ENTRY_ID:
                 # No header, or an entry id the wire's i64 cannot carry back.
-                results.append(wire.AddResult(record.ledger_id if record else 0, -1,
-                                              BookieStatus.BAD_REQUEST))
+                results.append(
+                    wire.AddResult(record.ledger_id if record else 0, -1, BookieStatus.BAD_REQUEST)
+                )
                 stats.rejected(BookieStatus.BAD_REQUEST.name)
                 continue
             status = live.check_add(record.ledger_id, record.master_key, item.flags)
@@ -137,12 +140,18 @@ class JournalService:
             return
         facts = self.journal.durable.get(ledger_id)
         assert facts is not None and facts.fenced
-        await request.respond(wire.encode_lac_reply(
-            wire.LacReply(BookieStatus.OK, facts.lac, facts.last_entry_id)))
+        await request.respond(
+            wire.encode_lac_reply(wire.LacReply(BookieStatus.OK, facts.lac, facts.last_entry_id))
+        )
         if not was_fenced:
             log.info("ledger fenced", extra={"ledger_id": ledger_id})
-            self.rt.events.emit("ledger.fenced", ledger_id=ledger_id, bookie_id=self.bookie_id,
-                                lac=facts.lac, last_entry_id=facts.last_entry_id)
+            self.rt.events.emit(
+                "ledger.fenced",
+                ledger_id=ledger_id,
+                bookie_id=self.bookie_id,
+                lac=facts.lac,
+                last_entry_id=facts.last_entry_id,
+            )
 
     async def handle_write_lac(self, request: Request) -> None:
         try:
@@ -157,8 +166,9 @@ class JournalService:
         status = await self._journal_meta(ledger_id, master_key, LacRecord(ledger_id, lac))
         await request.respond(wire.encode_status_reply(status))
 
-    async def _journal_meta(self, ledger_id: int, master_key: bytes,
-                            record: Record) -> BookieStatus:
+    async def _journal_meta(
+        self, ledger_id: int, master_key: bytes, record: Record
+    ) -> BookieStatus:
         """Journal a ledger fact (with the ledger's key first if it has none) and wait
         until it is durable."""
         status = self.journal.live.check_master_key(ledger_id, master_key)
@@ -182,12 +192,17 @@ class JournalService:
             await request.respond(json.dumps({"ok": False, "error": str(exc)}).encode())
             return
         mark, deleted = await self.journal.checkpoint(requested)
-        await request.respond(json.dumps({"ok": True, "mark": mark.to_json(),
-                                          "deleted": deleted}).encode())
+        await request.respond(
+            json.dumps({"ok": True, "mark": mark.to_json(), "deleted": deleted}).encode()
+        )
         if deleted:
             log.info("journal checkpoint", extra={"mark": mark.to_json(), "deleted": deleted})
-            self.rt.events.emit("journal.checkpoint", bookie_id=self.bookie_id,
-                                mark=mark.to_json(), deleted_files=deleted)
+            self.rt.events.emit(
+                "journal.checkpoint",
+                bookie_id=self.bookie_id,
+                mark=mark.to_json(),
+                deleted_files=deleted,
+            )
 
     async def handle_stats(self, request: Request) -> None:
         data = self.journal.stats.as_json()
@@ -201,8 +216,9 @@ class JournalService:
     async def keep_registered(self) -> None:
         """Renew the bookie's lease forever; metadata being down is logged, never fatal."""
         settings = self.rt.settings
-        client = MetadataClient(self.rt.nc, self.rt.subjects,
-                                timeout_s=settings.request_timeout_ms / 1000)
+        client = MetadataClient(
+            self.rt.nc, self.rt.subjects, timeout_s=settings.request_timeout_ms / 1000
+        )
         info = {"journal_pid": os.getpid(), "bookie_dir": str(settings.bookie_dir.resolve())}
         registered = False
         while True:
@@ -247,8 +263,9 @@ async def main(rt: ServiceRuntime) -> None:
         ("journal-stats", "journal.stats", service.handle_stats, 16),
     ]
     for name, op, handler, max_in_flight in endpoints:
-        await rt.add_endpoint(name, rt.subjects.bookie(bookie, op), handler,
-                              max_in_flight=max_in_flight)
+        await rt.add_endpoint(
+            name, rt.subjects.bookie(bookie, op), handler, max_in_flight=max_in_flight
+        )
     rt.spawn(service.keep_registered(), "bookie-registration")
     # The server has our subscriptions once this returns: no request finds no responder.
     await rt.nc.flush()

@@ -58,11 +58,13 @@ class LedgerstoreService:
 
     async def handle_stats(self, request: Request) -> None:
         data = asdict(self.store.stats)
-        data.update(applied=self.store.applied.to_json(),
-                    checkpointed=self.store.checkpointed.to_json()
-                    if self.store.checkpointed else None,
-                    ledgers=len(self.store.ledgers), damaged=self.store.damaged,
-                    entry_log=self.store.logger.log_id)
+        data.update(
+            applied=self.store.applied.to_json(),
+            checkpointed=self.store.checkpointed.to_json() if self.store.checkpointed else None,
+            ledgers=len(self.store.ledgers),
+            damaged=self.store.damaged,
+            entry_log=self.store.logger.log_id,
+        )
         await request.respond(json.dumps(data).encode())
 
     async def on_committed(self, msg) -> None:
@@ -98,8 +100,11 @@ class LedgerstoreService:
         subject = self.rt.subjects.bookie(self.bookie_id, JOURNAL_CHECKPOINT)
         try:
             # Repeated even when nothing changed: a journal that restarted learns the mark.
-            msg = await self.rt.nc.request(subject, json.dumps(mark.to_json()).encode(),
-                                           timeout=self.rt.settings.request_timeout_ms / 1000)
+            msg = await self.rt.nc.request(
+                subject,
+                json.dumps(mark.to_json()).encode(),
+                timeout=self.rt.settings.request_timeout_ms / 1000,
+            )
             reply = json.loads(msg.data)
             if not reply.get("ok"):
                 log.warning("journal refused checkpoint", extra={"reply": reply})
@@ -112,16 +117,19 @@ async def main(rt: ServiceRuntime) -> None:
     await service.store.open()
     rt.on_shutdown(service.store.close)
     bookie = rt.settings.bookie_id
-    sub = await rt.nc.subscribe(rt.subjects.bookie(bookie, JOURNAL_COMMITTED),
-                                cb=service.on_committed)
+    sub = await rt.nc.subscribe(
+        rt.subjects.bookie(bookie, JOURNAL_COMMITTED), cb=service.on_committed
+    )
     rt.on_shutdown(sub.unsubscribe)
     await service.store.catch_up()
     rt.spawn(service.follow_journal(), "follow-journal")
     rt.spawn(service.checkpoint_forever(), "checkpoint")
     await rt.add_endpoint("read", rt.subjects.bookie(bookie, "read"), service.handle_read)
-    await rt.add_endpoint("read_lac", rt.subjects.bookie(bookie, "read_lac"),
-                          service.handle_read_lac)
-    await rt.add_endpoint("ledgerstore-stats", rt.subjects.bookie(bookie, "ledgerstore.stats"),
-                          service.handle_stats)
+    await rt.add_endpoint(
+        "read_lac", rt.subjects.bookie(bookie, "read_lac"), service.handle_read_lac
+    )
+    await rt.add_endpoint(
+        "ledgerstore-stats", rt.subjects.bookie(bookie, "ledgerstore.stats"), service.handle_stats
+    )
     # The server has our subscriptions once this returns: no request finds no responder.
     await rt.nc.flush()

@@ -79,8 +79,7 @@ class EntryLogger:
         log_id, size = end
         for later in (i for i in ids if i > log_id):
             (self.directory / entry_log_name(later)).unlink()
-            log.info("removed entry log written after the last checkpoint",
-                     extra={"log_id": later})
+            log.info("removed entry log written after the last checkpoint", extra={"log_id": later})
         path = self.directory / entry_log_name(log_id)
         with open(path, "r+b") as f:
             check_entry_log_header(f.read(ENTRYLOG_HEADER_SIZE), log_id)
@@ -107,8 +106,10 @@ class EntryLogger:
         for ledger_id, entry_id, frame in entries:
             data = encode_entry(ledger_id, entry_id, frame)
             pending = sum(len(c) for c in chunk)
-            if self.size + pending > ENTRYLOG_HEADER_SIZE and \
-                    self.size + pending + len(data) > self.limit_bytes:
+            if (
+                self.size + pending > ENTRYLOG_HEADER_SIZE
+                and self.size + pending + len(data) > self.limit_bytes
+            ):
                 self._write(chunk)
                 chunk = []
                 self._create(self.log_id + 1)
@@ -217,13 +218,15 @@ class EntryIndex:
         self._writer.executescript(_SCHEMA)
         self._reader = self._connect()
         row = self._writer.execute(
-            "SELECT journal_file, journal_offset, log_id, log_size FROM checkpoint").fetchone()
+            "SELECT journal_file, journal_offset, log_id, log_size FROM checkpoint"
+        ).fetchone()
         state = IndexState(None, None)
         if row is not None:
             state.position = JournalPosition(row[0], row[1])
             state.log_end = (row[2], row[3])
         for ledger_id, last, lac in self._writer.execute(
-                "SELECT ledger_id, last_entry_id, lac FROM ledgers"):
+            "SELECT ledger_id, last_entry_id, lac FROM ledgers"
+        ):
             state.ledgers[_i64_to_u64(ledger_id)] = LedgerInfo(last, lac)
         return state
 
@@ -231,26 +234,39 @@ class EntryIndex:
         assert self._reader is not None
         row = self._reader.execute(
             "SELECT log_id, offset, size FROM entries WHERE ledger_id = ? AND entry_id = ?",
-            (_u64_to_i64(ledger_id), entry_id)).fetchone()
+            (_u64_to_i64(ledger_id), entry_id),
+        ).fetchone()
         return EntryLocation(*row) if row else None
 
-    def commit(self, entries: Mapping[tuple[int, int], EntryLocation],
-               ledgers: Mapping[int, LedgerInfo], position: JournalPosition,
-               log_end: tuple[int, int]) -> None:
+    def commit(
+        self,
+        entries: Mapping[tuple[int, int], EntryLocation],
+        ledgers: Mapping[int, LedgerInfo],
+        position: JournalPosition,
+        log_end: tuple[int, int],
+    ) -> None:
         conn = self._writer
         assert conn is not None
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(
                 "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)",
-                ((_u64_to_i64(ledger), e, loc.log_id, loc.offset, loc.size)
-                 for (ledger, e), loc in entries.items()))
+                (
+                    (_u64_to_i64(ledger), e, loc.log_id, loc.offset, loc.size)
+                    for (ledger, e), loc in entries.items()
+                ),
+            )
             conn.executemany(
                 "INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?)",
-                ((_u64_to_i64(ledger), info.last_entry_id, info.lac)
-                 for ledger, info in ledgers.items()))
-            conn.execute("INSERT OR REPLACE INTO checkpoint VALUES (1, ?, ?, ?, ?)",
-                         (position.file_id, position.offset, *log_end))
+                (
+                    (_u64_to_i64(ledger), info.last_entry_id, info.lac)
+                    for ledger, info in ledgers.items()
+                ),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO checkpoint VALUES (1, ?, ?, ?, ?)",
+                (position.file_id, position.offset, *log_end),
+            )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -285,8 +301,9 @@ class JournalTailer:
     """Reads the journal's files from a position, as the journal writes them. A record
     still being written reads as incomplete: stop there and come back later."""
 
-    def __init__(self, directory: Path, position: JournalPosition,
-                 chunk_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(
+        self, directory: Path, position: JournalPosition, chunk_bytes: int = 4 * 1024 * 1024
+    ) -> None:
         self.directory = directory
         self.position = position
         self.chunk_bytes = chunk_bytes
@@ -317,8 +334,12 @@ class JournalTailer:
         if action is CursorAction.WAIT:
             return TailRead([], pos, TailStatus.CAUGHT_UP)
         if action is CursorAction.GAP:
-            return TailRead([], pos, TailStatus.DAMAGED,
-                            f"journal file {pos.file_id} is gone but later files exist")
+            return TailRead(
+                [],
+                pos,
+                TailStatus.DAMAGED,
+                f"journal file {pos.file_id} is gone but later files exist",
+            )
         fd = self._open(pos.file_id)
         finished = next_file(pos, ids)
         offset = pos.offset
@@ -329,13 +350,17 @@ class JournalTailer:
                 return TailRead([], pos, TailStatus.DAMAGED, f"journal file {pos.file_id}: {exc}")
             if not complete:
                 if finished is not None:
-                    return TailRead([], pos, TailStatus.DAMAGED,
-                                    f"journal file {pos.file_id} has no header")
+                    return TailRead(
+                        [], pos, TailStatus.DAMAGED, f"journal file {pos.file_id} has no header"
+                    )
                 return TailRead([], pos, TailStatus.CAUGHT_UP)
             offset = FILE_HEADER_SIZE
         scan = scan_records(os.pread(fd, self.chunk_bytes, offset), offset)
-        if not scan.records and scan.stop is ScanStop.INCOMPLETE \
-                and self.chunk_bytes < scan.needed_bytes <= MAX_RECORD_SIZE + 8:
+        if (
+            not scan.records
+            and scan.stop is ScanStop.INCOMPLETE
+            and self.chunk_bytes < scan.needed_bytes <= MAX_RECORD_SIZE + 8
+        ):
             scan = scan_records(os.pread(fd, scan.needed_bytes, offset), offset)
         if scan.records:
             return TailRead(scan.records, JournalPosition(pos.file_id, scan.end), TailStatus.MORE)

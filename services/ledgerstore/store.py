@@ -89,9 +89,14 @@ class LedgerStore:
         self.ledgers = state.ledgers
         self.applied = self.checkpointed = state.position or JOURNAL_START
         self.tailer.advance(self.applied)
-        log.info("ledgerstore opened", extra={
-            "applied": self.applied.to_json(), "ledgers": len(self.ledgers),
-            "entry_log": self.logger.log_id})
+        log.info(
+            "ledgerstore opened",
+            extra={
+                "applied": self.applied.to_json(),
+                "ledgers": len(self.ledgers),
+                "entry_log": self.logger.log_id,
+            },
+        )
 
     async def close(self) -> None:
         await self.checkpoint()
@@ -133,8 +138,11 @@ class LedgerStore:
                 self.tailer.advance(tail.position)
                 if tail.status is TailStatus.DAMAGED:
                     self.damaged = tail.reason
-                    log.error("journal damaged below the ledgerstore: absent entries will be "
-                              "answered UNKNOWN_LEDGER_STATE", extra={"reason": tail.reason})
+                    log.error(
+                        "journal damaged below the ledgerstore: absent entries will be "
+                        "answered UNKNOWN_LEDGER_STATE",
+                        extra={"reason": tail.reason},
+                    )
                     return False
                 if tail.status is TailStatus.STALLED:
                     self._note_stall(tail.reason)
@@ -152,8 +160,11 @@ class LedgerStore:
         self._stalled_reason = reason
 
     async def _apply(self, records: list[ScannedRecord]) -> None:
-        entries = [(s.record.ledger_id, s.record.entry_id, s.record.frame)
-                   for s in records if isinstance(s.record, EntryRecord)]
+        entries = [
+            (s.record.ledger_id, s.record.entry_id, s.record.frame)
+            for s in records
+            if isinstance(s.record, EntryRecord)
+        ]
         if entries:
             try:
                 locations = await asyncio.to_thread(self.logger.append, entries)
@@ -180,8 +191,11 @@ class LedgerStore:
     async def _checkpoint(self) -> JournalPosition | None:
         async with self._checkpoint_lock:
             async with self._apply_lock:
-                if self.applied == self.checkpointed and not self._memtable \
-                        and not self._dirty_ledgers:
+                if (
+                    self.applied == self.checkpointed
+                    and not self._memtable
+                    and not self._dirty_ledgers
+                ):
                     return None
                 self._flushing, self._memtable = self._memtable, {}
                 ledgers = {i: replace(self.ledgers[i]) for i in self._dirty_ledgers}
@@ -193,8 +207,9 @@ class LedgerStore:
                     self._fatal(f"entry log fsync: {exc!r}")
                     raise
             try:
-                await asyncio.to_thread(self.index.commit, self._flushing, ledgers, position,
-                                        log_end)
+                await asyncio.to_thread(
+                    self.index.commit, self._flushing, ledgers, position, log_end
+                )
             except Exception as exc:
                 self._fatal(f"index commit: {exc!r}")
                 raise
@@ -217,8 +232,10 @@ class LedgerStore:
         if any(loc is None for loc in locations):
             # The authority rule: look at everything the journal has before saying "no".
             caught_up = await self.catch_up()
-            locations = [loc or self._lookup(i.ledger_id, i.entry_id)
-                         for i, loc in zip(items, locations, strict=True)]
+            locations = [
+                loc or self._lookup(i.ledger_id, i.entry_id)
+                for i, loc in zip(items, locations, strict=True)
+            ]
         frames = await asyncio.to_thread(self._read_frames, locations)
         results = []
         for item, location, frame in zip(items, locations, frames, strict=True):
@@ -237,8 +254,13 @@ class LedgerStore:
                 frames.append(exc)
         return frames
 
-    def _result(self, item: wire.ReadItem, location: EntryLocation | None,
-                frame: bytes | OSError | None, caught_up: bool) -> wire.ReadResult:
+    def _result(
+        self,
+        item: wire.ReadItem,
+        location: EntryLocation | None,
+        frame: bytes | OSError | None,
+        caught_up: bool,
+    ) -> wire.ReadResult:
         ledger_id, entry_id = item.ledger_id, item.entry_id
         self.stats.ledgerstore_read_entry += 1
         if location is None:
@@ -246,15 +268,18 @@ class LedgerStore:
             status = absent_status(ledger_id in self.ledgers, caught_up)
             return wire.ReadResult(ledger_id, entry_id, status)
         if isinstance(frame, OSError):
-            log.error("entry read failed", extra={"ledger_id": ledger_id, "entry_id": entry_id,
-                                                  "err": repr(frame)})
+            log.error(
+                "entry read failed",
+                extra={"ledger_id": ledger_id, "entry_id": entry_id, "err": repr(frame)},
+            )
             return wire.ReadResult(ledger_id, entry_id, BookieStatus.IO_ERROR)
         assert frame is not None
         if not frame_matches(frame, ledger_id, entry_id):
             self.stats.ledgerstore_read_entry_corrupt += 1
-            log.error("stored frame is not the entry asked for",
-                      extra={"ledger_id": ledger_id, "entry_id": entry_id,
-                             "location": str(location)})
+            log.error(
+                "stored frame is not the entry asked for",
+                extra={"ledger_id": ledger_id, "entry_id": entry_id, "location": str(location)},
+            )
             return wire.ReadResult(ledger_id, entry_id, BookieStatus.CORRUPT)
         return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frame)
 

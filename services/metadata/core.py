@@ -53,8 +53,9 @@ def lease_expiry_ms(now_ms: int, lease_ms: int) -> int:
 
 def check_registration(request: RegisterBookieRequest) -> None:
     if request.state is BookieState.LOST:
-        raise InvalidRequest("a bookie registers as writable or readonly; lost is what an "
-                             "expired lease means")
+        raise InvalidRequest(
+            "a bookie registers as writable or readonly; lost is what an expired lease means"
+        )
 
 
 def registration_is_news(previous: BookieState | None, current: BookieState) -> bool:
@@ -104,8 +105,7 @@ def check_segments(segments: Sequence[Segment]) -> None:
             raise InvalidRequest("segments must start at strictly increasing entry ids")
     for segment in segments:
         if len(set(segment.bookies)) != len(segment.bookies):
-            raise InvalidRequest(f"segment at entry {segment.first_entry_id} names a bookie "
-                                 "twice")
+            raise InvalidRequest(f"segment at entry {segment.first_entry_id} names a bookie twice")
 
 
 @dataclass(frozen=True)
@@ -124,14 +124,25 @@ class EventSpec:
 
 
 def change_events(change: LedgerChange) -> list[EventSpec]:
-    """"ledger.closed" when the ledger becomes CLOSED, else "ledger.updated"."""
+    """ "ledger.closed" when the ledger becomes CLOSED, else "ledger.updated"."""
     meta = change.metadata
-    common: dict[str, Any] = {"version": meta.version, "state": meta.state.value,
-                              "previous_state": change.previous_state.value}
+    common: dict[str, Any] = {
+        "version": meta.version,
+        "state": meta.state.value,
+        "previous_state": change.previous_state.value,
+    }
     if meta.state is LedgerState.CLOSED and change.previous_state is not LedgerState.CLOSED:
-        return [EventSpec("ledger.closed", {**common, "last_entry_id": meta.last_entry_id,
-                                            "length": meta.length,
-                                            "ensemble_changed": change.segments_changed})]
+        return [
+            EventSpec(
+                "ledger.closed",
+                {
+                    **common,
+                    "last_entry_id": meta.last_entry_id,
+                    "length": meta.length,
+                    "ensemble_changed": change.segments_changed,
+                },
+            )
+        ]
     data = {**common, "ensemble_changed": change.segments_changed}
     if change.segments_changed:
         data["segments"] = [s.model_dump(mode="json") for s in meta.segments]
@@ -141,11 +152,16 @@ def change_events(change: LedgerChange) -> list[EventSpec]:
 def bookie_events(info: BookieInfo, previous: BookieState | None) -> list[EventSpec]:
     if not registration_is_news(previous, info.state):
         return []
-    return [EventSpec("bookie.registered", {
-        "state": info.state.value,
-        "previous_state": previous.value if previous is not None else None,
-        "lease_expires_at": info.lease_expires_at,
-    })]
+    return [
+        EventSpec(
+            "bookie.registered",
+            {
+                "state": info.state.value,
+                "previous_state": previous.value if previous is not None else None,
+                "lease_expires_at": info.lease_expires_at,
+            },
+        )
+    ]
 
 
 # -- listing ------------------------------------------------------------------------------
@@ -161,8 +177,7 @@ def list_fetch_limit(limit: int) -> int:
     return limit + 1
 
 
-def list_page(rows: Sequence[T], limit: int,
-              key: Callable[[T], int]) -> tuple[list[T], int | None]:
+def list_page(rows: Sequence[T], limit: int, key: Callable[[T], int]) -> tuple[list[T], int | None]:
     """The page to answer and the `next_after` cursor (None when nothing follows)."""
     page = list(rows[:limit])
     if len(rows) > limit and page:

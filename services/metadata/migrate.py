@@ -24,8 +24,7 @@ def alembic_config() -> Config:
 
 async def migrate(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
-        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"),
-                           {"key": MIGRATION_LOCK_KEY})
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         await conn.run_sync(upgrade_to_head)
 
 

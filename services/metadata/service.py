@@ -55,8 +55,14 @@ def wall_clock_ms() -> int:
 class MetadataService:
     """Turns request bytes into reply bytes; knows nothing of NATS."""
 
-    def __init__(self, store: MetadataStore, events: EventPublisher, *, bookie_lease_ms: int,
-                 clock: Clock = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        events: EventPublisher,
+        *,
+        bookie_lease_ms: int,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
         self._store = store
         self._events = events
         self._bookie_lease_ms = bookie_lease_ms
@@ -102,10 +108,16 @@ class MetadataService:
 
     async def create_ledger(self, request: CreateLedgerRequest) -> LedgerMetadata:
         meta = await self._store.create_ledger(request, self._clock())
-        self._events.emit("ledger.created", ledger_id=meta.ledger_id,
-                          ensemble_size=meta.ensemble_size, write_quorum=meta.write_quorum,
-                          ack_quorum=meta.ack_quorum, digest=meta.digest.value,
-                          ensemble=meta.segments[0].bookies, ctime=meta.ctime)
+        self._events.emit(
+            "ledger.created",
+            ledger_id=meta.ledger_id,
+            ensemble_size=meta.ensemble_size,
+            write_quorum=meta.write_quorum,
+            ack_quorum=meta.ack_quorum,
+            digest=meta.digest.value,
+            ensemble=meta.segments[0].bookies,
+            ctime=meta.ctime,
+        )
         return meta
 
     async def get_ledger(self, request: LedgerIdRequest) -> LedgerMetadata:
@@ -130,8 +142,9 @@ class MetadataService:
 
     async def register_bookie(self, request: RegisterBookieRequest) -> BookieInfo:
         core.check_registration(request)
-        registration = await self._store.register_bookie(request, self._clock(),
-                                                         self._bookie_lease_ms)
+        registration = await self._store.register_bookie(
+            request, self._clock(), self._bookie_lease_ms
+        )
         for event in core.bookie_events(registration.info, registration.previous_state):
             self._events.emit(event.kind, bookie_id=request.bookie_id, **event.data)
         return registration.info
@@ -146,8 +159,9 @@ class MetadataService:
         return ListBookiesReply(bookies=await self._store.list_bookies(self._clock()))
 
 
-def error_reply(code: MetaErrorCode, message: str,
-                current: LedgerMetadata | None = None) -> MetaReply:
+def error_reply(
+    code: MetaErrorCode, message: str, current: LedgerMetadata | None = None
+) -> MetaReply:
     return MetaReply(ok=False, error=MetaError(code=code, message=message, current=current))
 
 
@@ -161,9 +175,13 @@ async def main(rt: ServiceRuntime) -> None:
     rt.on_shutdown(store.close)
     service = MetadataService(store, rt.events, bookie_lease_ms=settings.metadata.bookie_lease_ms)
     for op in METADATA_OPS:
-        await rt.add_endpoint(op.replace(".", "_"), rt.subjects.meta(op), endpoint(service, op),
-                              queue_group=METADATA_QUEUE_GROUP,
-                              max_in_flight=settings.metadata.max_in_flight)
+        await rt.add_endpoint(
+            op.replace(".", "_"),
+            rt.subjects.meta(op),
+            endpoint(service, op),
+            queue_group=METADATA_QUEUE_GROUP,
+            max_in_flight=settings.metadata.max_in_flight,
+        )
     # Started means subscribed: once the server has our subscriptions, requests find us.
     await rt.nc.flush()
 

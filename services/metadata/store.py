@@ -111,8 +111,9 @@ class MetadataStore(Protocol):
 
     async def delete_ledger(self, ledger_id: int) -> None: ...
 
-    async def register_bookie(self, request: RegisterBookieRequest, now_ms: int,
-                              lease_ms: int) -> BookieRegistration: ...
+    async def register_bookie(
+        self, request: RegisterBookieRequest, now_ms: int, lease_ms: int
+    ) -> BookieRegistration: ...
 
     async def unregister_bookie(self, bookie_id: str, now_ms: int) -> BookieInfo | None:
         """Expire the bookie's lease now; None if it never registered."""
@@ -148,23 +149,25 @@ def ledger_row(meta: LedgerMetadata) -> dict[str, Any]:
 
 def ledger_from_row(row: Row[Any]) -> LedgerMetadata:
     m = row._mapping
-    return LedgerMetadata.model_validate({
-        "ledger_id": m["ledger_id"],
-        "version": m["version"],
-        "state": m["state"],
-        "ensemble_size": m["ensemble_size"],
-        "write_quorum": m["write_quorum"],
-        "ack_quorum": m["ack_quorum"],
-        "digest": m["digest"],
-        "last_entry_id": m["last_entry_id"],
-        "length": m["length"],
-        "ctime": m["ctime"],
-        "metadata": m["custom_metadata"],
-        "segments": m["segments"],
-        "password_salt": m["password_salt"],
-        "password_hash": m["password_hash"],
-        "format_version": m["format_version"],
-    })
+    return LedgerMetadata.model_validate(
+        {
+            "ledger_id": m["ledger_id"],
+            "version": m["version"],
+            "state": m["state"],
+            "ensemble_size": m["ensemble_size"],
+            "write_quorum": m["write_quorum"],
+            "ack_quorum": m["ack_quorum"],
+            "digest": m["digest"],
+            "last_entry_id": m["last_entry_id"],
+            "length": m["length"],
+            "ctime": m["ctime"],
+            "metadata": m["custom_metadata"],
+            "segments": m["segments"],
+            "password_salt": m["password_salt"],
+            "password_hash": m["password_hash"],
+            "format_version": m["format_version"],
+        }
+    )
 
 
 def bookie_from_row(row: Row[Any], now_ms: int) -> BookieInfo:
@@ -182,8 +185,9 @@ def is_unavailable(exc: BaseException) -> bool:
     """Errors after which nobody knows whether the statement took effect."""
     if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
         return True
-    return isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError
-                      | sa_exc.TimeoutError | OSError)
+    return isinstance(
+        exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError | OSError
+    )
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
@@ -197,8 +201,14 @@ class PostgresMetadataStore:
         self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
-    async def open(cls, database_url: str, *, pool_size: int, timeout_s: float,
-                   startup_deadline_s: float = STARTUP_DEADLINE_S) -> PostgresMetadataStore:
+    async def open(
+        cls,
+        database_url: str,
+        *,
+        pool_size: int,
+        timeout_s: float,
+        startup_deadline_s: float = STARTUP_DEADLINE_S,
+    ) -> PostgresMetadataStore:
         """Connect, bring the schema to the newest migration, and serve."""
         engine = create_async_engine(
             database_url,
@@ -227,8 +237,9 @@ class PostgresMetadataStore:
             raise
         except Exception as exc:
             if is_unavailable(exc):
-                raise StoreUnavailable(f"PostgreSQL: {exc.__class__.__name__}: "
-                                       f"{str(exc).splitlines()[0]}") from exc
+                raise StoreUnavailable(
+                    f"PostgreSQL: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+                ) from exc
             raise
 
     # -- ledgers --------------------------------------------------------------------------
@@ -254,12 +265,15 @@ class PostgresMetadataStore:
         """The sequence ran into user-chosen ids: move it past that run of taken ids, only
         ever forward (an id it gave out must never come back)."""
         taken = (await conn.execute(text("SELECT currval('ledger_id_seq')"))).scalar_one()
-        await conn.execute(text("""
+        await conn.execute(
+            text("""
             SELECT count(nextval('ledger_id_seq')) FROM generate_series(1, (
                 SELECT min(l.ledger_id) FROM ledgers l
                 WHERE l.ledger_id >= :taken
                   AND NOT EXISTS (SELECT 1 FROM ledgers m WHERE m.ledger_id = l.ledger_id + 1)
-            ) - :taken)"""), {"taken": taken})
+            ) - :taken)"""),
+            {"taken": taken},
+        )
 
     async def get_ledger(self, ledger_id: int) -> LedgerMetadata:
         async with self._connect() as conn:
@@ -278,8 +292,7 @@ class PostgresMetadataStore:
         async with self._connect() as conn:
             rows = (await conn.execute(LIST_LEDGERS, params)).all()
         page, next_after = core.list_page(rows, limit, key=lambda r: r.ledger_id)
-        return ListLedgersReply(ledgers=[ledger_from_row(r) for r in page],
-                                next_after=next_after)
+        return ListLedgersReply(ledgers=[ledger_from_row(r) for r in page], next_after=next_after)
 
     async def update_ledger(self, request: UpdateLedgerRequest) -> LedgerChange:
         segments = request.segments
@@ -289,20 +302,26 @@ class PostgresMetadataStore:
             "new_state": request.state.value if request.state is not None else None,
             "new_last_entry_id": request.last_entry_id,
             "new_length": request.length,
-            "new_segments": (None if segments is None
-                             else [s.model_dump(mode="json") for s in segments]),
+            "new_segments": (
+                None if segments is None else [s.model_dump(mode="json") for s in segments]
+            ),
         }
         async with self._connect() as conn:
             row = (await conn.execute(CAS_LEDGER, params)).first()
             if row is not None:
-                return LedgerChange(metadata=ledger_from_row(row),
-                                    previous_state=LedgerState(row.previous_state),
-                                    segments_changed=bool(row.segments_changed))
+                return LedgerChange(
+                    metadata=ledger_from_row(row),
+                    previous_state=LedgerState(row.previous_state),
+                    segments_changed=bool(row.segments_changed),
+                )
             current = await self._read_ledger(conn, request.ledger_id)
         if current is None:
             raise NoSuchLedger(f"no ledger {request.ledger_id}")
-        raise BadVersion(f"ledger {request.ledger_id} is at version {current.version}, "
-                         f"not {request.expected_version}", current)
+        raise BadVersion(
+            f"ledger {request.ledger_id} is at version {current.version}, "
+            f"not {request.expected_version}",
+            current,
+        )
 
     async def delete_ledger(self, ledger_id: int) -> None:
         async with self._connect() as conn:
@@ -312,8 +331,9 @@ class PostgresMetadataStore:
 
     # -- bookies --------------------------------------------------------------------------
 
-    async def register_bookie(self, request: RegisterBookieRequest, now_ms: int,
-                              lease_ms: int) -> BookieRegistration:
+    async def register_bookie(
+        self, request: RegisterBookieRequest, now_ms: int, lease_ms: int
+    ) -> BookieRegistration:
         params = {
             "b_bookie_id": request.bookie_id,
             "b_state": request.state.value,
@@ -325,8 +345,9 @@ class PostgresMetadataStore:
             row = (await conn.execute(UPSERT_BOOKIE, params)).one()
         previous = None
         if row.previous_state is not None:
-            previous = core.bookie_state(BookieState(row.previous_state),
-                                         row.previous_lease_expires_at, now_ms)
+            previous = core.bookie_state(
+                BookieState(row.previous_state), row.previous_lease_expires_at, now_ms
+            )
         return BookieRegistration(info=bookie_from_row(row, now_ms), previous_state=previous)
 
     async def unregister_bookie(self, bookie_id: str, now_ms: int) -> BookieInfo | None:
@@ -342,70 +363,100 @@ class PostgresMetadataStore:
 
 # -- statements, built once: per call only parameters change ------------------------------
 
-INSERT_LEDGER = (pg_insert(ledgers)
-                 .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
-                 .returning(*ledgers.c))
-INSERT_LEDGER_NEXT_ID = (pg_insert(ledgers).values(ledger_id=ledger_id_seq.next_value())
-                         .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
-                         .returning(*ledgers.c))
+INSERT_LEDGER = (
+    pg_insert(ledgers)
+    .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
+    .returning(*ledgers.c)
+)
+INSERT_LEDGER_NEXT_ID = (
+    pg_insert(ledgers)
+    .values(ledger_id=ledger_id_seq.next_value())
+    .on_conflict_do_nothing(index_elements=[ledgers.c.ledger_id])
+    .returning(*ledgers.c)
+)
 SELECT_LEDGER = select(ledgers).where(ledgers.c.ledger_id == bindparam("id"))
-LIST_LEDGERS = (select(ledgers).where(ledgers.c.ledger_id > bindparam("after"))
-                .order_by(ledgers.c.ledger_id).limit(bindparam("fetch_limit")))
-DELETE_LEDGER = (delete(ledgers).where(ledgers.c.ledger_id == bindparam("id"))
-                 .returning(ledgers.c.ledger_id))
+LIST_LEDGERS = (
+    select(ledgers)
+    .where(ledgers.c.ledger_id > bindparam("after"))
+    .order_by(ledgers.c.ledger_id)
+    .limit(bindparam("fetch_limit"))
+)
+DELETE_LEDGER = (
+    delete(ledgers).where(ledgers.c.ledger_id == bindparam("id")).returning(ledgers.c.ledger_id)
+)
 
 
 def _cas_ledger() -> Update:
     """The compare-and-set. The CTE locks the row at the expected version and keeps its old
     values, so one statement both sets and tells what it replaced. A None parameter leaves
     its field as it is."""
-    old = (select(ledgers.c.ledger_id, ledgers.c.state, ledgers.c.segments)
-           .where(ledgers.c.ledger_id == bindparam("id"),
-                  ledgers.c.version == bindparam("expected"))
-           .with_for_update().cte("old"))
+    old = (
+        select(ledgers.c.ledger_id, ledgers.c.state, ledgers.c.segments)
+        .where(ledgers.c.ledger_id == bindparam("id"), ledgers.c.version == bindparam("expected"))
+        .with_for_update()
+        .cte("old")
+    )
 
     def unless_none(name: str, column: Any, type_: Any) -> Any:
         return func.coalesce(bindparam(name, type_=type_), column)
 
-    return (update(ledgers)
-            .where(ledgers.c.ledger_id == old.c.ledger_id,
-                   ledgers.c.version == bindparam("expected"))
-            .values(version=ledgers.c.version + 1,
-                    state=unless_none("new_state", ledgers.c.state, Text()),
-                    last_entry_id=unless_none("new_last_entry_id", ledgers.c.last_entry_id,
-                                              BigInteger()),
-                    length=unless_none("new_length", ledgers.c.length, BigInteger()),
-                    # none_as_null: None must be SQL NULL here, not the JSON value null.
-                    segments=unless_none("new_segments", ledgers.c.segments,
-                                         JSONB(none_as_null=True)))
-            .returning(*ledgers.c, old.c.state.label("previous_state"),
-                       ledgers.c.segments.is_distinct_from(old.c.segments)
-                       .label("segments_changed")))
+    return (
+        update(ledgers)
+        .where(ledgers.c.ledger_id == old.c.ledger_id, ledgers.c.version == bindparam("expected"))
+        .values(
+            version=ledgers.c.version + 1,
+            state=unless_none("new_state", ledgers.c.state, Text()),
+            last_entry_id=unless_none("new_last_entry_id", ledgers.c.last_entry_id, BigInteger()),
+            length=unless_none("new_length", ledgers.c.length, BigInteger()),
+            # none_as_null: None must be SQL NULL here, not the JSON value null.
+            segments=unless_none("new_segments", ledgers.c.segments, JSONB(none_as_null=True)),
+        )
+        .returning(
+            *ledgers.c,
+            old.c.state.label("previous_state"),
+            ledgers.c.segments.is_distinct_from(old.c.segments).label("segments_changed"),
+        )
+    )
 
 
 def _upsert_bookie() -> Insert:
     """Register or renew, returning the row as it was before (for "is this news?")."""
-    old = (select(bookies.c.state, bookies.c.lease_expires_at)
-           .where(bookies.c.bookie_id == bindparam("b_bookie_id")).cte("old"))
-    insert = pg_insert(bookies).values({c: bindparam(f"b_{c}", type_=bookies.c[c].type)
-                                        for c in bookies.c.keys()})
-    return (insert.on_conflict_do_update(
-                index_elements=[bookies.c.bookie_id],
-                set_={c: insert.excluded[c]
-                      for c in ("state", "last_seen", "lease_expires_at", "info")})
-            .returning(*bookies.c,
-                       select(old.c.state).scalar_subquery().label("previous_state"),
-                       select(old.c.lease_expires_at).scalar_subquery()
-                       .label("previous_lease_expires_at"))
-            .add_cte(old))
+    old = (
+        select(bookies.c.state, bookies.c.lease_expires_at)
+        .where(bookies.c.bookie_id == bindparam("b_bookie_id"))
+        .cte("old")
+    )
+    insert = pg_insert(bookies).values(
+        {c: bindparam(f"b_{c}", type_=bookies.c[c].type) for c in bookies.c.keys()}
+    )
+    return (
+        insert.on_conflict_do_update(
+            index_elements=[bookies.c.bookie_id],
+            set_={
+                c: insert.excluded[c] for c in ("state", "last_seen", "lease_expires_at", "info")
+            },
+        )
+        .returning(
+            *bookies.c,
+            select(old.c.state).scalar_subquery().label("previous_state"),
+            select(old.c.lease_expires_at).scalar_subquery().label("previous_lease_expires_at"),
+        )
+        .add_cte(old)
+    )
 
 
 CAS_LEDGER = _cas_ledger()
 UPSERT_BOOKIE = _upsert_bookie()
-EXPIRE_BOOKIE = (update(bookies).where(bookies.c.bookie_id == bindparam("id"))
-                 .values(lease_expires_at=func.least(bookies.c.lease_expires_at,
-                                                     bindparam("now", type_=BigInteger())))
-                 .returning(*bookies.c))
+EXPIRE_BOOKIE = (
+    update(bookies)
+    .where(bookies.c.bookie_id == bindparam("id"))
+    .values(
+        lease_expires_at=func.least(
+            bookies.c.lease_expires_at, bindparam("now", type_=BigInteger())
+        )
+    )
+    .returning(*bookies.c)
+)
 LIST_BOOKIES = select(bookies).order_by(bookies.c.bookie_id).limit(MAX_BOOKIES_LISTED)
 
 
@@ -422,5 +473,3 @@ async def migrate_when_reachable(engine: AsyncEngine, deadline_s: float) -> None
                 raise
             log.info("waiting for PostgreSQL", extra={"err": repr(exc)})
             await asyncio.sleep(0.3)
-
-

@@ -25,8 +25,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PASSWORD = "s3cret"
 AUTH = {"Quire-Ledger-Password": PASSWORD}
-KINDS = {"nats", "postgres", "metadata", "journal", "ledgerstore", "auditor", "replicator",
-         "gateway"}
+KINDS = {
+    "nats",
+    "postgres",
+    "metadata",
+    "journal",
+    "ledgerstore",
+    "auditor",
+    "replicator",
+    "gateway",
+}
 
 
 def payload(ledger_id: int, i: int) -> bytes:
@@ -41,8 +49,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterat
     parent.chmod(0o711)  # PostgreSQL, as 'nobody' when we are root, must enter it
     data_dir = parent / "quire-data"
     # Short leases, so that a killed bookie is seen lost within seconds.
-    up = QuireUp(data_dir, env={"QUIRE_METADATA__BOOKIE_LEASE_MS": "3000",
-                                "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": "500"})
+    up = QuireUp(
+        data_dir,
+        env={
+            "QUIRE_METADATA__BOOKIE_LEASE_MS": "3000",
+            "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": "500",
+        },
+    )
     up.start()
     yield up
     if up.proc and up.proc.poll() is None:
@@ -59,8 +72,14 @@ STATE: dict[str, int] = {}
 
 
 def create_ledger(client: httpx.Client, **overrides) -> dict:
-    body = {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2, "digest": "crc32c",
-            "password": PASSWORD, "metadata": {"owner": "e2e"}} | overrides
+    body = {
+        "ensemble_size": 3,
+        "write_quorum": 3,
+        "ack_quorum": 2,
+        "digest": "crc32c",
+        "password": PASSWORD,
+        "metadata": {"owner": "e2e"},
+    } | overrides
     resp = client.post("/v1/ledgers", json=body)
     assert resp.status_code == 201, resp.text
     ledger = resp.json()
@@ -69,8 +88,11 @@ def create_ledger(client: httpx.Client, **overrides) -> dict:
 
 
 def append_one(client: httpx.Client, ledger_id: int, data: bytes) -> int:
-    resp = client.post(f"/v1/ledgers/{ledger_id}/entries", content=data,
-                       headers={**AUTH, "Content-Type": "application/octet-stream"})
+    resp = client.post(
+        f"/v1/ledgers/{ledger_id}/entries",
+        content=data,
+        headers={**AUTH, "Content-Type": "application/octet-stream"},
+    )
     assert resp.status_code == 200, resp.text
     entry_id = resp.json()["entry_id"]
     ACKED[ledger_id][entry_id] = data
@@ -78,8 +100,11 @@ def append_one(client: httpx.Client, ledger_id: int, data: bytes) -> int:
 
 
 def append_batch(client: httpx.Client, ledger_id: int, items: list[bytes]) -> tuple[int, int]:
-    resp = client.post(f"/v1/ledgers/{ledger_id}/entries", headers=AUTH,
-                       json={"entries": [base64.b64encode(d).decode() for d in items]})
+    resp = client.post(
+        f"/v1/ledgers/{ledger_id}/entries",
+        headers=AUTH,
+        json={"entries": [base64.b64encode(d).decode() for d in items]},
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     first, last = body["first_entry_id"], body["last_entry_id"]
@@ -108,8 +133,10 @@ def read_all(client: httpx.Client, ledger_id: int, unconfirmed: bool = False) ->
 
 
 def test_ready_line_and_cluster_json(cluster: QuireUp) -> None:
-    assert cluster.ready_line == (f"quire: gateway ready at http://127.0.0.1:{cluster.http_port} "
-                                  f"(grpc 127.0.0.1:{cluster.grpc_port})")
+    assert cluster.ready_line == (
+        f"quire: gateway ready at http://127.0.0.1:{cluster.http_port} "
+        f"(grpc 127.0.0.1:{cluster.grpc_port})"
+    )
     info = cluster.cluster_json()
     assert info["gateway"]["http"] == cluster.url
     assert info["gateway"]["grpc"] == f"127.0.0.1:{cluster.grpc_port}"
@@ -168,8 +195,9 @@ def test_thousand_appends_read_back_byte_exact_then_close(cluster: QuireUp) -> N
         for i in range(500):
             assert append_one(client, lid, payload(lid, i)) == i
         for batch in range(50):
-            first, _ = append_batch(client, lid, [payload(lid, 500 + batch * 10 + k)
-                                                  for k in range(10)])
+            first, _ = append_batch(
+                client, lid, [payload(lid, 500 + batch * 10 + k) for k in range(10)]
+            )
             assert first == 500 + batch * 10
         assert read_all(client, lid) == ACKED[lid]
         one = client.get(f"/v1/ledgers/{lid}/entries/777", headers=AUTH)
@@ -178,8 +206,11 @@ def test_thousand_appends_read_back_byte_exact_then_close(cluster: QuireUp) -> N
         closed = client.post(f"/v1/ledgers/{lid}/close", headers=AUTH)
         assert closed.status_code == 200, closed.text
         assert closed.json()["state"] == "CLOSED" and closed.json()["last_entry_id"] == 999
-        after = client.post(f"/v1/ledgers/{lid}/entries", content=b"late", headers={
-            **AUTH, "Content-Type": "application/octet-stream"})
+        after = client.post(
+            f"/v1/ledgers/{lid}/entries",
+            content=b"late",
+            headers={**AUTH, "Content-Type": "application/octet-stream"},
+        )
         assert after.status_code == 409 and after.json()["code"] == "LEDGER_CLOSED"
         meta = client.get(f"/v1/ledgers/{lid}").json()
         assert meta["state"] == "CLOSED" and meta["last_entry_id"] == 999
@@ -216,38 +247,97 @@ def test_events_reach_the_stream(cluster: QuireUp) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "status", "code"),
     [
-        ("post", "/v1/ledgers", {"json": {"ensemble_size": 3, "write_quorum": 4, "ack_quorum": 2,
-                                          "password": "p"}}, 400, "INVALID_ARGUMENT"),
-        ("post", "/v1/ledgers", {"json": {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2,
-                                          "digest": "md5", "password": "p"}}, 400,
-         "INVALID_ARGUMENT"),
-        ("post", "/v1/ledgers", {"content": b"{not json", "headers": {
-            "Content-Type": "application/json"}}, 400, "INVALID_ARGUMENT"),
-        ("post", "/v1/ledgers", {"json": {"ensemble_size": 9, "write_quorum": 3, "ack_quorum": 2,
-                                          "password": "p"}}, 503, "NOT_ENOUGH_BOOKIES"),
+        (
+            "post",
+            "/v1/ledgers",
+            {"json": {"ensemble_size": 3, "write_quorum": 4, "ack_quorum": 2, "password": "p"}},
+            400,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "post",
+            "/v1/ledgers",
+            {
+                "json": {
+                    "ensemble_size": 3,
+                    "write_quorum": 3,
+                    "ack_quorum": 2,
+                    "digest": "md5",
+                    "password": "p",
+                }
+            },
+            400,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "post",
+            "/v1/ledgers",
+            {"content": b"{not json", "headers": {"Content-Type": "application/json"}},
+            400,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "post",
+            "/v1/ledgers",
+            {"json": {"ensemble_size": 9, "write_quorum": 3, "ack_quorum": 2, "password": "p"}},
+            503,
+            "NOT_ENOUGH_BOOKIES",
+        ),
         ("get", "/v1/ledgers/999999999", {}, 404, "NO_SUCH_LEDGER"),
         ("get", "/v1/ledgers/abc", {}, 400, "INVALID_ARGUMENT"),
         ("get", "/v1/ledgers/{open}/entries?from=0&to=0", {}, 403, "UNAUTHORIZED"),
-        ("get", "/v1/ledgers/{open}/entries?from=0&to=0", {"headers": {
-            "Quire-Ledger-Password": "wrong"}}, 403, "UNAUTHORIZED"),
-        ("get", "/v1/ledgers/{open}/entries?from=5&to=2", {"headers": AUTH}, 400,
-         "INVALID_ARGUMENT"),
+        (
+            "get",
+            "/v1/ledgers/{open}/entries?from=0&to=0",
+            {"headers": {"Quire-Ledger-Password": "wrong"}},
+            403,
+            "UNAUTHORIZED",
+        ),
+        (
+            "get",
+            "/v1/ledgers/{open}/entries?from=5&to=2",
+            {"headers": AUTH},
+            400,
+            "INVALID_ARGUMENT",
+        ),
         ("get", "/v1/ledgers/{open}/entries/12345", {"headers": AUTH}, 404, "NO_SUCH_ENTRY"),
-        ("post", "/v1/ledgers/{open}/entries", {"json": {"entries": ["aGk=", "%%%"]},
-                                                "headers": AUTH}, 400, "INVALID_ARGUMENT"),
-        ("post", "/v1/ledgers/{open}/entries", {"content": b"x" * (5 * 1024 * 1024 + 1),
-                                                "headers": {**AUTH, "Content-Type":
-                                                            "application/octet-stream"}},
-         413, "ENTRY_TOO_LARGE"),
+        (
+            "post",
+            "/v1/ledgers/{open}/entries",
+            {"json": {"entries": ["aGk=", "%%%"]}, "headers": AUTH},
+            400,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "post",
+            "/v1/ledgers/{open}/entries",
+            {
+                "content": b"x" * (5 * 1024 * 1024 + 1),
+                "headers": {**AUTH, "Content-Type": "application/octet-stream"},
+            },
+            413,
+            "ENTRY_TOO_LARGE",
+        ),
         ("post", "/v1/ledgers/{open}/close", {}, 403, "UNAUTHORIZED"),
-        ("delete", "/v1/ledgers/{open}", {"headers": {"Quire-Ledger-Password": "no"}}, 403,
-         "UNAUTHORIZED"),
-        ("get", "/v1/ledgers/{open}/lac?after=-1&timeout_ms=-5", {"headers": AUTH}, 400,
-         "INVALID_ARGUMENT"),
+        (
+            "delete",
+            "/v1/ledgers/{open}",
+            {"headers": {"Quire-Ledger-Password": "no"}},
+            403,
+            "UNAUTHORIZED",
+        ),
+        (
+            "get",
+            "/v1/ledgers/{open}/lac?after=-1&timeout_ms=-5",
+            {"headers": AUTH},
+            400,
+            "INVALID_ARGUMENT",
+        ),
     ],
 )
-def test_bad_input_gets_its_code_and_changes_nothing(cluster: QuireUp, method: str, path: str,
-                                                     kwargs: dict, status: int, code: str) -> None:
+def test_bad_input_gets_its_code_and_changes_nothing(
+    cluster: QuireUp, method: str, path: str, kwargs: dict, status: int, code: str
+) -> None:
     with cluster.client() as client:
         if "open" not in STATE:
             STATE["open"] = create_ledger(client)["ledger_id"]
@@ -270,8 +360,9 @@ def test_bad_input_gets_its_code_and_changes_nothing(cluster: QuireUp, method: s
 
 def test_open_ledger_with_acknowledged_entries(cluster: QuireUp) -> None:
     with cluster.client() as client:
-        lid = create_ledger(client, ensemble_size=4, write_quorum=3, ack_quorum=2,
-                            digest="crc32")["ledger_id"]
+        lid = create_ledger(client, ensemble_size=4, write_quorum=3, ack_quorum=2, digest="crc32")[
+            "ledger_id"
+        ]
         append_batch(client, lid, [payload(lid, i) for i in range(200)])
         for i in range(200, 300):
             append_one(client, lid, payload(lid, i))
@@ -319,8 +410,9 @@ def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireU
         lid = ledger["ledger_id"]
         append_one(client, lid, b"before")
         victim = ledger["segments"][0]["bookies"][0]
-        row = next(r for r in cluster.cluster_json()["services"]
-                   if r["name"] == f"{victim}.journal")
+        row = next(
+            r for r in cluster.cluster_json()["services"] if r["name"] == f"{victim}.journal"
+        )
         os.kill(row["pid"], signal.SIGKILL)
         # Qw=3, Qa=2: adds still complete on the two living bookies.
         for i in range(20):

@@ -44,15 +44,18 @@ class Bookie:
         self.subjects = Subjects(settings.subject_prefix)
 
     async def call(self, op: str, data: bytes, timeout: float = 10.0) -> bytes:
-        msg = await self.nc.request(self.subjects.bookie(self.settings.bookie_id, op), data,
-                                    timeout=timeout)
+        msg = await self.nc.request(
+            self.subjects.bookie(self.settings.bookie_id, op), data, timeout=timeout
+        )
         return msg.data
 
-    async def add(self, frames: list[bytes], key: bytes = KEY, flags: int = 0
-                  ) -> list[BookieStatus]:
+    async def add(
+        self, frames: list[bytes], key: bytes = KEY, flags: int = 0
+    ) -> list[BookieStatus]:
         items = [wire.AddItem(flags, key, f) for f in frames]
-        status, results = wire.decode_add_reply(await self.call("add",
-                                                                wire.encode_add_request(items)))
+        status, results = wire.decode_add_reply(
+            await self.call("add", wire.encode_add_request(items))
+        )
         assert status is BookieStatus.OK
         return [r.status for r in results]
 
@@ -63,12 +66,14 @@ class Bookie:
         return results
 
     async def read_lac(self, ledger_id: int) -> wire.LacReply:
-        return wire.decode_lac_reply(await self.call("read_lac",
-                                                     wire.encode_read_lac_request(ledger_id)))
+        return wire.decode_lac_reply(
+            await self.call("read_lac", wire.encode_read_lac_request(ledger_id))
+        )
 
     async def fence(self, ledger_id: int, key: bytes = KEY) -> wire.LacReply:
-        return wire.decode_lac_reply(await self.call("fence",
-                                                     wire.encode_fence_request(ledger_id, key)))
+        return wire.decode_lac_reply(
+            await self.call("fence", wire.encode_fence_request(ledger_id, key))
+        )
 
     async def write_lac(self, ledger_id: int, lac: int, key: bytes = KEY) -> BookieStatus:
         data = wire.encode_write_lac_request(ledger_id, key, lac)
@@ -125,7 +130,10 @@ async def test_absent_entries_and_ledgers(nc, settings) -> None:
         assert await client.add([frame(5, 0), frame(5, 1, 0)]) == [BookieStatus.OK] * 2
         results = await client.read([(5, 1), (5, 2), (6, 0)])
         assert [r.status for r in results] == [
-            BookieStatus.OK, BookieStatus.NO_ENTRY, BookieStatus.NO_LEDGER]
+            BookieStatus.OK,
+            BookieStatus.NO_ENTRY,
+            BookieStatus.NO_LEDGER,
+        ]
         assert (await client.read_lac(6)).status is BookieStatus.NO_LEDGER
 
 
@@ -133,13 +141,13 @@ async def test_fence_then_normal_add_is_fenced_and_recovery_add_passes(nc, setti
     client = Bookie(nc, settings)
     async with bookie(settings):
         events = await nc.jetstream().subscribe(
-            Subjects(settings.subject_prefix).event("ledger.fenced"), ordered_consumer=True)
+            Subjects(settings.subject_prefix).event("ledger.fenced"), ordered_consumer=True
+        )
         assert await client.add([frame(7, 0), frame(7, 1, 0)]) == [BookieStatus.OK] * 2
         fenced = await client.fence(7)
         assert (fenced.status, fenced.lac, fenced.last_entry_id) == (BookieStatus.OK, 0, 1)
         assert await client.add([frame(7, 2, 1)]) == [BookieStatus.FENCED]
-        assert await client.add([frame(7, 2, 1)], flags=wire.FLAG_RECOVERY_ADD) == [
-            BookieStatus.OK]
+        assert await client.add([frame(7, 2, 1)], flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK]
         assert (await client.fence(7)).status is BookieStatus.OK  # idempotent
         # Fencing a ledger this bookie never saw makes it known, empty and fenced.
         assert (await client.fence(8)).status is BookieStatus.OK
@@ -148,7 +156,10 @@ async def test_fence_then_normal_add_is_fenced_and_recovery_add_passes(nc, setti
         assert (lac8.status, lac8.lac, lac8.last_entry_id) == (BookieStatus.OK, -1, -1)
         event = json.loads((await events.next_msg(timeout=5)).data)
         assert (event["kind"], event["ledger_id"], event["bookie_id"]) == (
-            "ledger.fenced", 7, settings.bookie_id)
+            "ledger.fenced",
+            7,
+            settings.bookie_id,
+        )
         await events.unsubscribe()
 
 
@@ -162,11 +173,12 @@ async def test_wrong_master_key_is_unauthorized(nc, settings) -> None:
         # In one batch: the first add of a new ledger sets the key for the rest.
         assert await client.add([frame(10, 0)]) == [BookieStatus.OK]
         mixed = [wire.AddItem(0, KEY, frame(11, 0)), wire.AddItem(0, OTHER_KEY, frame(11, 1))]
-        _, results = wire.decode_add_reply(await client.call("add",
-                                                             wire.encode_add_request(mixed)))
+        _, results = wire.decode_add_reply(await client.call("add", wire.encode_add_request(mixed)))
         assert [r.status for r in results] == [BookieStatus.OK, BookieStatus.UNAUTHORIZED]
         assert [r.status for r in await client.read([(9, 1), (11, 1)])] == [
-            BookieStatus.NO_ENTRY, BookieStatus.NO_ENTRY]
+            BookieStatus.NO_ENTRY,
+            BookieStatus.NO_ENTRY,
+        ]
 
 
 async def test_explicit_lac(nc, settings) -> None:
@@ -180,13 +192,21 @@ async def test_explicit_lac(nc, settings) -> None:
         assert (await client.read_lac(12)).lac == 3
 
 
-@pytest.mark.parametrize(("op", "data"), [
-    ("add", b""), ("add", b"\x07garbage"), ("add", b"\x01\x00\x00\x00\x05"),
-    ("fence", b"\x01short"), ("write_lac", b"\x01"), ("read", b"\x01\x00\x00\x00\x02xx"),
-    ("read_lac", b"\x02" + bytes(8)),
-])
+@pytest.mark.parametrize(
+    ("op", "data"),
+    [
+        ("add", b""),
+        ("add", b"\x07garbage"),
+        ("add", b"\x01\x00\x00\x00\x05"),
+        ("fence", b"\x01short"),
+        ("write_lac", b"\x01"),
+        ("read", b"\x01\x00\x00\x00\x02xx"),
+        ("read_lac", b"\x02" + bytes(8)),
+    ],
+)
 async def test_malformed_requests_get_bad_request_and_the_bookie_keeps_serving(
-        nc, settings, op: str, data: bytes) -> None:
+    nc, settings, op: str, data: bytes
+) -> None:
     client = Bookie(nc, settings)
     async with bookie(settings):
         reply = await client.call(op, data)
@@ -200,22 +220,30 @@ async def test_malformed_requests_get_bad_request_and_the_bookie_keeps_serving(
             assert wire.decode_lac_reply(reply).status is BookieStatus.BAD_REQUEST
         # A frame without a complete header is a bad item, not a bad batch.
         assert await client.add([b"short", frame(13, 0)]) == [
-            BookieStatus.BAD_REQUEST, BookieStatus.OK]
+            BookieStatus.BAD_REQUEST,
+            BookieStatus.OK,
+        ]
         assert (await client.read([(13, 0)]))[0].frame == frame(13, 0)
 
 
 async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settings) -> None:
     # Small files and frequent checkpoints: journal files roll and old ones are deleted,
     # so the restart must rebuild fences and keys from the snapshot, not from file 1.
-    settings = settings.model_copy(update={
-        "journal": settings.journal.model_copy(update={"max_size_mb": 1}),
-        "ledgerstore": settings.ledgerstore.model_copy(
-            update={"flush_interval_ms": 50, "log_size_limit_bytes": 256 * 1024}),
-    })
+    settings = settings.model_copy(
+        update={
+            "journal": settings.journal.model_copy(update={"max_size_mb": 1}),
+            "ledgerstore": settings.ledgerstore.model_copy(
+                update={"flush_interval_ms": 50, "log_size_limit_bytes": 256 * 1024}
+            ),
+        }
+    )
     client = Bookie(nc, settings)
     payload = os.urandom(20_000)
-    frames = {(ledger, e): frame(ledger, e, e - 1, payload + bytes([e]))
-              for ledger in (20, 21) for e in range(60)}
+    frames = {
+        (ledger, e): frame(ledger, e, e - 1, payload + bytes([e]))
+        for ledger in (20, 21)
+        for e in range(60)
+    }
     async with bookie(settings):
         assert await client.add([frames[(20, 0)]]) == [BookieStatus.OK]
         assert (await client.fence(21)).status is BookieStatus.OK
@@ -235,8 +263,7 @@ async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settin
         results = await client.read(list(frames))
         assert {(r.ledger_id, r.entry_id): r.frame for r in results} == frames
         assert await client.add([frame(21, 60, 59)]) == [BookieStatus.FENCED]
-        assert await client.add([frame(20, 60, 59)], key=OTHER_KEY) == [
-            BookieStatus.UNAUTHORIZED]
+        assert await client.add([frame(20, 60, 59)], key=OTHER_KEY) == [BookieStatus.UNAUTHORIZED]
         assert await client.add([frame(20, 60, 59)]) == [BookieStatus.OK]
         lac = await client.read_lac(20)
         assert (lac.lac, lac.last_entry_id) == (59, 60)
@@ -270,15 +297,24 @@ async def test_a_stored_frame_that_is_not_the_entry_asked_for_is_corrupt(nc, set
 
 
 def spawn(kind: str, settings: QuireSettings, log_dir: Path) -> subprocess.Popen:
-    env = dict(os.environ, QUIRE_NATS_URL=settings.nats_url,
-               QUIRE_SUBJECT_PREFIX=settings.subject_prefix,
-               QUIRE_DATA_DIR=str(settings.data_dir), QUIRE_BOOKIE_ID=settings.bookie_id,
-               # Checkpoints during the test: the restart resumes from a persisted position.
-               QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS="100")
+    env = dict(
+        os.environ,
+        QUIRE_NATS_URL=settings.nats_url,
+        QUIRE_SUBJECT_PREFIX=settings.subject_prefix,
+        QUIRE_DATA_DIR=str(settings.data_dir),
+        QUIRE_BOOKIE_ID=settings.bookie_id,
+        # Checkpoints during the test: the restart resumes from a persisted position.
+        QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS="100",
+    )
     with open(log_dir / f"{kind}.log", "ab") as log_file:
-        return subprocess.Popen([sys.executable, "-m", f"services.{kind}"], env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT,
-                                cwd=Path(__file__).parents[2], start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", f"services.{kind}"],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).parents[2],
+            start_new_session=True,
+        )
 
 
 async def wait_serving(client: Bookie, procs: list[subprocess.Popen]) -> None:
@@ -294,8 +330,7 @@ async def wait_serving(client: Bookie, procs: list[subprocess.Popen]) -> None:
 
 
 @pytest.mark.slow
-async def test_kill_9_of_both_processes_loses_no_acknowledged_entry(nc, settings,
-                                                                    tmp_path) -> None:
+async def test_kill_9_of_both_processes_loses_no_acknowledged_entry(nc, settings, tmp_path) -> None:
     client = Bookie(nc, settings)
     procs: list[subprocess.Popen] = []
     acked: dict[tuple[int, int], bytes] = {}
@@ -326,9 +361,11 @@ async def test_kill_9_of_both_processes_loses_no_acknowledged_entry(nc, settings
         procs = [spawn("journal", settings, tmp_path), spawn("ledgerstore", settings, tmp_path)]
         await wait_serving(client, procs)
         results = await client.read(list(acked))
-        missing = [(r.ledger_id, r.entry_id, r.status) for r in results
-                   if r.status is not BookieStatus.OK or r.frame != acked[(r.ledger_id,
-                                                                          r.entry_id)]]
+        missing = [
+            (r.ledger_id, r.entry_id, r.status)
+            for r in results
+            if r.status is not BookieStatus.OK or r.frame != acked[(r.ledger_id, r.entry_id)]
+        ]
         assert missing == []
         for ledger_id in (30, 31, 32):
             last = max(e for ledger, e in acked if ledger == ledger_id)

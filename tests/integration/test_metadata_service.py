@@ -29,10 +29,12 @@ LEASE_MS = 300
 
 @pytest.fixture
 def meta_settings(settings: QuireSettings, fresh_database_url: str) -> QuireSettings:
-    return settings.model_copy(update={
-        "database_url": fresh_database_url,
-        "metadata": settings.metadata.model_copy(update={"bookie_lease_ms": LEASE_MS}),
-    })
+    return settings.model_copy(
+        update={
+            "database_url": fresh_database_url,
+            "metadata": settings.metadata.model_copy(update={"bookie_lease_ms": LEASE_MS}),
+        }
+    )
 
 
 @pytest.fixture
@@ -48,15 +50,15 @@ async def events(meta_settings: QuireSettings, nc) -> AsyncIterator[list[dict]]:
     async def collect(msg) -> None:
         received.append(json.loads(msg.data))
 
-    sub = await nc.subscribe(Subjects(meta_settings.subject_prefix).events_wildcard,
-                             cb=collect)
+    sub = await nc.subscribe(Subjects(meta_settings.subject_prefix).events_wildcard, cb=collect)
     yield received
     await sub.unsubscribe()
 
 
 def create_request(**extra) -> CreateLedgerRequest:
-    return CreateLedgerRequest(ensemble_size=3, write_quorum=3, ack_quorum=2, digest="crc32c",
-                               ensemble=ENSEMBLE, **extra)
+    return CreateLedgerRequest(
+        ensemble_size=3, write_quorum=3, ack_quorum=2, digest="crc32c", ensemble=ENSEMBLE, **extra
+    )
 
 
 async def wait_for(predicate, timeout_s: float = 5.0) -> None:
@@ -75,24 +77,39 @@ async def test_every_operation(client: MetadataClient, events: list[dict]) -> No
     assert [b.bookie_id for b in await client.list_bookies()] == ENSEMBLE
 
     ledger = await client.create_ledger(create_request(metadata={"app": "test"}))
-    assert (ledger.state, ledger.version, ledger.metadata) == (LedgerState.OPEN, 0,
-                                                               {"app": "test"})
+    assert (ledger.state, ledger.version, ledger.metadata) == (LedgerState.OPEN, 0, {"app": "test"})
     assert ledger.segments == [Segment(first_entry_id=0, bookies=ENSEMBLE)]
     assert ledger.ctime >= before_ms
     assert await client.get_ledger(ledger.ledger_id) == ledger
     chosen = await client.create_ledger(create_request(ledger_id=1000))
     assert chosen.ledger_id == 1000
 
-    changed = await client.update_ledger(UpdateLedgerRequest(
-        ledger_id=ledger.ledger_id, expected_version=0,
-        segments=[Segment(first_entry_id=0, bookies=ENSEMBLE),
-                  Segment(first_entry_id=5, bookies=["bookie-1", "bookie-2", "bookie-4"])]))
+    changed = await client.update_ledger(
+        UpdateLedgerRequest(
+            ledger_id=ledger.ledger_id,
+            expected_version=0,
+            segments=[
+                Segment(first_entry_id=0, bookies=ENSEMBLE),
+                Segment(first_entry_id=5, bookies=["bookie-1", "bookie-2", "bookie-4"]),
+            ],
+        )
+    )
     assert changed.version == 1 and len(changed.segments) == 2
-    closed = await client.update_ledger(UpdateLedgerRequest(
-        ledger_id=ledger.ledger_id, expected_version=1, state=LedgerState.CLOSED,
-        last_entry_id=9, length=90))
+    closed = await client.update_ledger(
+        UpdateLedgerRequest(
+            ledger_id=ledger.ledger_id,
+            expected_version=1,
+            state=LedgerState.CLOSED,
+            last_entry_id=9,
+            length=90,
+        )
+    )
     assert (closed.state, closed.last_entry_id, closed.length, closed.version) == (
-        LedgerState.CLOSED, 9, 90, 2)
+        LedgerState.CLOSED,
+        9,
+        90,
+        2,
+    )
 
     listed = await client.list_ledgers(limit=1)
     assert [m.ledger_id for m in listed.ledgers] == [ledger.ledger_id]
@@ -110,17 +127,26 @@ async def test_every_operation(client: MetadataClient, events: list[dict]) -> No
 
     await client.unregister_bookie("bookie-2")
     states = {b.bookie_id: b.state for b in await client.list_bookies()}
-    assert states == {"bookie-1": BookieState.WRITABLE, "bookie-2": BookieState.LOST,
-                      "bookie-3": BookieState.WRITABLE}
+    assert states == {
+        "bookie-1": BookieState.WRITABLE,
+        "bookie-2": BookieState.LOST,
+        "bookie-3": BookieState.WRITABLE,
+    }
 
     def kinds() -> list[tuple[str, object]]:
-        return [(e["kind"], e["bookie_id"] if e["ledger_id"] is None else e["ledger_id"])
-                for e in events]
+        return [
+            (e["kind"], e["bookie_id"] if e["ledger_id"] is None else e["ledger_id"])
+            for e in events
+        ]
 
     expected = [("bookie.registered", b) for b in ENSEMBLE] + [
-        ("ledger.created", ledger.ledger_id), ("ledger.created", 1000),
-        ("ledger.updated", ledger.ledger_id), ("ledger.closed", ledger.ledger_id),
-        ("ledger.deleted", ledger.ledger_id), ("bookie.unregistered", "bookie-2")]
+        ("ledger.created", ledger.ledger_id),
+        ("ledger.created", 1000),
+        ("ledger.updated", ledger.ledger_id),
+        ("ledger.closed", ledger.ledger_id),
+        ("ledger.deleted", ledger.ledger_id),
+        ("bookie.unregistered", "bookie-2"),
+    ]
     await wait_for(lambda: len(events) >= len(expected))
     assert kinds() == expected
     updated, closed_event = events[5]["data"], events[6]["data"]
@@ -128,8 +154,9 @@ async def test_every_operation(client: MetadataClient, events: list[dict]) -> No
     assert (closed_event["last_entry_id"], closed_event["length"]) == (9, 90)
 
 
-async def test_bookie_lease_runs_out_and_heartbeats_renew_it(client: MetadataClient,
-                                                              events: list[dict]) -> None:
+async def test_bookie_lease_runs_out_and_heartbeats_renew_it(
+    client: MetadataClient, events: list[dict]
+) -> None:
     await client.register_bookie("bookie-1")
     await client.register_bookie("bookie-1")  # a heartbeat: no news
     await asyncio.sleep(LEASE_MS / 1000 + 0.05)
@@ -139,17 +166,28 @@ async def test_bookie_lease_runs_out_and_heartbeats_renew_it(client: MetadataCli
     await wait_for(lambda: len(events) >= 2)
     await asyncio.sleep(0.1)
     assert [(e["kind"], e["data"]["previous_state"]) for e in events] == [
-        ("bookie.registered", None), ("bookie.registered", "lost")]
+        ("bookie.registered", None),
+        ("bookie.registered", "lost"),
+    ]
 
 
 async def test_bad_version_carries_current(client: MetadataClient) -> None:
     ledger = await client.create_ledger(create_request())
-    won = await client.update_ledger(UpdateLedgerRequest(
-        ledger_id=ledger.ledger_id, expected_version=0, state=LedgerState.IN_RECOVERY))
+    won = await client.update_ledger(
+        UpdateLedgerRequest(
+            ledger_id=ledger.ledger_id, expected_version=0, state=LedgerState.IN_RECOVERY
+        )
+    )
     with pytest.raises(MetadataError) as lost:
-        await client.update_ledger(UpdateLedgerRequest(
-            ledger_id=ledger.ledger_id, expected_version=0, state=LedgerState.CLOSED,
-            last_entry_id=-1, length=0))
+        await client.update_ledger(
+            UpdateLedgerRequest(
+                ledger_id=ledger.ledger_id,
+                expected_version=0,
+                state=LedgerState.CLOSED,
+                last_entry_id=-1,
+                length=0,
+            )
+        )
     assert lost.value.code is MetaErrorCode.BAD_VERSION
     assert lost.value.current == won
     with pytest.raises(MetadataError) as exists:
@@ -157,26 +195,53 @@ async def test_bad_version_carries_current(client: MetadataClient) -> None:
     assert exists.value.code is MetaErrorCode.LEDGER_EXISTS
 
 
-@pytest.mark.parametrize(("op", "body", "mentions"), [
-    ("ledger.create", b"{not json", "Invalid JSON"),
-    ("ledger.get", b'{"ledger_id": 1, "color": "red"}', "color"),
-    ("ledger.get", b'{"ledger_id": "one"}', "ledger_id"),
-    ("ledger.get", b"[1, 2]", "body"),
-    ("ledger.list", b'{"limit": 0}', "limit"),
-    ("ledger.create", json.dumps({"ensemble_size": 3, "write_quorum": 4, "ack_quorum": 2,
-                                  "digest": "crc32c", "ensemble": ENSEMBLE}).encode(),
-     "quorum"),
-    ("ledger.update", json.dumps({"ledger_id": 0, "expected_version": 0,
-                                  "segments": []}).encode(), "segments"),
-    ("ledger.update", json.dumps({"ledger_id": 0, "expected_version": 0, "segments": [
-        {"first_entry_id": 0, "bookies": ["a"]}, {"first_entry_id": 0, "bookies": ["b"]}]})
-     .encode(), "increasing"),
-    ("bookie.register", b'{"bookie_id": "b1", "state": "lost"}', "lost"),
-    ("bookie.register", b'{"bookie_id": "no.dots"}', "bookie_id"),
-])
+@pytest.mark.parametrize(
+    ("op", "body", "mentions"),
+    [
+        ("ledger.create", b"{not json", "Invalid JSON"),
+        ("ledger.get", b'{"ledger_id": 1, "color": "red"}', "color"),
+        ("ledger.get", b'{"ledger_id": "one"}', "ledger_id"),
+        ("ledger.get", b"[1, 2]", "body"),
+        ("ledger.list", b'{"limit": 0}', "limit"),
+        (
+            "ledger.create",
+            json.dumps(
+                {
+                    "ensemble_size": 3,
+                    "write_quorum": 4,
+                    "ack_quorum": 2,
+                    "digest": "crc32c",
+                    "ensemble": ENSEMBLE,
+                }
+            ).encode(),
+            "quorum",
+        ),
+        (
+            "ledger.update",
+            json.dumps({"ledger_id": 0, "expected_version": 0, "segments": []}).encode(),
+            "segments",
+        ),
+        (
+            "ledger.update",
+            json.dumps(
+                {
+                    "ledger_id": 0,
+                    "expected_version": 0,
+                    "segments": [
+                        {"first_entry_id": 0, "bookies": ["a"]},
+                        {"first_entry_id": 0, "bookies": ["b"]},
+                    ],
+                }
+            ).encode(),
+            "increasing",
+        ),
+        ("bookie.register", b'{"bookie_id": "b1", "state": "lost"}', "lost"),
+        ("bookie.register", b'{"bookie_id": "no.dots"}', "bookie_id"),
+    ],
+)
 async def test_bad_requests_are_answered_and_service_keeps_serving(
-        client: MetadataClient, meta_settings: QuireSettings, nc, op: str, body: bytes,
-        mentions: str) -> None:
+    client: MetadataClient, meta_settings: QuireSettings, nc, op: str, body: bytes, mentions: str
+) -> None:
     msg = await nc.request(Subjects(meta_settings.subject_prefix).meta(op), body, timeout=5)
     reply = MetaReply.model_validate_json(msg.data)
     assert not reply.ok and reply.error is not None
@@ -187,21 +252,24 @@ async def test_bad_requests_are_answered_and_service_keeps_serving(
     assert (await client.get_ledger(ledger.ledger_id)).version == 0
 
 
-async def test_empty_body_is_an_empty_request(client: MetadataClient,
-                                              meta_settings: QuireSettings, nc) -> None:
-    msg = await nc.request(Subjects(meta_settings.subject_prefix).meta("bookie.list"), b"",
-                           timeout=5)
-    assert MetaReply.model_validate_json(msg.data) == MetaReply(ok=True,
-                                                                result={"bookies": []})
+async def test_empty_body_is_an_empty_request(
+    client: MetadataClient, meta_settings: QuireSettings, nc
+) -> None:
+    msg = await nc.request(
+        Subjects(meta_settings.subject_prefix).meta("bookie.list"), b"", timeout=5
+    )
+    assert MetaReply.model_validate_json(msg.data) == MetaReply(ok=True, result={"bookies": []})
 
 
-async def test_two_instances_in_one_queue_group_both_serve(meta_settings: QuireSettings,
-                                                           nc) -> None:
+async def test_two_instances_in_one_queue_group_both_serve(
+    meta_settings: QuireSettings, nc
+) -> None:
     client = MetadataClient(nc, Subjects(meta_settings.subject_prefix))
-    async with (running_service("metadata", meta_settings, "metadata-1") as one,
-                running_service("metadata", meta_settings, "metadata-2") as two):
-        created = await asyncio.gather(*(client.create_ledger(create_request())
-                                         for _ in range(40)))
+    async with (
+        running_service("metadata", meta_settings, "metadata-1") as one,
+        running_service("metadata", meta_settings, "metadata-2") as two,
+    ):
+        created = await asyncio.gather(*(client.create_ledger(create_request()) for _ in range(40)))
         assert sorted(m.ledger_id for m in created) == list(range(40))
         for rt in (one, two):
             served = {e.name: e.num_requests for e in rt.micro.stats().endpoints}

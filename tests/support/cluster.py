@@ -59,10 +59,23 @@ class QuireUp:
         env.pop("QUIRE_DATABASE_URL", None)
         with open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
-                [quire_executable(), "up", "--data-dir", str(self.data_dir),
-                 "--bookies", str(self.bookies), "--http-port", str(self.http_port),
-                 "--grpc-port", str(self.grpc_port)],
-                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env, text=True,
+                [
+                    quire_executable(),
+                    "up",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--bookies",
+                    str(self.bookies),
+                    "--http-port",
+                    str(self.http_port),
+                    "--grpc-port",
+                    str(self.grpc_port),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                text=True,
             )
         assert self.proc.stdout is not None
         selector = selectors.DefaultSelector()

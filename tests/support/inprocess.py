@@ -12,8 +12,9 @@ from shared.service import ServiceRuntime
 
 
 @asynccontextmanager
-async def running_service(kind: str, settings: QuireSettings,
-                          instance: str | None = None) -> AsyncIterator[ServiceRuntime]:
+async def running_service(
+    kind: str, settings: QuireSettings, instance: str | None = None
+) -> AsyncIterator[ServiceRuntime]:
     """`kind` is a folder of services/ whose `service` module has `async def main(rt)`."""
     module = importlib.import_module(f"services.{kind}.service")
     rt = ServiceRuntime(kind, settings, instance or kind)

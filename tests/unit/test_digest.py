@@ -20,7 +20,12 @@ def test_sign_then_verify(digest: DigestType) -> None:
     assert len(frame) == HEADER_SIZE + DIGEST_SIZES[digest] + len(b"payload")
     entry = dm.verify(frame, 5, 9)
     assert (entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.payload) == (
-        5, 9, 8, 1234, b"payload")
+        5,
+        9,
+        8,
+        1234,
+        b"payload",
+    )
     assert parse_header(frame) == (5, 9, 8, 1234)
 
 

@@ -44,8 +44,9 @@ KEY_B = b"b" * 20
 DIGEST = DigestManager("crc32c")
 
 
-def entry(ledger_id: int, entry_id: int, lac: int = -1, payload: bytes = b"x",
-          key: bytes = KEY_A) -> EntryRecord:
+def entry(
+    ledger_id: int, entry_id: int, lac: int = -1, payload: bytes = b"x", key: bytes = KEY_A
+) -> EntryRecord:
     return EntryRecord.of(key, DIGEST.sign(ledger_id, entry_id, lac, len(payload), payload))
 
 
@@ -166,8 +167,12 @@ def test_snapshot_round_trips_and_detects_damage() -> None:
     records = [LedgerStateRecord(1, KEY_A, False, 3, 5), LedgerStateRecord(2, KEY_B, True, -1, -1)]
     data = encode_snapshot(JournalPosition(3, 99), records)
     assert decode_snapshot(data) == (JournalPosition(3, 99), records)
-    for damaged in [data[:-1], _flip(data, len(data) - 3), data[:10],
-                    encode_snapshot(JournalPosition(3, 99), records)[:-30]]:
+    for damaged in [
+        data[:-1],
+        _flip(data, len(data) - 3),
+        data[:10],
+        encode_snapshot(JournalPosition(3, 99), records)[:-30],
+    ]:
         with pytest.raises(JournalFormatError):
             decode_snapshot(damaged)
 
@@ -178,35 +183,45 @@ def test_positions_order_by_file_then_offset() -> None:
 
 # -- group commit -------------------------------------------------------------------------
 
-WAITING = GroupCommitPolicy(max_group_wait_ms=2.0, buffered_writes_threshold_bytes=1000,
-                            buffered_entries_threshold=10, flush_when_queue_empty=False)
+WAITING = GroupCommitPolicy(
+    max_group_wait_ms=2.0,
+    buffered_writes_threshold_bytes=1000,
+    buffered_entries_threshold=10,
+    flush_when_queue_empty=False,
+)
 EAGER = GroupCommitPolicy(2.0, 1000, 10, flush_when_queue_empty=True)
 
 
-@pytest.mark.parametrize(("policy", "records", "size", "oldest_ms", "now_ms", "expected"), [
-    (WAITING, 0, 0, 0.0, 50.0, FlushPlan(False, None)),
-    (EAGER, 0, 0, 0.0, 50.0, FlushPlan(False, None)),
-    (EAGER, 1, 10, 100.0, 100.0, FlushPlan(True)),  # idle writer, nothing more to wait for
-    (WAITING, 1, 10, 100.0, 100.0, FlushPlan(False, 2.0)),
-    (WAITING, 1, 10, 100.0, 101.5, FlushPlan(False, 0.5)),
-    (WAITING, 1, 10, 100.0, 102.0, FlushPlan(True)),  # waited max_group_wait_ms
-    (WAITING, 3, 1000, 100.0, 100.0, FlushPlan(True)),  # byte threshold
-    (WAITING, 10, 100, 100.0, 100.0, FlushPlan(True)),  # entry threshold
-    (WAITING, 9, 999, 100.0, 101.0, FlushPlan(False, 1.0)),
-])
+@pytest.mark.parametrize(
+    ("policy", "records", "size", "oldest_ms", "now_ms", "expected"),
+    [
+        (WAITING, 0, 0, 0.0, 50.0, FlushPlan(False, None)),
+        (EAGER, 0, 0, 0.0, 50.0, FlushPlan(False, None)),
+        (EAGER, 1, 10, 100.0, 100.0, FlushPlan(True)),  # idle writer, nothing more to wait for
+        (WAITING, 1, 10, 100.0, 100.0, FlushPlan(False, 2.0)),
+        (WAITING, 1, 10, 100.0, 101.5, FlushPlan(False, 0.5)),
+        (WAITING, 1, 10, 100.0, 102.0, FlushPlan(True)),  # waited max_group_wait_ms
+        (WAITING, 3, 1000, 100.0, 100.0, FlushPlan(True)),  # byte threshold
+        (WAITING, 10, 100, 100.0, 100.0, FlushPlan(True)),  # entry threshold
+        (WAITING, 9, 999, 100.0, 101.0, FlushPlan(False, 1.0)),
+    ],
+)
 def test_plan_group_commit(policy, records, size, oldest_ms, now_ms, expected) -> None:
     assert plan_group_commit(policy, records, size, oldest_ms, now_ms) == expected
 
 
-@pytest.mark.parametrize(("sizes", "expected"), [
-    ([], 0),
-    ([10], 1),
-    ([10] * 5, 5),
-    ([10] * 25, 10),  # entry threshold caps a batch
-    ([400, 400, 400], 2),  # byte threshold caps a batch
-    ([5000, 10], 1),  # an oversized record goes alone
-    ([10, 5000], 1),
-])
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        ([], 0),
+        ([10], 1),
+        ([10] * 5, 5),
+        ([10] * 25, 10),  # entry threshold caps a batch
+        ([400, 400, 400], 2),  # byte threshold caps a batch
+        ([5000, 10], 1),  # an oversized record goes alone
+        ([10, 5000], 1),
+    ],
+)
 def test_batch_length(sizes: list[int], expected: int) -> None:
     assert batch_length(EAGER, sizes) == expected
 
@@ -273,12 +288,18 @@ def test_lac_is_the_max_of_piggybacked_and_explicit() -> None:
 
 def test_snapshot_records_rebuild_the_same_state() -> None:
     state = BookieLedgerState()
-    for record in [entry(1, 0), entry(1, 1, 0), MasterKeyRecord(2, KEY_B), FenceRecord(2),
-                   LacRecord(3, 4), entry(4, 0, key=KEY_B), FenceRecord(4)]:
+    for record in [
+        entry(1, 0),
+        entry(1, 1, 0),
+        MasterKeyRecord(2, KEY_B),
+        FenceRecord(2),
+        LacRecord(3, 4),
+        entry(4, 0, key=KEY_B),
+        FenceRecord(4),
+    ]:
         state.apply(record)
     rebuilt = BookieLedgerState()
-    _, records = decode_snapshot(encode_snapshot(JournalPosition(1, 16),
-                                                 state.snapshot_records()))
+    _, records = decode_snapshot(encode_snapshot(JournalPosition(1, 16), state.snapshot_records()))
     for record in records:
         rebuilt.apply(record)
     assert rebuilt.snapshot_records() == state.snapshot_records()

@@ -37,8 +37,9 @@ DIGEST = DigestManager("crc32c")
 
 def entry(ledger_id: int, entry_id: int) -> EntryRecord:
     payload = f"{ledger_id}:{entry_id}".encode()
-    return EntryRecord.of(KEY, DIGEST.sign(ledger_id, entry_id, entry_id - 1, len(payload),
-                                           payload))
+    return EntryRecord.of(
+        KEY, DIGEST.sign(ledger_id, entry_id, entry_id - 1, len(payload), payload)
+    )
 
 
 def write_file(directory: Path, file_id: int, records: list, tail: bytes = b"") -> bytes:
@@ -57,8 +58,9 @@ def test_replay_rebuilds_state_across_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cut", [1, 10, 30])
-def test_torn_tail_of_the_last_file_is_truncated_and_logged(tmp_path: Path, caplog,
-                                                            cut: int) -> None:
+def test_torn_tail_of_the_last_file_is_truncated_and_logged(
+    tmp_path: Path, caplog, cut: int
+) -> None:
     good = write_file(tmp_path, 1, [entry(1, 0)])
     torn = encode_record(entry(1, 1))[:-cut]
     write_file(tmp_path, 2, [entry(1, 1)], tail=torn)
@@ -136,8 +138,9 @@ async def test_checkpoint_deletes_old_files_and_replay_keeps_the_facts(tmp_path:
     journal = Journal(tmp_path, settings(), fatal=pytest.fail)
     await journal.open()
     writer = asyncio.create_task(journal.run_writer())
-    await asyncio.gather(*journal.submit([MasterKeyRecord(9, KEY), FenceRecord(9),
-                                          entry(1, 0)], now_ms=0))
+    await asyncio.gather(
+        *journal.submit([MasterKeyRecord(9, KEY), FenceRecord(9), entry(1, 0)], now_ms=0)
+    )
     await journal.close()
     writer.cancel()
     await asyncio.gather(writer, return_exceptions=True)

@@ -67,12 +67,15 @@ def test_entry_log_header_and_names() -> None:
     assert parse_entry_log_name("index.sqlite") is None
 
 
-@pytest.mark.parametrize(("data", "ledger_id", "entry_id", "expected"), [
-    (frame(1, 2), 1, 2, True),
-    (frame(1, 2), 1, 3, False),
-    (frame(1, 2), 2, 2, False),
-    (b"short", 1, 2, False),
-])
+@pytest.mark.parametrize(
+    ("data", "ledger_id", "entry_id", "expected"),
+    [
+        (frame(1, 2), 1, 2, True),
+        (frame(1, 2), 1, 3, False),
+        (frame(1, 2), 2, 2, False),
+        (b"short", 1, 2, False),
+    ],
+)
 def test_frame_matches(data: bytes, ledger_id: int, entry_id: int, expected: bool) -> None:
     assert frame_matches(data, ledger_id, entry_id) is expected
 
@@ -93,33 +96,42 @@ def test_apply_to_ledgers() -> None:
         assert ledgers[ledger_id] == expected
 
 
-@pytest.mark.parametrize(("position", "files", "expected"), [
-    (JournalPosition(1, 0), [], CursorAction.WAIT),
-    (JournalPosition(1, 0), [1], CursorAction.READ),
-    (JournalPosition(2, 50), [1, 2, 3], CursorAction.READ),
-    (JournalPosition(4, 0), [1, 2, 3], CursorAction.WAIT),
-    (JournalPosition(1, 0), [2, 3], CursorAction.GAP),  # deleted below us: lost records
-    (JournalPosition(2, 90), [3], CursorAction.GAP),
-])
+@pytest.mark.parametrize(
+    ("position", "files", "expected"),
+    [
+        (JournalPosition(1, 0), [], CursorAction.WAIT),
+        (JournalPosition(1, 0), [1], CursorAction.READ),
+        (JournalPosition(2, 50), [1, 2, 3], CursorAction.READ),
+        (JournalPosition(4, 0), [1, 2, 3], CursorAction.WAIT),
+        (JournalPosition(1, 0), [2, 3], CursorAction.GAP),  # deleted below us: lost records
+        (JournalPosition(2, 90), [3], CursorAction.GAP),
+    ],
+)
 def test_locate(position, files, expected) -> None:
     assert locate(position, files) is expected
 
 
-@pytest.mark.parametrize(("position", "files", "expected"), [
-    (JournalPosition(2, 90), [2], None),
-    (JournalPosition(2, 90), [2, 3], JournalPosition(3, 0)),
-    (JournalPosition(2, 90), [1, 2, 3, 4], JournalPosition(3, 0)),
-])
+@pytest.mark.parametrize(
+    ("position", "files", "expected"),
+    [
+        (JournalPosition(2, 90), [2], None),
+        (JournalPosition(2, 90), [2, 3], JournalPosition(3, 0)),
+        (JournalPosition(2, 90), [1, 2, 3, 4], JournalPosition(3, 0)),
+    ],
+)
 def test_next_file(position, files, expected) -> None:
     assert next_file(position, files) == expected
 
 
-@pytest.mark.parametrize(("known", "caught_up", "expected"), [
-    (True, True, BookieStatus.NO_ENTRY),
-    (False, True, BookieStatus.NO_LEDGER),
-    (True, False, BookieStatus.UNKNOWN_LEDGER_STATE),
-    (False, False, BookieStatus.UNKNOWN_LEDGER_STATE),
-])
+@pytest.mark.parametrize(
+    ("known", "caught_up", "expected"),
+    [
+        (True, True, BookieStatus.NO_ENTRY),
+        (False, True, BookieStatus.NO_LEDGER),
+        (True, False, BookieStatus.UNKNOWN_LEDGER_STATE),
+        (False, False, BookieStatus.UNKNOWN_LEDGER_STATE),
+    ],
+)
 def test_absent_status_never_claims_absence_when_unsure(known, caught_up, expected) -> None:
     assert absent_status(known, caught_up) is expected
 
@@ -154,8 +166,12 @@ def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
     state = index.open()
     assert state.position is None and state.ledgers == {}
     location = EntryLocation(1, 16, 100)
-    index.commit({(2**64 - 1, 0): location}, {2**64 - 1: LedgerInfo(0, -1)},
-                 JournalPosition(1, 500), (1, 136))
+    index.commit(
+        {(2**64 - 1, 0): location},
+        {2**64 - 1: LedgerInfo(0, -1)},
+        JournalPosition(1, 500),
+        (1, 136),
+    )
     assert index.lookup(2**64 - 1, 0) == location
     assert index.lookup(2**64 - 1, 1) is None
     index.close()

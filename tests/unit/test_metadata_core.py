@@ -19,28 +19,35 @@ from shared.models import (
 )
 
 
-@pytest.mark.parametrize(("declared", "expires_at", "now", "expected"), [
-    (BookieState.WRITABLE, 1_000, 999, BookieState.WRITABLE),
-    (BookieState.WRITABLE, 1_000, 1_000, BookieState.LOST),
-    (BookieState.WRITABLE, 1_000, 5_000, BookieState.LOST),
-    (BookieState.READONLY, 1_000, 0, BookieState.READONLY),
-    (BookieState.READONLY, 1_000, 1_001, BookieState.LOST),
-])
+@pytest.mark.parametrize(
+    ("declared", "expires_at", "now", "expected"),
+    [
+        (BookieState.WRITABLE, 1_000, 999, BookieState.WRITABLE),
+        (BookieState.WRITABLE, 1_000, 1_000, BookieState.LOST),
+        (BookieState.WRITABLE, 1_000, 5_000, BookieState.LOST),
+        (BookieState.READONLY, 1_000, 0, BookieState.READONLY),
+        (BookieState.READONLY, 1_000, 1_001, BookieState.LOST),
+    ],
+)
 def test_bookie_state_follows_the_lease(declared, expires_at, now, expected) -> None:
     assert core.bookie_state(declared, expires_at, now) is expected
 
 
-@pytest.mark.parametrize(("previous", "current", "news"), [
-    (None, BookieState.WRITABLE, True),
-    (BookieState.WRITABLE, BookieState.WRITABLE, False),
-    (BookieState.WRITABLE, BookieState.READONLY, True),
-    (BookieState.LOST, BookieState.WRITABLE, True),
-])
+@pytest.mark.parametrize(
+    ("previous", "current", "news"),
+    [
+        (None, BookieState.WRITABLE, True),
+        (BookieState.WRITABLE, BookieState.WRITABLE, False),
+        (BookieState.WRITABLE, BookieState.READONLY, True),
+        (BookieState.LOST, BookieState.WRITABLE, True),
+    ],
+)
 def test_registration_news(previous, current, news) -> None:
     info = BookieInfo(bookie_id="b", state=current, last_seen=0, lease_expires_at=1)
     assert core.registration_is_news(previous, current) is news
     assert [e.kind for e in core.bookie_events(info, previous)] == (
-        ["bookie.registered"] if news else [])
+        ["bookie.registered"] if news else []
+    )
 
 
 def test_registering_as_lost_is_refused() -> None:
@@ -49,13 +56,16 @@ def test_registering_as_lost_is_refused() -> None:
         core.check_registration(RegisterBookieRequest(bookie_id="b", state=BookieState.LOST))
 
 
-@pytest.mark.parametrize(("ids", "limit", "page", "next_after"), [
-    ([], 10, [], None),
-    ([1, 2, 3], 3, [1, 2, 3], None),
-    ([1, 2, 3, 4], 3, [1, 2, 3], 3),
-    ([7], 1, [7], None),
-    ([7, 9], 1, [7], 7),
-])
+@pytest.mark.parametrize(
+    ("ids", "limit", "page", "next_after"),
+    [
+        ([], 10, [], None),
+        ([1, 2, 3], 3, [1, 2, 3], None),
+        ([1, 2, 3, 4], 3, [1, 2, 3], 3),
+        ([7], 1, [7], None),
+        ([7, 9], 1, [7], 7),
+    ],
+)
 def test_list_page(ids, limit, page, next_after) -> None:
     assert core.list_page(ids, limit, key=lambda i: i) == (page, next_after)
 
@@ -70,13 +80,16 @@ def seg(first: int, *bookies: str) -> Segment:
     return Segment(first_entry_id=first, bookies=list(bookies))
 
 
-@pytest.mark.parametrize(("segments", "problem"), [
-    ([], "empty"),
-    ([seg(1, "a")], "entry 0"),
-    ([seg(0, "a"), seg(0, "b")], "increasing"),
-    ([seg(0, "a"), seg(5, "b"), seg(3, "c")], "increasing"),
-    ([seg(0, "a", "a")], "twice"),
-])
+@pytest.mark.parametrize(
+    ("segments", "problem"),
+    [
+        ([], "empty"),
+        ([seg(1, "a")], "entry 0"),
+        ([seg(0, "a"), seg(0, "b")], "increasing"),
+        ([seg(0, "a"), seg(5, "b"), seg(3, "c")], "increasing"),
+        ([seg(0, "a", "a")], "twice"),
+    ],
+)
 def test_bad_segments(segments, problem) -> None:
     with pytest.raises(InvalidRequest, match=problem):
         core.check_segments(segments)
@@ -88,33 +101,43 @@ def test_good_segments_and_updates_without_segments_pass() -> None:
 
 
 def test_new_ledger() -> None:
-    request = CreateLedgerRequest(ensemble_size=2, write_quorum=2, ack_quorum=1,
-                                  digest="crc32", ensemble=["a", "b"], metadata={"k": "v"},
-                                  password_salt="s", password_hash="h")
+    request = CreateLedgerRequest(
+        ensemble_size=2,
+        write_quorum=2,
+        ack_quorum=1,
+        digest="crc32",
+        ensemble=["a", "b"],
+        metadata={"k": "v"},
+        password_salt="s",
+        password_hash="h",
+    )
     meta = core.new_ledger(request, ledger_id=7, ctime_ms=123)
-    assert (meta.ledger_id, meta.state, meta.version, meta.ctime) == (7, LedgerState.OPEN, 0,
-                                                                      123)
+    assert (meta.ledger_id, meta.state, meta.version, meta.ctime) == (7, LedgerState.OPEN, 0, 123)
     assert meta.segments == [seg(0, "a", "b")]
     assert (meta.last_entry_id, meta.length, meta.metadata) == (None, 0, {"k": "v"})
     assert (meta.password_salt, meta.password_hash) == ("s", "h")
 
 
 def change(previous: LedgerState, state: LedgerState, segments_changed: bool) -> LedgerChange:
-    request = CreateLedgerRequest(ensemble_size=1, write_quorum=1, ack_quorum=1,
-                                  digest="crc32c", ensemble=["a"])
-    meta = core.new_ledger(request, 3, 0).model_copy(update={
-        "state": state, "version": 4, "last_entry_id": 9, "length": 99})
-    return LedgerChange(metadata=meta, previous_state=previous,
-                        segments_changed=segments_changed)
+    request = CreateLedgerRequest(
+        ensemble_size=1, write_quorum=1, ack_quorum=1, digest="crc32c", ensemble=["a"]
+    )
+    meta = core.new_ledger(request, 3, 0).model_copy(
+        update={"state": state, "version": 4, "last_entry_id": 9, "length": 99}
+    )
+    return LedgerChange(metadata=meta, previous_state=previous, segments_changed=segments_changed)
 
 
-@pytest.mark.parametrize(("previous", "state", "segments_changed", "kind"), [
-    (LedgerState.OPEN, LedgerState.CLOSED, False, "ledger.closed"),
-    (LedgerState.IN_RECOVERY, LedgerState.CLOSED, False, "ledger.closed"),
-    (LedgerState.CLOSED, LedgerState.CLOSED, True, "ledger.updated"),
-    (LedgerState.OPEN, LedgerState.OPEN, True, "ledger.updated"),
-    (LedgerState.OPEN, LedgerState.IN_RECOVERY, False, "ledger.updated"),
-])
+@pytest.mark.parametrize(
+    ("previous", "state", "segments_changed", "kind"),
+    [
+        (LedgerState.OPEN, LedgerState.CLOSED, False, "ledger.closed"),
+        (LedgerState.IN_RECOVERY, LedgerState.CLOSED, False, "ledger.closed"),
+        (LedgerState.CLOSED, LedgerState.CLOSED, True, "ledger.updated"),
+        (LedgerState.OPEN, LedgerState.OPEN, True, "ledger.updated"),
+        (LedgerState.OPEN, LedgerState.IN_RECOVERY, False, "ledger.updated"),
+    ],
+)
 def test_change_events(previous, state, segments_changed, kind) -> None:
     [event] = core.change_events(change(previous, state, segments_changed))
     assert event.kind == kind

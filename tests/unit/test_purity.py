@@ -1,22 +1,15 @@
 """Cores are pure (STYLE.md rule 1): no asyncio, NATS, SQLAlchemy, clock or randomness."""
 
 import ast
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.layout import CORES, ROOT
+
 FORBIDDEN = {"asyncio", "nats", "sqlalchemy", "time", "random", "aiofiles", "psycopg", "socket"}
-PURE = [
-    "shared/quorum.py",
-    "shared/digest.py",
-    "shared/wire.py",
-    "shared/status.py",
-    *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/core.py")),
-]
 
 
-@pytest.mark.parametrize("path", PURE)
+@pytest.mark.parametrize("path", CORES)
 def test_core_imports_nothing_impure(path: str) -> None:
     tree = ast.parse((ROOT / path).read_text())
     imported = set()

@@ -14,8 +14,10 @@ def frame(ledger: int, entry: int, payload: bytes = b"x") -> bytes:
 
 
 def test_add_request_round_trip() -> None:
-    items = [wire.AddItem(0, KEY, frame(7, 0)), wire.AddItem(wire.FLAG_RECOVERY_ADD, KEY,
-                                                             frame(7, 1, b""))]
+    items = [
+        wire.AddItem(0, KEY, frame(7, 0)),
+        wire.AddItem(wire.FLAG_RECOVERY_ADD, KEY, frame(7, 1, b"")),
+    ]
     assert wire.decode_add_request(wire.encode_add_request(items)) == items
 
 
@@ -28,8 +30,10 @@ def test_add_reply_round_trip() -> None:
 def test_read_round_trip() -> None:
     items = [wire.ReadItem(1, 0), wire.ReadItem(2**63 - 1, -1, 1)]
     assert wire.decode_read_request(wire.encode_read_request(items)) == items
-    results = [wire.ReadResult(1, 0, BookieStatus.OK, frame(1, 0)),
-               wire.ReadResult(1, 1, BookieStatus.NO_ENTRY)]
+    results = [
+        wire.ReadResult(1, 0, BookieStatus.OK, frame(1, 0)),
+        wire.ReadResult(1, 1, BookieStatus.NO_ENTRY),
+    ]
     data = wire.encode_read_reply(BookieStatus.OK, results)
     assert wire.decode_read_reply(data) == (BookieStatus.OK, results)
 
@@ -41,7 +45,8 @@ def test_small_messages_round_trip() -> None:
     assert wire.decode_fence_request(wire.encode_fence_request(9, KEY)) == (9, KEY)
     assert wire.decode_write_lac_request(wire.encode_write_lac_request(9, KEY, 3)) == (9, KEY, 3)
     assert wire.decode_status_reply(wire.encode_status_reply(BookieStatus.FENCED)) == (
-        BookieStatus.FENCED)
+        BookieStatus.FENCED
+    )
 
 
 GOOD_ADD = wire.encode_add_request([wire.AddItem(0, KEY, frame(1, 0))])
