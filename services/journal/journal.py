@@ -54,6 +54,7 @@ from services.journal.core import (
     scan_records,
 )
 from shared.config import MIB, JournalSettings
+from shared.disk import fail_stop, fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,7 @@ class QueueFull(Exception):
 
 
 def die(reason: str) -> None:
-    """Fail-stop: after a failed write or fsync nothing we hold is trustworthy."""
-    log.critical("journal IO failed, exiting", extra={"reason": reason})
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    os._exit(70)
+    fail_stop("journal", reason)
 
 
 def journal_files(directory: Path) -> list[int]:
@@ -87,25 +83,6 @@ def journal_files(directory: Path) -> list[int]:
         if file_id is not None:
             ids.append(file_id)
     return sorted(ids)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `path` so that a crash leaves the old or the new content, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 @dataclass

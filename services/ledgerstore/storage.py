@@ -27,7 +27,7 @@ from services.journal.core import (
     journal_file_name,
     scan_records,
 )
-from services.journal.journal import fsync_dir, journal_files
+from services.journal.journal import journal_files
 from services.ledgerstore.core import (
     ENTRYLOG_HEADER_SIZE,
     CursorAction,
@@ -41,6 +41,7 @@ from services.ledgerstore.core import (
     next_file,
     parse_entry_log_name,
 )
+from shared.disk import fsync_dir
 
 log = logging.getLogger(__name__)
 

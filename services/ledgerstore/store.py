@@ -11,9 +11,7 @@ to the checkpoint and the same entries are written again).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from services.ledgerstore.storage import (
 )
 from shared import wire
 from shared.config import LedgerstoreSettings
+from shared.disk import fail_stop
 from shared.status import BookieStatus
 
 log = logging.getLogger(__name__)
@@ -42,12 +41,7 @@ CATCH_UP_MAX_READS = 10_000
 
 
 def die(reason: str) -> None:
-    """Fail-stop on a storage write or fsync error: what we hold is no longer known."""
-    log.critical("ledgerstore IO failed, exiting", extra={"reason": reason})
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    os._exit(70)
+    fail_stop("ledgerstore", reason)
 
 
 @dataclass
