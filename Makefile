@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint lock clean
+.PHONY: run test lint lock proto clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "Quire needs Python 3.11 or newer" >&2; exit 1; }
@@ -26,6 +26,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Regenerate the gRPC code (quire/v1/) from proto/quire/v1/ledgers.proto.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
+		proto/quire/v1/ledgers.proto
 
 # Re-pin every dependency to what resolves today.
 lock:

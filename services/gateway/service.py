@@ -1,4 +1,4 @@
-"""The gateway service: the client quorum protocol behind the HTTP API.
+"""The gateway service: the client quorum protocol behind the HTTP and gRPC APIs.
 
 `main` wires the driver (`Ledgers`) to NATS and the metadata service, and serves the
 FastAPI app with uvicorn inside this process's event loop. Uvicorn gets a socket bound
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from services.gateway.bookie_client import BookieClient
+from services.gateway.grpc_api import start_grpc_server
 from services.gateway.http import create_app
 from services.gateway.ledgers import Ledgers
 from services.gateway.metrics import GatewayMetrics
@@ -96,3 +97,11 @@ async def main(rt: ServiceRuntime) -> None:
             raise RuntimeError(f"the HTTP server did not start on {host}:{port}")
         await asyncio.sleep(0.01)
     log.info("gateway HTTP listening", extra={"url": f"http://{host}:{port}"})
+
+    grpc_server, grpc_port = await start_grpc_server(ledgers, gateway)
+
+    async def stop_grpc() -> None:
+        await grpc_server.stop(HTTP_GRACEFUL_SHUTDOWN_S)
+
+    rt.on_shutdown(stop_grpc)
+    log.info("gateway gRPC listening", extra={"address": f"{host}:{grpc_port}"})

@@ -55,6 +55,7 @@ class Stack:
 def gateway_settings(settings: QuireSettings, **gateway) -> QuireSettings:
     update = {
         "http_port": free_port(),
+        "grpc_port": free_port(),
         "ready_min_writable_bookies": 3,
         "max_entry_size_bytes": MAX_ENTRY,
         "max_batch_entries": MAX_BATCH,

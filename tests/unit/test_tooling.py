@@ -27,3 +27,20 @@ def test_ruff_format() -> None:
 def test_mypy_on_the_cores() -> None:
     done = run(sys.executable, "-m", "mypy", *CORES)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_generated_grpc_code_matches_the_proto(tmp_path: Path) -> None:
+    done = run(
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        "-Iproto",
+        f"--python_out={tmp_path}",
+        f"--pyi_out={tmp_path}",
+        f"--grpc_python_out={tmp_path}",
+        "proto/quire/v1/ledgers.proto",
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("ledgers_pb2.py", "ledgers_pb2.pyi", "ledgers_pb2_grpc.py"):
+        generated = (tmp_path / "quire" / "v1" / name).read_text()
+        assert generated == (ROOT / "quire" / "v1" / name).read_text(), f"run `make proto`: {name}"
