@@ -1,0 +1,153 @@
+"""The HTTP client (API.md section 2) on httpx."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+
+from quire.client.base import Entry, Ledger, QuireClient, QuireClientError
+
+PASSWORD_HEADER = "Quire-Ledger-Password"
+TAIL_POLL_MS = 10_000
+
+
+class HttpClient(QuireClient):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(
+        self, method: str, path: str, password: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        headers = kwargs.pop("headers", {})
+        if password is not None:
+            headers[PASSWORD_HEADER] = password
+        response = await self._http.request(method, path, headers=headers, **kwargs)
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+                code, detail = problem["code"], problem.get("detail", "")
+            except (ValueError, KeyError, TypeError):
+                code, detail = "HTTP_ERROR", response.text
+            raise QuireClientError(code, detail, response.status_code)
+        return response
+
+    async def create(
+        self,
+        *,
+        password: str,
+        ensemble_size: int = 3,
+        write_quorum: int = 3,
+        ack_quorum: int = 2,
+        digest: str = "crc32c",
+        metadata: dict[str, str] | None = None,
+    ) -> Ledger:
+        body = {
+            "ensemble_size": ensemble_size,
+            "write_quorum": write_quorum,
+            "ack_quorum": ack_quorum,
+            "digest": digest,
+            "password": password,
+            "metadata": metadata or {},
+        }
+        return Ledger.from_json((await self._call("POST", "/v1/ledgers", json=body)).json())
+
+    async def get(self, ledger_id: int) -> Ledger:
+        return Ledger.from_json((await self._call("GET", f"/v1/ledgers/{ledger_id}")).json())
+
+    async def list(
+        self, after: int | None = None, limit: int = 100
+    ) -> tuple[list[Ledger], int | None]:
+        params: dict[str, int] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        body = (await self._call("GET", "/v1/ledgers", params=params)).json()
+        return [Ledger.from_json(row) for row in body["ledgers"]], body["next_after"]
+
+    async def delete(self, ledger_id: int, password: str) -> None:
+        await self._call("DELETE", f"/v1/ledgers/{ledger_id}", password)
+
+    async def append(
+        self, ledger_id: int, password: str, entries: Sequence[bytes]
+    ) -> tuple[int, int, int]:
+        path = f"/v1/ledgers/{ledger_id}/entries"
+        if len(entries) == 1:
+            response = await self._call(
+                "POST",
+                path,
+                password,
+                content=entries[0],
+                headers={"Content-Type": "application/octet-stream"},
+            )
+            body = response.json()
+            return body["entry_id"], body["entry_id"], body["lac"]
+        batch = {"entries": [base64.b64encode(e).decode() for e in entries]}
+        body = (await self._call("POST", path, password, json=batch)).json()
+        return body["first_entry_id"], body["last_entry_id"], body["lac"]
+
+    async def append_many(
+        self, ledger_id: int, password: str, entries: Sequence[bytes], batch: int = 500
+    ) -> tuple[int, int]:
+        """Batches one after another: HTTP gives no order between concurrent requests, and
+        the entries must land in the order given. Each batch amortises the round trip."""
+        first = last = -1
+        for start in range(0, len(entries), batch):
+            a, last, _ = await self.append(ledger_id, password, entries[start : start + batch])
+            first = a if first < 0 else first
+        return first, last
+
+    async def read(
+        self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
+    ) -> list[Entry]:
+        params: dict[str, Any] = {"from": first, "to": last}
+        if unconfirmed:
+            params["unconfirmed"] = "true"
+        body = (
+            await self._call("GET", f"/v1/ledgers/{ledger_id}/entries", password, params=params)
+        ).json()
+        return [Entry(e["entry_id"], base64.b64decode(e["data"])) for e in body["entries"]]
+
+    async def read_lac(
+        self, ledger_id: int, password: str, after: int | None = None, timeout_ms: int = 0
+    ) -> int:
+        params: dict[str, int] = {"timeout_ms": timeout_ms}
+        if after is not None:
+            params["after"] = after
+        response = await self._call("GET", f"/v1/ledgers/{ledger_id}/lac", password, params=params)
+        return response.json()["lac"]
+
+    async def tail(self, ledger_id: int, password: str, first: int = 0) -> AsyncIterator[Entry]:
+        following = first
+        while True:
+            lac = await self.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
+            if lac >= following:
+                for entry in await self.read(ledger_id, password, following, lac):
+                    yield entry
+                    following = entry.entry_id + 1
+                continue
+            ledger = await self.get(ledger_id)
+            if ledger.state == "CLOSED" and following > (ledger.last_entry_id or -1):
+                return
+
+    async def close(self, ledger_id: int, password: str) -> int:
+        body = (await self._call("POST", f"/v1/ledgers/{ledger_id}/close", password)).json()
+        return body["last_entry_id"]
+
+    async def recover(self, ledger_id: int, password: str) -> int:
+        body = (await self._call("POST", f"/v1/ledgers/{ledger_id}/recover", password)).json()
+        return body["last_entry_id"]
