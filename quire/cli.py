@@ -8,6 +8,10 @@ from typing import Annotated
 
 import typer
 
+from quire.commands import bookie as bookie_commands
+from quire.commands import ledger as ledger_commands
+from quire.commands import shell as shell_commands
+
 app = typer.Typer(
     name="quire",
     help="Quire: a replicated, append-only ledger store in the shape of Apache BookKeeper.",
@@ -46,7 +50,13 @@ def up(
 
 @app.callback()
 def _main() -> None:
-    """Quire's command line: `quire up` starts a local cluster."""
+    """Quire's command line: `quire up` starts a local cluster; the other commands talk to
+    a running one (found from --gateway, $QUIRE_GATEWAY, or cluster.json in --data-dir)."""
+
+
+app.add_typer(ledger_commands.app, name="ledger")
+app.add_typer(bookie_commands.app, name="bookie")
+app.add_typer(shell_commands.app, name="shell")
 
 
 def main() -> None:

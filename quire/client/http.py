@@ -144,6 +144,12 @@ class HttpClient(QuireClient):
             if ledger.state == "CLOSED" and following > (ledger.last_entry_id or -1):
                 return
 
+    # -- operator calls (HTTP only) ---------------------------------------------------------
+
+    async def get_json(self, path: str, **params: Any) -> Any:
+        """GET an operator endpoint (e.g. /v1/bookies) and return its JSON."""
+        return (await self._call("GET", path, params=params or None)).json()
+
     async def close(self, ledger_id: int, password: str) -> int:
         body = (await self._call("POST", f"/v1/ledgers/{ledger_id}/close", password)).json()
         return body["last_entry_id"]

@@ -1,0 +1,258 @@
+"""`quire ledger ...`: the ledger operations of the HTTP API, from the command line."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+
+from quire.client import Entry, HttpClient, Ledger
+from quire.commands.common import (
+    DEFAULT_DATA_DIR,
+    DataDirOption,
+    GatewayOption,
+    Output,
+    OutputOption,
+    PasswordOption,
+    emit,
+    fail,
+    run,
+)
+
+app = typer.Typer(help="Create, write, read and close ledgers.", no_args_is_help=True)
+
+LEDGER_COLUMNS = [
+    "ledger_id",
+    "state",
+    "ensemble_size",
+    "write_quorum",
+    "ack_quorum",
+    "digest",
+    "last_entry_id",
+    "length",
+    "version",
+]
+READ_PAGE = 1000
+
+LedgerId = Annotated[int, typer.Argument(min=0, help="The ledger id.")]
+
+
+def ledger_row(ledger: Ledger) -> dict:
+    return asdict(ledger)
+
+
+def entry_row(entry: Entry, output: Output) -> dict:
+    if output is Output.JSON:
+        return {"entry_id": entry.entry_id, "data": base64.b64encode(entry.data).decode()}
+    try:
+        shown = entry.data.decode()
+    except UnicodeDecodeError:
+        shown = "base64:" + base64.b64encode(entry.data).decode()
+    return {"entry_id": entry.entry_id, "size": len(entry.data), "data": shown}
+
+
+def parse_metadata(pairs: list[str]) -> dict[str, str]:
+    metadata = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--metadata takes key=value, not {pair!r}")
+        metadata[key] = value
+    return metadata
+
+
+@app.command()
+def create(
+    ensemble: Annotated[int, typer.Option("--ensemble", "-e", min=1, help="Ensemble size.")] = 3,
+    write_quorum: Annotated[int, typer.Option("--write-quorum", "-w", min=1)] = 3,
+    ack_quorum: Annotated[int, typer.Option("--ack-quorum", "-a", min=1)] = 2,
+    password: PasswordOption = "",
+    digest: Annotated[str, typer.Option(help="crc32, crc32c, hmac or dummy.")] = "crc32c",
+    metadata: Annotated[list[str] | None, typer.Option(help="key=value, repeatable.")] = None,
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Create a ledger; prints it (JSON: as GET /v1/ledgers/{id})."""
+    custom = parse_metadata(metadata or [])
+
+    async def work(client: HttpClient) -> Ledger:
+        return await client.create(
+            password=password,
+            ensemble_size=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            digest=digest,
+            metadata=custom,
+        )
+
+    emit(output, ledger_row(run(gateway, data_dir, work)))
+
+
+@app.command()
+def get(
+    ledger_id: LedgerId,
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Show a ledger's metadata."""
+    emit(output, ledger_row(run(gateway, data_dir, lambda c: c.get(ledger_id))))
+
+
+@app.command("list")
+def list_(
+    after: Annotated[int | None, typer.Option(help="Only ledgers with a larger id.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 100,
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """List ledgers by id (pages of up to 1000 until --limit)."""
+
+    async def work(client: HttpClient) -> list[Ledger]:
+        found: list[Ledger] = []
+        cursor = after
+        while len(found) < limit:
+            page, cursor = await client.list(cursor, min(1000, limit - len(found)))
+            found.extend(page)
+            if cursor is None:
+                break
+        return found
+
+    rows = [ledger_row(m) for m in run(gateway, data_dir, work)]
+    emit(output, rows, None if output is Output.JSON else LEDGER_COLUMNS, title="ledgers")
+
+
+@app.command()
+def append(
+    ledger_id: LedgerId,
+    data: Annotated[
+        list[str] | None, typer.Argument(help="Entries (UTF-8 text), in order.")
+    ] = None,
+    file: Annotated[
+        list[Path] | None, typer.Option("--file", "-f", help="A file as one entry; repeatable.")
+    ] = None,
+    lines: Annotated[bool, typer.Option(help="Each line of standard input is an entry.")] = False,
+    password: PasswordOption = "",
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Append entries; answers once they are durable on the ack quorum."""
+    entries = [d.encode() for d in data or []]
+    entries += [path.read_bytes() for path in file or []]
+    if lines:
+        entries += [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    if not entries:
+        fail("nothing to append: give DATA, --file or --lines")
+
+    async def work(client: HttpClient) -> tuple[int, int]:
+        return await client.append_many(ledger_id, password, entries)
+
+    first, last = run(gateway, data_dir, work)
+    emit(output, {"ledger_id": ledger_id, "first_entry_id": first, "last_entry_id": last})
+
+
+@app.command()
+def read(
+    ledger_id: LedgerId,
+    first: Annotated[int, typer.Option("--from", min=0, help="First entry id.")] = 0,
+    last: Annotated[
+        int | None, typer.Option("--to", min=0, help="Last entry id (default: LAC).")
+    ] = None,
+    unconfirmed: Annotated[bool, typer.Option(help="Read past the LAC.")] = False,
+    password: PasswordOption = "",
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Read entries (capped at the LAC unless --unconfirmed); a progress bar for long reads."""
+
+    async def work(client: HttpClient) -> list[Entry]:
+        end = last if last is not None else await client.read_lac(ledger_id, password)
+        if unconfirmed and last is None:
+            fail("--unconfirmed needs --to")
+        entries: list[Entry] = []
+        with Progress(transient=True, disable=end - first < READ_PAGE) as progress:
+            task = progress.add_task("reading", total=max(end - first + 1, 0))
+            cursor = first
+            while cursor <= end:
+                page = await client.read(
+                    ledger_id, password, cursor, min(end, cursor + READ_PAGE - 1), unconfirmed
+                )
+                entries.extend(page)
+                progress.advance(task, len(page))
+                if len(page) < min(READ_PAGE, end - cursor + 1):
+                    break
+                cursor += len(page)
+        return entries
+
+    rows = [entry_row(e, output) for e in run(gateway, data_dir, work)]
+    emit(output, rows, None if output is Output.JSON else ["entry_id", "size", "data"])
+
+
+@app.command()
+def tail(
+    ledger_id: LedgerId,
+    first: Annotated[int, typer.Option("--from", min=0, help="First entry id.")] = 0,
+    password: PasswordOption = "",
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Follow a ledger: print entries as they are confirmed, until it closes or Ctrl-C."""
+
+    async def work(client: HttpClient) -> None:
+        async for entry in client.tail(ledger_id, password, first):
+            row = entry_row(entry, output)
+            if output is Output.JSON:
+                emit(output, row)
+            else:
+                typer.echo(f"{row['entry_id']}\t{row['data']}")
+
+    run(gateway, data_dir, work)
+
+
+@app.command()
+def close(
+    ledger_id: LedgerId,
+    password: PasswordOption = "",
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Close a ledger: no appends after it."""
+    last = run(gateway, data_dir, lambda c: c.close(ledger_id, password))
+    emit(output, {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": last})
+
+
+@app.command()
+def recover(
+    ledger_id: LedgerId,
+    password: PasswordOption = "",
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Fence the ledger on its bookies, recover its last entry, close it."""
+    last = run(gateway, data_dir, lambda c: c.recover(ledger_id, password))
+    emit(output, {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": last})
+
+
+@app.command()
+def delete(
+    ledger_id: LedgerId,
+    password: PasswordOption = "",
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Delete a ledger (its space is reclaimed by garbage collection)."""
+    run(gateway, data_dir, lambda c: c.delete(ledger_id, password))
+    emit(output, {"ledger_id": ledger_id, "deleted": True})
