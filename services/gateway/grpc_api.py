@@ -23,6 +23,7 @@ from grpc_status import rpc_status
 
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
+from services.gateway.auth import TokenAuth
 from services.gateway.ledgers import Ledgers
 from services.gateway.limits import check_entry_size, check_payloads
 from shared.config import GatewaySettings
@@ -358,16 +359,65 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         return await self._unary(context, read_lac())
 
 
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls without a valid bearer token (`authorization` metadata) with
+    UNAUTHENTICATED; health checking stays open, as /healthz and /readyz do."""
+
+    OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+    def __init__(self, auth: TokenAuth) -> None:
+        self._auth = auth
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(self.OPEN_PREFIXES):
+            return handler
+        metadata = dict(details.invocation_metadata or ())
+        if self._auth.allows(metadata.get("authorization")):
+            return handler
+        return _refusing(handler)
+
+
+def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming shape that ends the call UNAUTHENTICATED."""
+    status = error_status("UNAUTHORIZED", "a valid bearer token is required")
+    status = status._replace(code=grpc.StatusCode.UNAUTHENTICATED)
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort_with_status(status)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort_with_status(status)
+        yield  # never reached: abort raises; the yield makes this a stream handler
+
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, **serializers)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, **serializers)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, **serializers)
+    return grpc.stream_stream_rpc_method_handler(streaming, **serializers)
+
+
 async def start_grpc_server(
-    ledgers: Ledgers, settings: GatewaySettings
+    ledgers: Ledgers, settings: GatewaySettings, auth: TokenAuth | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """Serve `quire.v1.Ledgers`, health checking and reflection on the configured port;
     the server and the port it bound."""
     server = grpc.aio.server(
+        interceptors=[TokenInterceptor(auth)] if auth is not None and auth.enabled else [],
         options=[
             ("grpc.max_receive_message_length", settings.max_batch_bytes),
             ("grpc.max_send_message_length", settings.max_batch_bytes),
-        ]
+        ],
     )
     pb_grpc.add_LedgersServicer_to_server(LedgersServicer(ledgers, settings), server)
     health_servicer = health.aio.HealthServicer()
@@ -375,7 +425,14 @@ async def start_grpc_server(
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(f"{settings.http_host}:{settings.grpc_port}")
+    address = f"{settings.http_host}:{settings.grpc_port}"
+    if settings.tls_cert_file and settings.tls_key_file:
+        credentials = grpc.ssl_server_credentials(
+            [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())]
+        )
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"cannot bind gRPC on {settings.http_host}:{settings.grpc_port}")
     await server.start()
