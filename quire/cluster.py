@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,7 +25,14 @@ from typing import IO
 
 import httpx
 
-from quire.infra import InfraError, ManagedProcess, die_with_parent, start_nats, start_postgres
+from quire.infra import (
+    InfraError,
+    ManagedProcess,
+    die_with_parent,
+    start_nats,
+    start_postgres,
+    write_private,
+)
 
 READY_TIMEOUT_S = 120.0
 MONITOR_INTERVAL_S = 0.5
@@ -56,6 +64,24 @@ class ServiceProcess:
     reported_dead: bool = False
 
 
+NATS_AUTH_FILE = "auth.json"
+
+
+def nats_credentials(data_dir: Path, create: bool = False) -> tuple[str, str] | None:
+    """The (user, password) of the cluster's own NATS, kept in DIR/nats/auth.json (0600);
+    made on first use when `create`."""
+    path = data_dir / "nats" / NATS_AUTH_FILE
+    if path.exists():
+        stored = json.loads(path.read_text())
+        return stored["user"], stored["password"]
+    if not create:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    user, password = "quire", secrets.token_urlsafe(24)
+    write_private(path, json.dumps({"user": user, "password": password}) + "\n")
+    return user, password
+
+
 class Cluster:
     def __init__(
         self, config: ClusterConfig, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr
@@ -67,6 +93,8 @@ class Cluster:
         self.nats: ManagedProcess | None = None
         self.postgres: ManagedProcess | None = None
         self.nats_url = config.nats_url or ""
+        # Our own NATS requires a user and password, generated once per data dir.
+        self.nats_credentials: tuple[str, str] | None = None
         self.database_url = config.database_url or ""
         self.services: list[ServiceProcess] = []
         self._lock_file: IO[str] | None = None
@@ -80,7 +108,12 @@ class Cluster:
         (self.data_dir / "logs").mkdir(exist_ok=True)
         try:
             if not self.nats_url:
-                self.nats = start_nats(self.data_dir / "nats", host=self.config.host)
+                self.nats_credentials = nats_credentials(self.data_dir, create=True)
+                self.nats = start_nats(
+                    self.data_dir / "nats",
+                    host=self.config.host,
+                    credentials=self.nats_credentials,
+                )
                 self.nats_url = self.nats.url
             if not self.database_url:
                 self.postgres = start_postgres(self.data_dir / "postgres", host=self.config.host)
@@ -111,6 +144,14 @@ class Cluster:
         env.update(
             {
                 "QUIRE_NATS_URL": self.nats_url,
+                **(
+                    {
+                        "QUIRE_NATS_USER": self.nats_credentials[0],
+                        "QUIRE_NATS_PASSWORD": self.nats_credentials[1],
+                    }
+                    if self.nats_credentials
+                    else {}
+                ),
                 "QUIRE_DATABASE_URL": self.database_url,
                 "QUIRE_DATA_DIR": str(self.data_dir),
                 "QUIRE_GATEWAY__HTTP_HOST": self.config.host,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import os
 import pwd
 import shutil
@@ -116,18 +117,25 @@ def nats_server_binary() -> Path:
 
 
 def start_nats(
-    directory: Path, port: int | None = None, host: str = "127.0.0.1", name: str = "nats"
+    directory: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    name: str = "nats",
+    credentials: tuple[str, str] | None = None,
 ) -> ManagedProcess:
-    """nats-server with JetStream, its store and log under `directory`."""
+    """nats-server with JetStream, its store and log under `directory`; with
+    `credentials` (user, password), clients must authenticate."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     config = directory / "nats.conf"
-    config.write_text(
+    write_private(
+        config,
         f'server_name: "{name}-{port}"\n'
         f'listen: "{host}:{port}"\n'
         f"max_payload: {NATS_MAX_PAYLOAD}\n"
         f'jetstream {{\n  store_dir: "{directory / "jetstream"}"\n}}\n'
+        + (_authorization(*credentials) if credentials else ""),
     )
     log_path = directory / "nats.log"
     with open(log_path, "ab") as log_file:
@@ -146,6 +154,18 @@ def start_nats(
         managed.stop()
         raise
     return managed
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (it may hold credentials)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _authorization(user: str, password: str) -> str:
+    return f"authorization {{\n  user: {json.dumps(user)}\n  password: {json.dumps(password)}\n}}\n"
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------

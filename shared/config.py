@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1024 * 1024
@@ -34,6 +34,13 @@ class JournalSettings(BaseModel):
     queue_size: int = Field(default=10_000, ge=1)
     # journalMaxSizeMB: roll to a new journal file past this size.
     max_size_mb: int = Field(default=256, ge=1)
+    # journalMaxBackups: journal files wholly before the LastLogMark kept as backups
+    # (never replayed; `quire shell readjournal` reads them).
+    max_backups: int = Field(default=5, ge=0)
+    # skipReplayJournalInvalidRecord: a bad record before the journal's tail normally
+    # stops the bookie from starting. On: log it, skip to the next valid group commit and
+    # start (the skipped records are lost; absent entries answer UNKNOWN_LEDGER_STATE).
+    skip_replay_journal_invalid_record: bool = False
 
 
 class LedgerstoreSettings(BaseModel):
@@ -44,6 +51,31 @@ class LedgerstoreSettings(BaseModel):
     flush_interval_ms: int = Field(default=1000, ge=10)
     # How often it looks at the journal for new records when no notification came.
     journal_poll_interval_ms: int = Field(default=200, ge=1)
+    # ledgerDirectories: where entry logs live; a ledger's entries go to directory
+    # (ledger id modulo their count). Relative paths are under the bookie's dir; absolute
+    # ones get the bookie id appended (so that every bookie of `quire up` has its own).
+    # The index lives in the first. JSON list in the environment: '["ledgers","/mnt/d2"]'.
+    ledger_directories: list[str] = Field(default=["ledgers"], min_length=1)
+    # dbStorage_writeCacheMaxSizeMb: entries applied but not yet flushed to entry logs;
+    # when full, the ledgerstore flushes before applying more.
+    write_cache_max_size_bytes: int = Field(default=64 * MIB, ge=4096)
+    # dbStorage_readAheadCacheMaxSizeMb: entries read from entry logs kept in memory.
+    read_ahead_cache_max_size_bytes: int = Field(default=64 * MIB, ge=0)
+    # dbStorage_readAheadCacheBatchSize: entries read at once on a read-cache miss.
+    read_ahead_cache_batch_size: int = Field(default=100, ge=1, le=10_000)
+    # diskUsageThreshold: above this used fraction of a bookie disk, the bookie turns
+    # read-only (adds get READ_ONLY; reads go on).
+    disk_usage_threshold: float = Field(default=0.95, gt=0, le=1)
+    # diskUsageLwmThreshold: a read-only bookie turns writable again below this.
+    disk_usage_lwm_threshold: float = Field(default=0.90, gt=0, le=1)
+    # diskCheckInterval: how often disk usage is checked.
+    disk_check_interval_ms: int = Field(default=10_000, ge=10)
+
+    @model_validator(mode="after")
+    def _check_disk_thresholds(self) -> LedgerstoreSettings:
+        if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
+            raise ValueError("disk_usage_lwm_threshold must not exceed disk_usage_threshold")
+        return self
 
 
 class MetadataSettings(BaseModel):
@@ -53,22 +85,46 @@ class MetadataSettings(BaseModel):
     bookie_heartbeat_ms: int = Field(default=2_000, ge=50)
     # Requests served at once by one metadata instance.
     max_in_flight: int = Field(default=64, ge=1)
-    # Size of the SQLAlchemy connection pool.
+    # PostgreSQL connections per metadata instance.
     db_pool_size: int = Field(default=8, ge=1)
+    # The outbox publisher: most changes published per batch, and how often the leading
+    # instance looks for changes other instances committed (its own wake it at once).
+    outbox_batch_size: int = Field(default=256, ge=1, le=4096)
+    outbox_poll_interval_ms: int = Field(default=20, ge=1)
+    # The auditor's leadership lease (its renewals come every third of it): a dead
+    # auditor is replaced within about this long.
+    auditor_lease_ms: int = Field(default=6_000, ge=300)
 
 
 class GatewaySettings(BaseModel):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=7480, ge=0, le=65535)
     grpc_port: int = Field(default=7481, ge=0, le=65535)
+    # TLS for HTTP and gRPC: both files set turns it on (PEM certificate chain and key).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     # nettyMaxFrameSizeBytes' role: the largest entry a client may append.
     max_entry_size_bytes: int = Field(default=5 * MIB, ge=1)
     # The most entries one batch append may carry.
     max_batch_entries: int = Field(default=10_000, ge=1)
     # The most bytes one append request body may carry (a JSON batch is base64): 413 beyond.
     max_batch_bytes: int = Field(default=64 * MIB, ge=1)
-    # addEntryTimeoutSec: an add not acknowledged by then fails with TIMEOUT.
+    # addEntryQuorumTimeoutSec: an add not acknowledged by then fails with TIMEOUT.
     add_entry_timeout_ms: int = Field(default=10_000, ge=10)
+    # addEntryTimeoutSec: a bookie that has not answered an add by then has failed and is
+    # replaced by an ensemble change (the add itself goes on).
+    add_bookie_timeout_ms: int = Field(default=5_000, ge=10)
+    # speculativeReadTimeout: a replica slower than this to answer a read gets the next
+    # replica asked too (the first good answer wins); 0 turns speculative reads off.
+    speculative_read_timeout_ms: int = Field(default=500, ge=0)
+    # explicitLacInterval: an idle writer sends its LAC to the bookies after this long, so
+    # that readers on other gateways see its last entry; 0 turns it off.
+    explicit_lac_interval_ms: int = Field(default=1_000, ge=0)
+    # A recovery (fence, find the last entry, close) that takes longer fails with TIMEOUT
+    # and leaves the ledger IN_RECOVERY for the next recovery to finish.
+    recovery_timeout_ms: int = Field(default=30_000, ge=100)
+    # How long a recovery waits before asking again the bookies that gave no usable answer.
+    recovery_retry_interval_ms: int = Field(default=200, ge=1)
     # readEntryTimeoutSec: a bookie read not answered by then moves to the next replica.
     read_entry_timeout_ms: int = Field(default=2_000, ge=10)
     # The longest a LAC long poll may wait.
@@ -85,6 +141,13 @@ class QuireSettings(BaseSettings):
     )
 
     nats_url: str = "nats://127.0.0.1:4222"
+    # NATS credentials, when the server wants them: user and password, or an nkey seed
+    # file; and a CA file to connect over TLS. `quire up` generates a user and password
+    # for its own NATS (kept in DIR/nats/auth.json) and passes them here.
+    nats_user: str = ""
+    nats_password: SecretStr = SecretStr("")
+    nats_nkey_seed_file: Path | None = None
+    nats_tls_ca_file: Path | None = None
     database_url: str = "postgresql+psycopg://quire@127.0.0.1:5432/quire"
     # Every subject starts with it, so that two clusters can share one NATS.
     subject_prefix: str = Field(default="quire", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -92,6 +155,9 @@ class QuireSettings(BaseSettings):
     # The bookie a journal or ledgerstore process serves.
     bookie_id: str = Field(default="bookie-1", pattern=r"^[A-Za-z0-9_-]+$")
     log_level: str = "INFO"
+    # Bearer tokens the gateway accepts: comma-separated, or "@/path" to a file with one a
+    # line. Empty: the APIs need no token (the local cluster's default, on 127.0.0.1).
+    api_tokens: str = ""
     # NATS request timeout for service-to-service calls.
     request_timeout_ms: int = Field(default=5_000, ge=1)
 
@@ -104,6 +170,15 @@ class QuireSettings(BaseSettings):
     def bookie_dir(self) -> Path:
         """Every file of this bookie (journal, entry logs, index, cookie) lives here."""
         return self.data_dir / self.bookie_id
+
+    @property
+    def ledger_dirs(self) -> list[Path]:
+        """This bookie's ledgerDirectories (see LedgerstoreSettings.ledger_directories)."""
+        dirs = []
+        for name in self.ledgerstore.ledger_directories:
+            path = Path(name)
+            dirs.append(path / self.bookie_id if path.is_absolute() else self.bookie_dir / path)
+        return dirs
 
 
 def load_settings() -> QuireSettings:

@@ -15,11 +15,14 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.micro import add_service
 from nats.micro.request import Request
@@ -41,24 +44,54 @@ CONNECT_DEADLINE_S = 60.0
 DRAIN_TIMEOUT_S = 10.0
 
 
-async def connect_nats(url: str, name: str, deadline_s: float = CONNECT_DEADLINE_S) -> NatsClient:
-    """Connect, retrying while the server is not up yet; later losses reconnect forever."""
+def nats_options(settings: QuireSettings) -> dict[str, Any]:
+    """Credentials and TLS for nats.connect, from the settings (never logged)."""
+    options: dict[str, Any] = {}
+    if settings.nats_user:
+        options["user"] = settings.nats_user
+        options["password"] = settings.nats_password.get_secret_value()
+    if settings.nats_nkey_seed_file:
+        options["nkeys_seed"] = str(settings.nats_nkey_seed_file)
+    if settings.nats_tls_ca_file:
+        options["tls"] = ssl.create_default_context(cafile=str(settings.nats_tls_ca_file))
+    return options
+
+
+async def connect_nats(
+    settings: QuireSettings, name: str, deadline_s: float = CONNECT_DEADLINE_S
+) -> NatsClient:
+    """Connect, retrying while the server is not up yet; later losses reconnect forever.
+    A refused authorization is not retried: it will not get better."""
     give_up_at = time.monotonic() + deadline_s
     while True:
         try:
             return await nats.connect(
-                url,
+                settings.nats_url,
                 name=name,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 connect_timeout=2,
                 allow_reconnect=True,
+                **nats_options(settings),
             )
+        except nats.errors.AuthorizationError:
+            raise
         except Exception as exc:
             if time.monotonic() > give_up_at:
                 raise
-            log.info("waiting for NATS", extra={"url": url, "err": repr(exc)})
+            log.info(
+                "waiting for NATS", extra={"url": redact_url(settings.nats_url), "err": repr(exc)}
+            )
             await asyncio.sleep(0.3)
+
+
+def redact_url(url: str) -> str:
+    """`url` without any password in it, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=netloc).geturl()
 
 
 class ServiceRuntime:
@@ -83,7 +116,7 @@ class ServiceRuntime:
         self._in_flight: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
-        self.nc = await connect_nats(self.settings.nats_url, self.instance)
+        self.nc = await connect_nats(self.settings, self.instance)
         js = self.nc.jetstream()
         await ensure_event_stream(js, self.subjects)
         self.events = EventPublisher(js, self.subjects, source=self.instance)

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_ready_line_and_cluster_json(cluster: QuireUp) -> None:
 
 def test_every_service_answers_discovery(cluster: QuireUp) -> None:
     async def ping() -> list[dict]:
-        nc = await nats.connect(cluster.cluster_json()["nats_url"])
+        nc = await cluster.nats_connect()
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         await nc.publish("$SRV.PING", b"", reply=inbox)
@@ -176,6 +177,32 @@ def test_every_service_answers_discovery(cluster: QuireUp) -> None:
     assert names.count("quire-ledgerstore") == 4
     for kind in ("metadata", "auditor", "replicator", "gateway"):
         assert f"quire-{kind}" in names
+
+
+def nats_handshake(url: str, connect: dict) -> tuple[dict, bytes]:
+    """Speak the NATS protocol by hand (nats-py leaks its socket on a refused connect):
+    the server's INFO, and its answer to CONNECT + PING."""
+    host, port = url.removeprefix("nats://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        info = json.loads(sock.recv(65536).decode().removeprefix("INFO ").strip())
+        sock.sendall(b"CONNECT " + json.dumps({"verbose": False, **connect}).encode() + b"\r\n")
+        sock.sendall(b"PING\r\n")
+        return info, sock.recv(65536)
+
+
+def test_nats_refuses_clients_without_the_generated_credentials(cluster: QuireUp) -> None:
+    url = cluster.cluster_json()["nats_url"]
+    user, password = json.loads((cluster.data_dir / "nats" / "auth.json").read_text()).values()
+    info, answer = nats_handshake(url, {})
+    assert info["auth_required"] is True
+    assert b"Authorization Violation" in answer
+    _, answer = nats_handshake(url, {"user": user, "pass": "guess"})
+    assert b"Authorization Violation" in answer
+    _, answer = nats_handshake(url, {"user": user, "pass": password})
+    assert answer.startswith(b"PONG")
+    auth = cluster.data_dir / "nats" / "auth.json"
+    assert auth.stat().st_mode & 0o077 == 0, "the credentials file is private"
+    assert password not in json.dumps(cluster.cluster_json())
 
 
 def test_bookies_registered(cluster: QuireUp) -> None:
@@ -224,7 +251,7 @@ def test_events_reach_the_stream(cluster: QuireUp) -> None:
     lid = STATE["closed"]
 
     async def kinds() -> set[str]:
-        nc = await nats.connect(cluster.cluster_json()["nats_url"])
+        nc = await cluster.nats_connect()
         js = nc.jetstream()
         sub = await js.subscribe("quire.events.>", ordered_consumer=True)
         seen = set()
@@ -434,7 +461,7 @@ def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireU
         assert state == "lost"
 
     async def lost_event() -> bool:
-        nc = await nats.connect(cluster.cluster_json()["nats_url"])
+        nc = await cluster.nats_connect()
         sub = await nc.jetstream().subscribe("quire.events.bookie.lost", ordered_consumer=True)
         found = False
         deadline = time.monotonic() + 10

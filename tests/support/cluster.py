@@ -129,6 +129,19 @@ class QuireUp:
         wait_gone(pids)
         return pids
 
+    async def nats_connect(self, **kwargs):
+        """A nats-py client of the cluster's NATS, with its generated credentials."""
+        import nats
+
+        from quire.cluster import nats_credentials
+
+        credentials = nats_credentials(self.data_dir)
+        assert credentials is not None, "quire up made no NATS credentials"
+        user, password = credentials
+        return await nats.connect(
+            self.cluster_json()["nats_url"], user=user, password=password, **kwargs
+        )
+
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)
 
