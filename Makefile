@@ -23,6 +23,11 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The deterministic simulator: SEEDS seeds of the real protocol cores under faults; ends with
+# the line "N seeds, F failures". One seed: $(BIN)/python -m quire.sim --seed S --log
+simulate: $(STAMP)
+	$(BIN)/python -m quire.sim --seeds $(SEEDS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

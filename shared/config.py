@@ -129,6 +129,11 @@ class GatewaySettings(BaseModel):
     read_entry_timeout_ms: int = Field(default=2_000, ge=10)
     # The longest a LAC long poll may wait.
     long_poll_max_timeout_ms: int = Field(default=60_000, ge=0)
+    # An HTTP request not answered by then gets 504 TIMEOUT (a long poll gets its own
+    # timeout_ms plus this much).
+    request_timeout_ms: int = Field(default=30_000, ge=100)
+    # Requests one client (bearer token, else address) may have in flight; beyond, 429.
+    max_requests_in_flight_per_client: int = Field(default=1024, ge=1)
     # Adds in flight per ledger before appends wait (back-pressure).
     max_pending_adds_per_ledger: int = Field(default=10_000, ge=1)
     # /readyz answers 200 only once this many writable bookies are registered.

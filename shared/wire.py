@@ -6,6 +6,7 @@ message starts with a version byte; every reply then carries a batch status
 (`BookieStatus`) before its items, so a malformed request gets BAD_REQUEST back.
 
     add request     v u8 | n u32 | n x (flags u8 | master_key 20s | len u32 | frame)
+                    (flags: bit 0 recovery add, bits 4-7 digest type code)
     add reply       v u8 | status u16 | n u32 | n x (ledger u64 | entry i64 | status u16)
     read request    v u8 | n u32 | n x (ledger u64 | entry i64 | flags u8)
     read reply      v u8 | status u16 | n u32 | n x (ledger u64 | entry i64 | status u16 |
@@ -23,12 +24,33 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from shared.digest import MASTER_KEY_SIZE
+from shared.digest import MASTER_KEY_SIZE, DigestType
 from shared.status import BookieStatus
 
 VERSION = 1
 
 FLAG_RECOVERY_ADD = 0x01  # an add by recovery: allowed on a fenced ledger
+# Bits 4-7 of an add item's flags: the ledger's digest type, so that the bookie can verify
+# what it stores on every read. 0 = unknown (an older sender): the bookie does not verify.
+DIGEST_CODE_SHIFT = 4
+DIGEST_CODES: dict[DigestType, int] = {
+    DigestType.CRC32: 1,
+    DigestType.CRC32C: 2,
+    DigestType.HMAC: 3,
+    DigestType.DUMMY: 4,
+}
+DIGEST_TYPES: dict[int, DigestType] = {code: kind for kind, code in DIGEST_CODES.items()}
+
+
+def add_flags(digest_type: DigestType | str | None, recovery: bool = False) -> int:
+    """The flags byte of an add item."""
+    code = DIGEST_CODES[DigestType(digest_type)] if digest_type is not None else 0
+    return (code << DIGEST_CODE_SHIFT) | (FLAG_RECOVERY_ADD if recovery else 0)
+
+
+def digest_code_of(flags: int) -> int:
+    """The digest type code in an add item's flags (0: unknown)."""
+    return (flags >> DIGEST_CODE_SHIFT) & 0x0F
 
 _U8 = struct.Struct(">B")
 _COUNT = struct.Struct(">BI")

@@ -77,6 +77,33 @@ class BookieClient:
         except wire.WireError as exc:
             raise BookieUnreachable(f"read reply from {bookie_id}: {exc}") from exc
 
+    async def fence(self, bookie_id: str, ledger_id: int, master_key: bytes) -> wire.LacReply:
+        """Fence the ledger on the bookie (durable before it answers); its LAC comes back."""
+        data = await self._request(
+            bookie_id,
+            "fence",
+            wire.encode_fence_request(ledger_id, master_key),
+            self._read_timeout_s,
+        )
+        try:
+            return wire.decode_lac_reply(data)
+        except wire.WireError as exc:
+            raise BookieUnreachable(f"fence reply from {bookie_id}: {exc}") from exc
+
+    async def write_lac(
+        self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int
+    ) -> BookieStatus:
+        data = await self._request(
+            bookie_id,
+            "write_lac",
+            wire.encode_write_lac_request(ledger_id, master_key, lac),
+            self._add_timeout_s,
+        )
+        try:
+            return wire.decode_status_reply(data)
+        except wire.WireError as exc:
+            raise BookieUnreachable(f"write_lac reply from {bookie_id}: {exc}") from exc
+
     async def read_lac(self, bookie_id: str, ledger_id: int) -> wire.LacReply:
         data = await self._request(
             bookie_id, "read_lac", wire.encode_read_lac_request(ledger_id), self._read_timeout_s

@@ -9,10 +9,8 @@ Rules of this file (h11's and raft's):
   output is `take_commands()`: what the driver must now send, complete or fail, in order.
 - A user error raises `QuireError` at once; a broken invariant raises `AssertionError`.
 
-Issue 2 scope: one segment per ledger, no ensemble change. Without ensemble change a bookie
-failure is tolerated while every pending entry can still reach its ack quorum (Qw > Qa);
-once one cannot, the handle is broken and every pending and later add fails, as in
-BookKeeper's `errorOutPendingAdds`.
+Fencing and recovery (LedgerRecoveryOp) live beside it in `services.gateway.recovery`; the
+simulator (`quire.sim`) runs these very classes under seeded faults.
 """
 
 from __future__ import annotations
@@ -22,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared.digest import DigestManager, DigestMismatch
-from shared.models import LedgerMetadata
+from shared.models import LedgerMetadata, LedgerState, Segment, UpdateLedgerRequest
 from shared.quorum import AckSet, QuorumSpec, read_order, write_set
 from shared.status import BOOKIE_STATUS_TO_API, ApiCode, ApiCodes, BookieStatus, QuireError
-from shared.wire import AddItem, AddResult, ReadItem, ReadResult
+from shared.wire import AddItem, AddResult, ReadItem, ReadResult, add_flags
 
 # Bounds on what one SendAdds / SendReads carries (the driver also bounds bytes).
 MAX_ITEMS_PER_SEND = 4096
@@ -42,12 +40,20 @@ class Signer(Protocol):
     ) -> bytes: ...
 
 
+class RandomLike(Protocol):
+    """What the cores need of a seeded `random.Random`."""
+
+    def sample(self, population: Sequence[str], k: int) -> list[str]: ...
+
+
 def api_for_status(status: BookieStatus) -> ApiCode:
     """The one table (shared.status) decides what a bookie status means to the user."""
     return BOOKIE_STATUS_TO_API.get(status, ApiCodes.INTERNAL)
 
 
-def choose_ensemble(writable_bookie_ids: Iterable[str], ensemble_size: int, rng) -> list[str]:
+def choose_ensemble(
+    writable_bookie_ids: Iterable[str], ensemble_size: int, rng: RandomLike
+) -> list[str]:
     """`ensemble_size` distinct bookies picked at random (BookKeeper's default placement);
     `rng` is a seeded `random.Random`. Sorted input makes a seed reproduce the choice."""
     candidates = sorted(set(writable_bookie_ids))
@@ -60,6 +66,41 @@ def choose_ensemble(writable_bookie_ids: Iterable[str], ensemble_size: int, rng)
             f"{len(candidates)} are writable",
         )
     return rng.sample(candidates, ensemble_size)
+
+
+# -- metadata commands and events (shared by the writer and recovery) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateLedger:
+    """Compare-and-set the ledger's metadata. The driver answers with LedgerUpdated, or with
+    LedgerUpdateFailed carrying what is stored now (it re-reads when the outcome is unknown)."""
+
+    request: UpdateLedgerRequest
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerUpdated:
+    metadata: LedgerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerUpdateFailed:
+    """The CAS lost (or its outcome is unknown): `current` is the stored metadata, None if it
+    could not be read either."""
+
+    current: LedgerMetadata | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ListWritableBookies:
+    """The writer needs replacements: the driver answers with WritableBookies."""
+
+
+@dataclass(frozen=True, slots=True)
+class WritableBookies:
+    bookie_ids: tuple[str, ...]
 
 
 # -- writer events and commands ---------------------------------------------------------------
@@ -93,6 +134,14 @@ class SendAdds:
 
 
 @dataclass(frozen=True, slots=True)
+class SendWriteLac:
+    """An explicit LAC for one bookie (fire and forget: the next add carries it too)."""
+
+    bookie_id: str
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteAdds:
     """Entries first..last are acknowledged; `lac` is the new last add confirmed (== last)."""
 
@@ -110,6 +159,42 @@ class FailAdds:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class EnsembleChanged:
+    """A new segment is stored: `replaced` maps ensemble index -> (old bookie, new bookie)."""
+
+    first_entry_id: int
+    replaced: tuple[tuple[int, str, str], ...]
+    metadata: LedgerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class CloseDone:
+    """The ledger is CLOSED as `metadata` says (by this writer, or by a recovery it yields to)."""
+
+    metadata: LedgerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class CloseFailed:
+    api: ApiCode
+    detail: str
+
+
+WriterCommand = (
+    SendAdds
+    | SendWriteLac
+    | CompleteAdds
+    | FailAdds
+    | UpdateLedger
+    | ListWritableBookies
+    | EnsembleChanged
+    | CloseDone
+    | CloseFailed
+)
+WriterEvent = BookieAddReply | AddSendFailed | LedgerUpdated | LedgerUpdateFailed | WritableBookies
+
+
 @dataclass(slots=True)
 class _PendingAdd:
     entry_id: int
@@ -118,10 +203,32 @@ class _PendingAdd:
     added_at_ms: int
     acks: AckSet
     failed: set[int] = field(default_factory=set)
+    sent: bool = False
+
+
+@dataclass(slots=True)
+class _EnsembleChange:
+    """One ensemble change in flight: first the writable bookies, then the CAS."""
+
+    first_entry_id: int
+    failed: dict[int, str]  # ensemble index -> the bookie it replaces
+    replaced: dict[int, str] = field(default_factory=dict)  # index -> the new bookie
+    proposed: list[Segment] | None = None
 
 
 class LedgerWriter:
-    """The writer handle of one ledger: assigns entry ids, replicates, confirms in order."""
+    """The writer handle of one ledger (BookKeeper's LedgerHandle and PendingAddOp): assigns
+    entry ids, replicates, confirms in order, replaces failed bookies, closes.
+
+    Ensemble change (LedgerHandle.handleBookieFailure / ChangeEnsembleOp): a bookie that
+    fails an add is replaced by a writable bookie not in the ensemble; the new segment starts
+    at LAC + 1 and is stored by CAS before anything goes to the replacement; then the pending
+    adds are resent to it. While a change is in flight nothing is confirmed (the segment
+    boundary is the LAC) and new adds wait. A failure that leaves the entry's ack quorum
+    reachable is delayed (delayEnsembleChange): the add may complete, the bookie is
+    replaced after. With `recovery` the writer re-writes what a LedgerRecovery found: adds
+    carry FLAG_RECOVERY_ADD, and the metadata stays IN_RECOVERY until the close.
+    """
 
     def __init__(
         self,
@@ -134,6 +241,11 @@ class LedgerWriter:
         length: int = 0,
         add_entry_timeout_ms: int = 10_000,
         max_send_bytes: int = DEFAULT_MAX_SEND_BYTES,
+        rng: RandomLike | None = None,
+        explicit_lac_interval_ms: int = 0,
+        ensemble_change_retry_ms: int = 1_000,
+        recovery: bool = False,
+        now_ms: int = 0,
     ) -> None:
         assert lac == last_entry_id, "a new writer starts with nothing pending"
         self.metadata = metadata
@@ -147,11 +259,35 @@ class LedgerWriter:
         self.confirmed_length = length  # of the entries up to the LAC
         self.add_entry_timeout_ms = add_entry_timeout_ms
         self.max_send_bytes = max_send_bytes
+        self.explicit_lac_interval_ms = explicit_lac_interval_ms
+        self.ensemble_change_retry_ms = ensemble_change_retry_ms
+        self.recovery = recovery
+        # The digest type rides along so that the bookie can verify what it stores.
+        self._flags = add_flags(metadata.digest, recovery=recovery)
+        self._rng = rng
         self.broken: QuireError | None = None
         self.closing = False
+        self.closed: LedgerMetadata | None = None
+        self.ensemble_changes = 0
         self._pending: dict[int, _PendingAdd] = {}
         self._outbox: dict[str, list[tuple[int, AddItem]]] = {}
-        self._commands: list[SendAdds | CompleteAdds | FailAdds] = []
+        self._commands: list[WriterCommand] = []
+        # Bookies of the last segment that failed and wait for a replacement.
+        self._failed: dict[int, str] = {}
+        self._change: _EnsembleChange | None = None
+        self._change_retry_at_ms = 0
+        self._close_cas = False  # the close CAS is in flight
+        self._lac_on_bookies = lac  # the highest LAC the bookies were sent
+        self._last_add_ms = now_ms
+        self._now_ms = now_ms  # the latest time seen (add, tick)
+        # The metadata as last read from the store. A recovery changes its ensemble only
+        # locally (as BookKeeper's ReadOnlyLedgerHandle does) from entry `_local_from` on,
+        # and stores the new segments with its close: a concurrent recovery must keep
+        # seeing (and reading from) the fenced ensemble, not bookies that lack the tail.
+        self._stored = metadata
+        self._local_from: int | None = None
+        self._fenced_lac = lac
+        self.close_failed: QuireError | None = None
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -159,33 +295,57 @@ class LedgerWriter:
     def pending_count(self) -> int:
         return len(self._pending)
 
+    @property
+    def changing_ensemble(self) -> bool:
+        return self._change is not None
+
     def add(self, payloads: Sequence[bytes], now_ms: int) -> tuple[int, int]:
         """Queue `payloads` as the next entries; their (first, last) entry ids."""
         assert payloads, "add needs at least one payload"
-        if self.broken is not None:
-            raise QuireError(self.broken.api, self.broken.detail)
-        if self.closing:
-            raise QuireError(ApiCodes.LEDGER_CLOSED, f"ledger {self.ledger_id} is closing")
+        self._check_writable()
         first = self.last_entry_id + 1
         for payload in payloads:
             self._add_one(payload, now_ms)
         return first, self.last_entry_id
 
+    def add_recovered(self, entry_id: int, payload: bytes, length: int, now_ms: int) -> None:
+        """Re-write an entry recovery found, keeping the ledger length it was written with."""
+        assert self.recovery and entry_id == self.last_entry_id + 1, "recovery adds in order"
+        self._check_writable()
+        self.length = length - len(payload)
+        self._add_one(payload, now_ms)
+
+    def _check_writable(self) -> None:
+        if self.broken is not None:
+            raise QuireError(self.broken.api, self.broken.detail)
+        if self.closing:
+            raise QuireError(ApiCodes.LEDGER_CLOSED, f"ledger {self.ledger_id} is closing")
+
     def _add_one(self, payload: bytes, now_ms: int) -> None:
         entry_id = self.last_entry_id + 1
         self.last_entry_id = entry_id
         self.length += len(payload)
-        # The LAC rides on every add: the LAC known when the entry is sent.
-        frame = self._signer.sign(self.ledger_id, entry_id, self.lac, self.length, payload)
-        self._pending[entry_id] = _PendingAdd(
-            entry_id, self.length, frame, now_ms, AckSet(entry_id, self.quorum)
-        )
-        bookies = self.metadata.segment_for(entry_id).bookies
-        item = AddItem(0, self.master_key, frame)
-        for index in write_set(entry_id, self.quorum):
-            self._outbox.setdefault(bookies[index], []).append((entry_id, item))
+        self._last_add_ms = now_ms
+        self._now_ms = max(self._now_ms, now_ms)
+        self._lac_on_bookies = max(self._lac_on_bookies, self.lac)
+        # The LAC rides on every add: the LAC known when the entry is sent. A recovery's
+        # adds carry the LAC the fence found, never their own: a recovery that loses the
+        # race to close must not have advertised entries beyond the winner's last one.
+        lac = self._fenced_lac if self.recovery else self.lac
+        frame = self._signer.sign(self.ledger_id, entry_id, lac, self.length, payload)
+        pending = _PendingAdd(entry_id, self.length, frame, now_ms, AckSet(entry_id, self.quorum))
+        self._pending[entry_id] = pending
+        if self._change is None:
+            self._send_to(pending, write_set(entry_id, self.quorum))
 
-    def step(self, event: BookieAddReply | AddSendFailed) -> None:
+    def _send_to(self, pending: _PendingAdd, indexes: Iterable[int]) -> None:
+        pending.sent = True
+        bookies = self.metadata.segment_for(pending.entry_id).bookies
+        item = AddItem(self._flags, self.master_key, pending.frame)
+        for index in indexes:
+            self._outbox.setdefault(bookies[index], []).append((pending.entry_id, item))
+
+    def step(self, event: WriterEvent) -> None:
         match event:
             case BookieAddReply():
                 self._on_reply(event)
@@ -194,9 +354,15 @@ class LedgerWriter:
                     self._on_bookie_failed(
                         entry_id, event.bookie_id, None, f"bookie {event.bookie_id}: {event.reason}"
                     )
+            case WritableBookies():
+                self._on_writable_bookies(event.bookie_ids)
+            case LedgerUpdated():
+                self._on_updated(event.metadata)
+            case LedgerUpdateFailed():
+                self._on_update_failed(event.current, event.reason)
             case _:
                 raise AssertionError(f"unknown event {event!r}")
-        self._confirm()
+        self._progress()
 
     def _on_reply(self, event: BookieAddReply) -> None:
         # An entry sent but missing from an OK answer counts as the bookie's IO_ERROR.
@@ -225,33 +391,319 @@ class LedgerWriter:
     def _on_ack(self, entry_id: int, bookie_id: str) -> None:
         pending = self._pending.get(entry_id)
         index = self._index_of(entry_id, bookie_id)
-        if pending is None or index is None:
-            return  # late, duplicate or stray: the entry is already decided
-        pending.failed.discard(index)
+        if pending is None or index is None or index in pending.failed:
+            return  # late, duplicate or stray; or a bookie already counted as failed
+        if self._change is not None and index in self._change.failed:
+            return  # its bookie is being replaced: the replacement must store the entry
         pending.acks.add(index)
 
     def _on_bookie_failed(
         self, entry_id: int, bookie_id: str, status: BookieStatus | None, detail: str
     ) -> None:
         """`status` None: the bookie did not answer."""
-        pending = self._pending.get(entry_id)
         index = self._index_of(entry_id, bookie_id)
-        if pending is None or index is None or index in pending.acks.acked:
+        if index is None or self.broken is not None:
             return
         if status in _UNRECOVERABLE_ADD:
+            # Fenced or refused: no add of this handle can succeed any more.
             self._break(api_for_status(status), f"entry {entry_id}: {detail}")
             return
-        pending.failed.add(index)
-        if self.quorum.write_quorum - len(pending.failed) < self.quorum.ack_quorum:
-            # Without ensemble change (issue 3) nothing can replace the failed bookies.
-            api = ApiCodes.NOT_ENOUGH_BOOKIES if status is None else api_for_status(status)
-            self._break(
-                api,
-                f"entry {entry_id} cannot reach its ack quorum {self.quorum.ack_quorum}: {detail}",
+        pending = self._pending.get(entry_id)
+        if pending is not None:
+            if index in pending.acks.acked:
+                return
+            pending.failed.add(index)
+        elif entry_id < self.metadata.segments[-1].first_entry_id:
+            return  # an older segment's bookie: not ours to replace
+        # Also for an entry that completed without it: the bookie is replaced after.
+        self._failed.setdefault(index, bookie_id)
+
+    # -- ensemble change ----------------------------------------------------------------------
+
+    def _quorum_blocked(self) -> _PendingAdd | None:
+        """The first pending entry whose ack quorum is out of reach without replacements."""
+        for pending in self._pending.values():
+            reachable = self.quorum.write_quorum - len(pending.failed - pending.acks.acked)
+            if reachable < self.quorum.ack_quorum:
+                return pending
+        return None
+
+    def _maybe_change_ensemble(self, ticking: bool) -> None:
+        """Start replacing the failed bookies: at once when an add cannot reach its ack
+        quorum without them; otherwise (delayed write failure) at the next tick, so that
+        the adds in flight may complete first, and after a retry interval when no
+        writable bookie was found."""
+        if self._change is not None or not self._failed or self.broken is not None:
+            return
+        if self._close_cas or self.closed is not None or (self.closing and not self._pending):
+            return  # nothing left to write: a closing ledger needs no new segment
+        if self._quorum_blocked() is None:
+            if not ticking or self._now_ms < self._change_retry_at_ms:
+                return
+        self._change = _EnsembleChange(self.lac + 1, dict(sorted(self._failed.items())))
+        self._commands.append(ListWritableBookies())
+
+    def _on_writable_bookies(self, bookie_ids: Sequence[str]) -> None:
+        change = self._change
+        if change is None or change.proposed is not None or self.broken is not None:
+            return
+        if self.closed is not None:
+            self._change = None
+            return
+        ensemble = list(self.metadata.segments[-1].bookies)
+        candidates = sorted(set(bookie_ids) - set(ensemble))
+        if len(candidates) < len(change.failed):
+            self._no_replacement(change, len(candidates))
+            return
+        chosen = self._sample(candidates, len(change.failed))
+        for (index, _old), new in zip(change.failed.items(), chosen, strict=True):
+            change.replaced[index] = new
+            ensemble[index] = new
+        segments = [s for s in self.metadata.segments if s.first_entry_id < change.first_entry_id]
+        change.proposed = [
+            *segments,
+            Segment(first_entry_id=change.first_entry_id, bookies=ensemble),
+        ]
+        if self.recovery:
+            if self._local_from is None or change.first_entry_id < self._local_from:
+                self._local_from = change.first_entry_id
+            local = self.metadata.model_copy(update={"segments": change.proposed})
+            self._finish_change(change, local, stored=False)
+            return
+        self._cas_change(change)
+
+    def _sample(self, candidates: list[str], count: int) -> list[str]:
+        if self._rng is None:
+            return candidates[:count]
+        return list(self._rng.sample(candidates, count))
+
+    def _no_replacement(self, change: _EnsembleChange, available: int) -> None:
+        self._change = None
+        detail = (
+            f"ledger {self.ledger_id}: {len(change.failed)} bookie(s) of the ensemble failed "
+            f"({', '.join(change.failed.values())}) and {available} writable bookie(s) can "
+            "replace them"
+        )
+        if self._quorum_blocked() is not None:
+            self._break(ApiCodes.NOT_ENOUGH_BOOKIES, detail)
+        else:
+            # Delayed write failure: the adds still reach their ack quorum; try again later.
+            self._change_retry_at_ms = self._now_ms + self.ensemble_change_retry_ms
+
+    def _cas_change(self, change: _EnsembleChange) -> None:
+        assert change.proposed is not None
+        self._commands.append(
+            UpdateLedger(
+                UpdateLedgerRequest(
+                    ledger_id=self.ledger_id,
+                    expected_version=self.metadata.version,
+                    segments=change.proposed,
+                )
             )
+        )
+
+    def _finish_change(
+        self, change: _EnsembleChange, metadata: LedgerMetadata, stored: bool = True
+    ) -> None:
+        """The new segment is stored (or, for a recovery, taken locally): now (and only
+        now) send to the replacements."""
+        self._change = None
+        self._change_retry_at_ms = 0
+        if stored:
+            self._adopt(metadata)
+        else:
+            self.metadata = metadata
+        self.ensemble_changes += 1
+        for index in change.replaced:
+            if self._failed.get(index) == change.failed[index]:
+                del self._failed[index]
+        replaced = tuple(sorted(change.replaced))
+        for pending in self._pending.values():
+            if not pending.sent:
+                self._send_to(pending, write_set(pending.entry_id, self.quorum))
+                continue
+            indexes = [i for i in write_set(pending.entry_id, self.quorum) if i in replaced]
+            for index in indexes:
+                pending.acks.remove(index)
+                pending.failed.discard(index)
+            self._send_to(pending, indexes)
+        self._commands.append(
+            EnsembleChanged(
+                change.first_entry_id,
+                tuple((i, change.failed[i], change.replaced[i]) for i in replaced),
+                metadata,
+            )
+        )
+
+    def _adopt(self, current: LedgerMetadata) -> None:
+        """Take what the store holds; a recovery keeps its local segments on top."""
+        self._stored = current
+        if self._local_from is None:
+            self.metadata = current
+            return
+        local_from = self._local_from
+        segments = [
+            *(s for s in current.segments if s.first_entry_id < local_from),
+            *(s for s in self.metadata.segments if s.first_entry_id >= local_from),
+        ]
+        self.metadata = current.model_copy(update={"segments": segments})
+
+    # -- metadata answers ---------------------------------------------------------------------
+
+    def _on_updated(self, stored: LedgerMetadata) -> None:
+        if self._change is not None and self._change.proposed is not None:
+            self._finish_change(self._change, stored)
+        elif self._close_cas:
+            self._close_cas = False
+            self._closed(stored)
+
+    def _on_update_failed(self, current: LedgerMetadata | None, reason: str) -> None:
+        if self._change is not None and self._change.proposed is not None:
+            self._resolve_change_conflict(self._change, current, reason)
+        elif self._close_cas:
+            self._close_cas = False
+            self._resolve_close_conflict(current, reason)
+
+    def _resolve_change_conflict(
+        self, change: _EnsembleChange, current: LedgerMetadata | None, reason: str
+    ) -> None:
+        """As ChangeEnsembleOp does: a close or recovery wins; a change elsewhere in the
+        ledger (re-replication of an older segment) is rebased on; our own CAS whose answer
+        was lost is a success."""
+        if current is None:
+            self._change = None
+            self._break(ApiCodes.UNAVAILABLE, f"ensemble change of {self.ledger_id}: {reason}")
+            return
+        if current.segments == change.proposed and self._state_is_ours(current):
+            self._finish_change(change, current)
+            return
+        if self._yield_to(current):
+            self._change = None
+            return
+        if current.segments[-1] == self.metadata.segments[-1]:
+            self._adopt(current)
+            segments = [s for s in current.segments if s.first_entry_id < change.first_entry_id]
+            assert change.proposed is not None
+            change.proposed = [*segments, change.proposed[-1]]
+            self._cas_change(change)
+            return
+        self._change = None
+        self._break(
+            ApiCodes.LEDGER_FENCED,
+            f"ledger {self.ledger_id}: its last segment was changed by another client",
+        )
+
+    def _state_is_ours(self, current: LedgerMetadata) -> bool:
+        expected = LedgerState.IN_RECOVERY if self.recovery else LedgerState.OPEN
+        return current.state is expected
+
+    def _yield_to(self, current: LedgerMetadata) -> bool:
+        """A concurrent close or recovery wins over this writer: break (or, for a recovery,
+        adopt the close). True if the writer yielded."""
+        if current.state is LedgerState.CLOSED:
+            self._adopt(current)
+            if self.recovery:
+                self._break(ApiCodes.LEDGER_CLOSED, f"ledger {self.ledger_id} was closed")
+                self.closed = current
+                self._commands.append(CloseDone(current))
+            else:
+                # Only a recovery closes a ledger its writer still holds: fenced.
+                self._break(
+                    ApiCodes.LEDGER_FENCED,
+                    f"ledger {self.ledger_id} was closed by another client at entry "
+                    f"{current.last_entry_id}",
+                )
+            return True
+        if current.state is LedgerState.IN_RECOVERY and not self.recovery:
+            self._adopt(current)
+            self._break(
+                ApiCodes.LEDGER_FENCED, f"ledger {self.ledger_id} is being recovered by another"
+            )
+            return True
+        return False
+
+    # -- close --------------------------------------------------------------------------------
+
+    def start_close(self) -> None:
+        """No add is taken from now on; the CAS to CLOSED at the LAC goes once nothing is
+        pending (even on a broken handle, as BookKeeper closes at lastAddConfirmed).
+        The outcome is CloseDone or CloseFailed."""
+        self.closing = True
+        self.close_failed = None
+        self._progress()
+
+    def _maybe_close(self) -> None:
+        if not self.closing or self.closed is not None or self._close_cas:
+            return
+        if self._pending or self._change is not None or self.close_failed is not None:
+            return
+        if self.recovery and self.broken is not None:
+            return  # a recovery that could not re-write everything must not close
+        if not self._state_is_ours(self.metadata):
+            # Closed or being recovered by someone else (this writer broke on it): a CAS
+            # from here would overwrite their decision.
+            self._resolve_close_conflict(self.metadata, "changed by another client")
+            return
+        self._close_cas = True
+        self._commands.append(
+            UpdateLedger(
+                UpdateLedgerRequest(
+                    ledger_id=self.ledger_id,
+                    expected_version=self.metadata.version,
+                    state=LedgerState.CLOSED,
+                    last_entry_id=self.lac,
+                    length=self.confirmed_length,
+                    # A recovery's local ensemble changes are stored with its close.
+                    segments=self.metadata.segments if self._local_from is not None else None,
+                )
+            )
+        )
+
+    def _closed(self, stored: LedgerMetadata) -> None:
+        self._local_from = None
+        self._adopt(stored)
+        self.closed = stored
+        self._commands.append(CloseDone(stored))
+
+    def _resolve_close_conflict(self, current: LedgerMetadata | None, reason: str) -> None:
+        """As LedgerHandle.doAsyncCloseInternal: closed at our LAC is our close; closed at
+        another entry is a recovery that won (a recovery adopts it, a writer is fenced);
+        still open (or, for a recovery, still in recovery) at the same last segment: retry
+        on the newer version."""
+        if current is None:
+            self._close_failed(ApiCodes.UNAVAILABLE, f"close of {self.ledger_id}: {reason}")
+            return
+        if current.state is LedgerState.CLOSED:
+            if current.last_entry_id == self.lac or self.recovery:
+                self._closed(current)
+                return
+            self._adopt(current)
+            self._close_failed(
+                ApiCodes.LEDGER_FENCED,
+                f"ledger {self.ledger_id} was closed by someone else at entry "
+                f"{current.last_entry_id}; this writer confirmed {self.lac}",
+            )
+            return
+        if self._state_is_ours(current) and current.segments[-1] == self._stored.segments[-1]:
+            self._adopt(current)
+            self._maybe_close()
+            return
+        self._adopt(current)
+        fenced = current.state is LedgerState.IN_RECOVERY and not self.recovery
+        self._close_failed(
+            ApiCodes.LEDGER_FENCED if fenced else ApiCodes.UNAVAILABLE,
+            f"ledger {self.ledger_id} changed under the close (now {current.state.value})",
+        )
+
+    def _close_failed(self, api: ApiCode, detail: str) -> None:
+        self.close_failed = QuireError(api, detail)
+        self._commands.append(CloseFailed(api, detail))
+
+    # -- time ---------------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> None:
-        """Fail the adds that waited past add_entry_timeout_ms (addEntryTimeoutSec)."""
+        """Fail the adds that waited past add_entry_timeout_ms (addEntryQuorumTimeout); retry a
+        delayed ensemble change; send the LAC when idle."""
         if self._pending and self.broken is None:
             oldest = self._pending[self.lac + 1]
             if now_ms - oldest.added_at_ms >= self.add_entry_timeout_ms:
@@ -261,10 +713,23 @@ class LedgerWriter:
                     f"{self.quorum.ack_quorum} bookies within "
                     f"{self.add_entry_timeout_ms} ms",
                 )
+        self._now_ms = max(self._now_ms, now_ms)
+        self._maybe_change_ensemble(ticking=True)
+        self._maybe_write_lac(now_ms)
+        self._progress()
 
-    def start_close(self) -> None:
-        """No add is taken from now on; the driver closes once nothing is pending."""
-        self.closing = True
+    def _maybe_write_lac(self, now_ms: int) -> None:
+        """Explicit LAC (BookKeeper's explicitLacInterval): an idle writer tells the bookies
+        its LAC, which otherwise only rides on the next add."""
+        if not self.explicit_lac_interval_ms or self.broken is not None or self.recovery:
+            return
+        if self._pending or self.lac <= self._lac_on_bookies:
+            return
+        if now_ms - self._last_add_ms < self.explicit_lac_interval_ms:
+            return
+        self._lac_on_bookies = self.lac
+        for bookie_id in self.metadata.segments[-1].bookies:
+            self._commands.append(SendWriteLac(bookie_id, self.lac))
 
     def abort(self, api: ApiCode, detail: str) -> None:
         """Fail everything pending and break the handle (ledger deleted, gateway stopping)."""
@@ -274,14 +739,25 @@ class LedgerWriter:
     # -- state changes ------------------------------------------------------------------------
 
     def _break(self, api: ApiCode, detail: str) -> None:
+        if self.broken is not None:
+            return
         self.broken = QuireError(api, detail)
         if self._pending:
             self._commands.append(FailAdds(self.lac + 1, self.last_entry_id, api, detail))
         self._pending.clear()
         self._outbox.clear()
+        self._change = None
+
+    def _progress(self) -> None:
+        self._confirm()
+        self._maybe_change_ensemble(ticking=False)
+        self._maybe_close()
 
     def _confirm(self) -> None:
-        """Advance the LAC over every leading entry that reached its ack quorum."""
+        """Advance the LAC over every leading entry that reached its ack quorum; never while
+        an ensemble change is in flight (its segment starts at the LAC + 1)."""
+        if self._change is not None:
+            return
         first = self.lac + 1
         while (pending := self._pending.get(self.lac + 1)) is not None and pending.acks.complete:
             del self._pending[pending.entry_id]
@@ -292,10 +768,10 @@ class LedgerWriter:
 
     # -- outputs ------------------------------------------------------------------------------
 
-    def take_commands(self) -> list[SendAdds | CompleteAdds | FailAdds]:
+    def take_commands(self) -> list[WriterCommand]:
         """What the driver must do now, in order: sends (batched per bookie), then
-        completions and failures in entry order."""
-        sends = [
+        completions, failures and metadata requests in the order they arose."""
+        sends: list[WriterCommand] = [
             send
             for bookie_id, queued in self._outbox.items()
             for send in _chunk_adds(bookie_id, queued, self.max_send_bytes)
@@ -383,19 +859,25 @@ class ReplicaCorrupt:
     detail: str
 
 
+ReaderCommand = SendReads | EntryRead | EntryReadFailed | ReplicaCorrupt
+
+
 @dataclass(slots=True)
 class _PendingRead:
     entry_id: int
     replicas: tuple[str, ...]  # write set order: the order replicas are tried in
-    attempt: int
-    sent_at_ms: int
-    # One (bookie, status name, detail) per replica that failed, in the order tried.
+    asked: int  # replicas[:asked] were sent a read
+    sent_at_ms: dict[str, int] = field(default_factory=dict)  # outstanding asks
+    # One (bookie, status, detail) per replica that failed, in the order they failed.
     failures: list[tuple[str, BookieStatus | None, str]] = field(default_factory=list)
+    last_sent_ms: int = 0
 
 
 class LedgerReader:
-    """Reads entries of one ledger, each from its write set in order, verifying digests and
-    moving to the next replica on error, timeout or digest mismatch."""
+    """Reads entries of one ledger (BookKeeper's PendingReadOp), each from its write set in
+    order, verifying digests and moving to the next replica on error, timeout or digest
+    mismatch. With `speculative_read_timeout_ms` a replica that is slow to answer gets
+    company: the next replica is asked too, and the first good answer wins."""
 
     def __init__(
         self,
@@ -404,6 +886,7 @@ class LedgerReader:
         *,
         read_entry_timeout_ms: int = 2_000,
         read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES,
+        speculative_read_timeout_ms: int = 0,
     ) -> None:
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
@@ -411,9 +894,11 @@ class LedgerReader:
         self._digest = digest
         self.read_entry_timeout_ms = read_entry_timeout_ms
         self.read_batch_entries = read_batch_entries
+        self.speculative_read_timeout_ms = speculative_read_timeout_ms
+        self.speculative_reads = 0
         self._pending: dict[int, _PendingRead] = {}
         self._outbox: dict[str, list[int]] = {}
-        self._commands: list[SendReads | EntryRead | EntryReadFailed | ReplicaCorrupt] = []
+        self._commands: list[ReaderCommand] = []
 
     @property
     def done(self) -> bool:
@@ -424,8 +909,19 @@ class LedgerReader:
             assert entry_id >= 0 and entry_id not in self._pending
             bookies = self.metadata.segment_for(entry_id).bookies
             replicas = tuple(bookies[i] for i in read_order(entry_id, self.quorum))
-            self._pending[entry_id] = _PendingRead(entry_id, replicas, 0, now_ms)
-            self._outbox.setdefault(replicas[0], []).append(entry_id)
+            pending = _PendingRead(entry_id, replicas, 0)
+            self._pending[entry_id] = pending
+            self._ask_next(pending, now_ms)
+
+    def _ask_next(self, pending: _PendingRead, now_ms: int) -> None:
+        bookie_id = pending.replicas[pending.asked]
+        pending.asked += 1
+        self._ask(pending, bookie_id, now_ms)
+
+    def _ask(self, pending: _PendingRead, bookie_id: str, now_ms: int) -> None:
+        pending.sent_at_ms[bookie_id] = now_ms
+        pending.last_sent_ms = now_ms
+        self._outbox.setdefault(bookie_id, []).append(pending.entry_id)
 
     def step(self, event: BookieReadReply | ReadSendFailed, now_ms: int) -> None:
         match event:
@@ -458,9 +954,8 @@ class LedgerReader:
             # A partial answer (the reply had to fit one message): ask that bookie again.
             for entry_id in missing:
                 pending = self._pending.get(entry_id)
-                if pending is not None and pending.replicas[pending.attempt] == event.bookie_id:
-                    pending.sent_at_ms = now_ms
-                    self._outbox.setdefault(event.bookie_id, []).append(entry_id)
+                if pending is not None and event.bookie_id in pending.sent_at_ms:
+                    self._ask(pending, event.bookie_id, now_ms)
         else:
             for entry_id in missing:
                 self._on_replica_failed(
@@ -496,34 +991,49 @@ class LedgerReader:
         self, entry_id: int, bookie_id: str, status: BookieStatus | None, detail: str, now_ms: int
     ) -> None:
         pending = self._pending.get(entry_id)
-        if pending is None or pending.replicas[pending.attempt] != bookie_id:
+        if pending is None or bookie_id not in pending.sent_at_ms:
             return  # decided already, or a late answer from a replica we moved past
+        del pending.sent_at_ms[bookie_id]
         pending.failures.append((bookie_id, status, detail))
-        pending.attempt += 1
-        if pending.attempt < len(pending.replicas):
-            pending.sent_at_ms = now_ms
-            self._outbox.setdefault(pending.replicas[pending.attempt], []).append(entry_id)
+        if pending.asked < len(pending.replicas):
+            if not pending.sent_at_ms:  # no other replica is still being asked
+                self._ask_next(pending, now_ms)
             return
+        if pending.sent_at_ms:
+            return  # a speculative ask is still out
         del self._pending[entry_id]
         api, summary = _read_outcome(pending.failures)
         self._commands.append(EntryReadFailed(entry_id, api, f"entry {entry_id}: {summary}"))
 
     def tick(self, now_ms: int) -> None:
-        """A replica that did not answer within read_entry_timeout_ms: try the next one."""
-        expired = [
-            p for p in self._pending.values() if now_ms - p.sent_at_ms >= self.read_entry_timeout_ms
-        ]
-        for pending in expired:
-            self._on_replica_failed(
-                pending.entry_id,
-                pending.replicas[pending.attempt],
-                None,
-                f"no answer within {self.read_entry_timeout_ms} ms",
-                now_ms,
-            )
+        """A replica that did not answer within read_entry_timeout_ms has failed; one that
+        is slower than speculative_read_timeout_ms gets the next replica asked too."""
+        for pending in list(self._pending.values()):
+            expired = [
+                bookie_id
+                for bookie_id, sent_ms in pending.sent_at_ms.items()
+                if now_ms - sent_ms >= self.read_entry_timeout_ms
+            ]
+            for bookie_id in expired:
+                self._on_replica_failed(
+                    pending.entry_id,
+                    bookie_id,
+                    None,
+                    f"no answer within {self.read_entry_timeout_ms} ms",
+                    now_ms,
+                )
+            if (
+                self.speculative_read_timeout_ms
+                and pending.entry_id in self._pending
+                and pending.sent_at_ms
+                and pending.asked < len(pending.replicas)
+                and now_ms - pending.last_sent_ms >= self.speculative_read_timeout_ms
+            ):
+                self.speculative_reads += 1
+                self._ask_next(pending, now_ms)
 
-    def take_commands(self) -> list[SendReads | EntryRead | EntryReadFailed | ReplicaCorrupt]:
-        sends = []
+    def take_commands(self) -> list[ReaderCommand]:
+        sends: list[ReaderCommand] = []
         for bookie_id, entry_ids in self._outbox.items():
             for start in range(0, len(entry_ids), self.read_batch_entries):
                 chunk = entry_ids[start : start + self.read_batch_entries]

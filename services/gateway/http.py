@@ -27,6 +27,7 @@ from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID
 from shared.status import ApiCode, ApiCodes, QuireError
+from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class Problem(BaseModel):
     status: int
     detail: str
     code: str
+
+
+BOOKIE_INFO_TIMEOUT_S = 2.0
 
 
 def problem(status: int, code: str, title: str, detail: str, **extensions: Any) -> JSONResponse:
@@ -340,9 +344,41 @@ def create_app(
             "length": closed.length,
         }
 
+    @app.post("/v1/ledgers/{ledger_id}/recover", responses=ERROR_RESPONSES, tags=["ledgers"])
+    async def recover_ledger(ledger_id: LedgerId, password: Password = None) -> dict[str, Any]:
+        """Fence the ledger on its bookies, recover its true last entry, close it."""
+        closed = await ledgers.recover(ledger_id, password_bytes(password))
+        return {
+            "state": closed.state.value,
+            "last_entry_id": closed.last_entry_id,
+            "length": closed.length,
+        }
+
     @app.get("/v1/bookies", responses=ERROR_RESPONSES, tags=["bookies"])
     async def list_bookies() -> dict[str, Any]:
         return {"bookies": [b.model_dump(mode="json") for b in await ledgers.list_bookies()]}
+
+    @app.get("/v1/bookies/{bookie_id}", responses=ERROR_RESPONSES, tags=["bookies"])
+    async def bookie_info(
+        bookie_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)],
+    ) -> Any:
+        """The bookie's registry row and what it says of itself (`info` on its journal):
+        free and total space, state, last log mark, disk files."""
+        registered = {b.bookie_id: b for b in await ledgers.list_bookies()}
+        subject = Subjects(ledgers.settings.subject_prefix).bookie(bookie_id, "info")
+        try:
+            reply = await ledgers.nc.request(subject, b"", timeout=BOOKIE_INFO_TIMEOUT_S)
+            info: dict[str, Any] | None = json.loads(reply.data)
+        except Exception:  # not running, or not answering: the registry row is all we have
+            info = None
+        row = registered.get(bookie_id)
+        if row is None and info is None:
+            return problem(404, "NO_SUCH_BOOKIE", "No such bookie", f"no bookie {bookie_id}")
+        body: dict[str, Any] = {"bookie_id": bookie_id, **(info or {})}
+        body["state"] = row.state.value if row else body.get("state")
+        body["registry"] = row.model_dump(mode="json") if row else None
+        body["reachable"] = info is not None
+        return body
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

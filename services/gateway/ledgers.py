@@ -23,18 +23,35 @@ from services.gateway.core import (
     AddSendFailed,
     BookieAddReply,
     BookieReadReply,
+    CloseDone,
+    CloseFailed,
     CompleteAdds,
+    EnsembleChanged,
     EntryRead,
     EntryReadFailed,
     FailAdds,
     LedgerReader,
+    LedgerUpdated,
+    LedgerUpdateFailed,
     LedgerWriter,
+    ListWritableBookies,
     ReadSendFailed,
     ReplicaCorrupt,
     SendAdds,
     SendReads,
+    SendWriteLac,
+    UpdateLedger,
+    WritableBookies,
     choose_ensemble,
     lac_from_replies,
+)
+from services.gateway.recovery import (
+    FenceReply,
+    FenceSendFailed,
+    LedgerRecovery,
+    RecoveryDone,
+    RecoveryFailed,
+    SendFence,
 )
 from shared.config import QuireSettings
 from shared.digest import DigestManager, master_key
@@ -48,7 +65,6 @@ from shared.models import (
     LedgerState,
     ListLedgersReply,
     MetaErrorCode,
-    UpdateLedgerRequest,
 )
 from shared.status import ApiCodes, QuireError
 
@@ -59,7 +75,6 @@ ACK_EVENT_INTERVAL_MS = 1_000
 # Latency samples kept per ledger per event window (the count is exact beyond it).
 ACK_SAMPLES_MAX = 10_000
 LAC_POLL_INTERVAL_S = 0.05
-CLOSE_CAS_ATTEMPTS = 5
 SALT_BYTES = 16
 
 MonotonicMs = Callable[[], int]
@@ -127,6 +142,7 @@ class WriterHandle:
         self._requests: deque[_AppendRequest] = deque()
         self._sends: set[asyncio.Task[None]] = set()
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closed: asyncio.Future[LedgerMetadata] | None = None
 
     @property
     def ledger_id(self) -> int:
@@ -152,16 +168,68 @@ class WriterHandle:
         for command in self.core.take_commands():
             match command:
                 case SendAdds():
-                    task = asyncio.create_task(self._send(command))
-                    self._sends.add(task)
-                    task.add_done_callback(self._sends.discard)
+                    self._spawn(self._send(command))
                 case CompleteAdds():
                     self._complete(command)
                 case FailAdds():
                     self._fail(command)
+                case UpdateLedger():
+                    self._spawn(self._update(command))
+                case ListWritableBookies():
+                    self._spawn(self._list_writable())
+                case SendWriteLac():
+                    self._spawn(self._write_lac(command))
+                case EnsembleChanged():
+                    self._ledgers.ensemble_changed(command)
+                case CloseDone():
+                    if self._closed is not None and not self._closed.done():
+                        self._closed.set_result(command.metadata)
+                case CloseFailed():
+                    if self._closed is not None and not self._closed.done():
+                        self._closed.set_exception(QuireError(command.api, command.detail))
         self._ledgers.metrics.pending_adds.set(self._ledgers.pending_adds())
 
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _update(self, command: UpdateLedger) -> None:
+        self.core.step(await self._ledgers.cas(command))
+        self.pump()
+
+    async def _list_writable(self) -> None:
+        try:
+            writable = await self._ledgers.writable_bookies()
+        except QuireError as exc:
+            log.warning("no bookie list for an ensemble change", extra={"err": exc.detail})
+            writable = []
+        self.core.step(WritableBookies(tuple(writable)))
+        self.pump()
+
+    async def _write_lac(self, command: SendWriteLac) -> None:
+        try:
+            await self._bookies.write_lac(
+                command.bookie_id, self.ledger_id, self.core.master_key, command.lac
+            )
+        except BookieUnreachable as exc:  # the next add carries the LAC anyway
+            log.debug("explicit LAC not written", extra={"err": str(exc)})
+
+    async def close(self, timeout_s: float) -> LedgerMetadata:
+        """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
+        if self._closed is None or (self._closed.done() and self._closed.exception()):
+            self._closed = asyncio.get_running_loop().create_future()
+            self.core.start_close()
+            self.pump()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._closed), timeout_s)
+        except TimeoutError as exc:
+            raise QuireError(
+                ApiCodes.TIMEOUT, f"close of ledger {self.ledger_id} did not finish"
+            ) from exc
+
     async def _send(self, command: SendAdds) -> None:
+        # A replaced bookie's late answer is harmless: the core maps answers by bookie.
         try:
             status, results = await self._bookies.add(command.bookie_id, list(command.items))
             event: BookieAddReply | AddSendFailed = BookieAddReply(
@@ -256,8 +324,7 @@ class Ledgers:
             await asyncio.sleep(TICK_INTERVAL_S)
             now = self.clock()
             for handle in list(self.writers.values()):
-                if handle.core.pending_count:
-                    handle.tick(now)
+                handle.tick(now)  # timeouts, delayed ensemble changes, explicit LAC
             if now - self._last_ack_event_ms >= ACK_EVENT_INTERVAL_MS:
                 self._last_ack_event_ms = now
                 self.flush_ack_events()
@@ -328,10 +395,16 @@ class Ledgers:
     async def _authorized(self, ledger_id: int, password: bytes | None) -> LedgerMetadata:
         """The ledger's metadata (the writer's copy if this gateway holds it), once the
         password checked out."""
-        handle = self.writers.get(ledger_id)
+        handle = self._live_writer(ledger_id)
         metadata = handle.core.metadata if handle is not None else await self.get(ledger_id)
         check_password(metadata, password)
         return metadata
+
+    def _live_writer(self, ledger_id: int) -> WriterHandle | None:
+        """This gateway's writer of the ledger, unless it broke (fenced by a recovery, say):
+        then the stored metadata and the bookies know better than its copy."""
+        handle = self.writers.get(ledger_id)
+        return handle if handle is not None and handle.core.broken is None else None
 
     async def readiness(self) -> dict[str, object]:
         """Whether this gateway can serve: NATS connected, metadata answering, enough
@@ -385,6 +458,9 @@ class Ledgers:
             DigestManager(created.digest, password),
             add_entry_timeout_ms=self.settings.gateway.add_entry_timeout_ms,
             max_send_bytes=self.bookies.max_send_bytes,
+            rng=self._rng,
+            explicit_lac_interval_ms=self.settings.gateway.explicit_lac_interval_ms,
+            now_ms=self.clock(),
         )
         self.writers[created.ledger_id] = WriterHandle(core, self.bookies, self)
         self.metrics.writer_handles.set(len(self.writers))
@@ -421,7 +497,7 @@ class Ledgers:
             ApiCodes.LEDGER_FENCED,
             f"ledger {metadata.ledger_id} is open but this gateway does not hold its writer "
             "handle (it was created by another gateway, or before this one restarted); only "
-            "its writer may append. Recovering it (fence and close) comes with issue 3.",
+            "its writer may append. POST /v1/ledgers/{id}/recover fences and closes it.",
         )
 
     async def close(self, ledger_id: int, password: bytes | None) -> LedgerMetadata:
@@ -431,57 +507,155 @@ class Ledgers:
             if metadata.state is LedgerState.CLOSED:
                 return metadata  # closing a closed ledger changes nothing (BookKeeper too)
             raise self._not_writable(metadata)
-        handle.core.start_close()
-        await handle.drain(self.settings.gateway.add_entry_timeout_ms / 1000 + 1)
-        closed = await self._close_cas(handle.core)
-        if self.writers.get(ledger_id) is handle:
-            del self.writers[ledger_id]
-        self.metrics.writer_handles.set(len(self.writers))
+        timeout_s = self.settings.gateway.add_entry_timeout_ms / 1000 + 5
+        try:
+            closed = await handle.close(timeout_s)
+        except QuireError as exc:
+            if exc.api is ApiCodes.LEDGER_FENCED:
+                self._drop_writer(handle)  # someone else closed it: this handle is done
+            raise
+        self._drop_writer(handle)
         return closed
 
-    async def _close_cas(self, core: LedgerWriter) -> LedgerMetadata:
-        """CAS the ledger CLOSED at the writer's LAC; on a conflict re-read and decide as
-        BookKeeper's LedgerHandle.doAsyncCloseInternal does."""
-        metadata = core.metadata
-        for _ in range(CLOSE_CAS_ATTEMPTS):
-            request = UpdateLedgerRequest(
-                ledger_id=core.ledger_id,
-                expected_version=metadata.version,
-                state=LedgerState.CLOSED,
-                last_entry_id=core.lac,
-                length=core.confirmed_length,
-            )
-            try:
-                closed = await self.meta.update_ledger(request)
-                core.metadata = closed
-                return closed
-            except MetadataError as exc:
-                if exc.code not in (MetaErrorCode.BAD_VERSION, MetaErrorCode.UNAVAILABLE):
-                    raise metadata_error(exc, core.ledger_id) from exc
-                # Lost the race, or the outcome is unknown: look at what is stored.
-                metadata = exc.current or await self.get(core.ledger_id)
-            if metadata.state is LedgerState.CLOSED:
-                if metadata.last_entry_id == core.lac:
-                    core.metadata = metadata
-                    return metadata
-                raise QuireError(
-                    ApiCodes.LEDGER_FENCED,
-                    f"ledger {core.ledger_id} was closed by someone else at entry "
-                    f"{metadata.last_entry_id}; this writer confirmed {core.lac}",
-                )
-            if metadata.state is LedgerState.IN_RECOVERY:
-                raise QuireError(
-                    ApiCodes.LEDGER_FENCED, f"ledger {core.ledger_id} is being recovered"
-                )
-            core.metadata = metadata  # still OPEN at a newer version: try again on it
-        raise QuireError(
-            ApiCodes.UNAVAILABLE, f"could not close ledger {core.ledger_id}: metadata kept changing"
+    def _drop_writer(self, handle: WriterHandle) -> None:
+        if self.writers.get(handle.ledger_id) is handle:
+            del self.writers[handle.ledger_id]
+        self.metrics.writer_handles.set(len(self.writers))
+
+    async def cas(self, command: UpdateLedger) -> LedgerUpdated | LedgerUpdateFailed:
+        """Run a core's compare-and-set; on a lost race or an unknown outcome, say what is
+        stored now (the core decides, as BookKeeper's MetadataUpdateLoop callers do)."""
+        request = command.request
+        try:
+            return LedgerUpdated(await self.meta.update_ledger(request))
+        except MetadataError as exc:
+            reason = f"{exc.code}: {exc.message}"
+            if exc.current is not None:
+                return LedgerUpdateFailed(exc.current, reason)
+        try:
+            return LedgerUpdateFailed(await self.meta.get_ledger(request.ledger_id), reason)
+        except MetadataError as exc:
+            return LedgerUpdateFailed(None, f"{reason}; re-read: {exc.code}: {exc.message}")
+
+    def ensemble_changed(self, command: EnsembleChanged) -> None:
+        self.metrics.ensemble_changes.inc()
+        replaced = [{"index": i, "old": old, "new": new} for i, old, new in command.replaced]
+        log.info(
+            "ensemble changed",
+            extra={
+                "ledger_id": command.metadata.ledger_id,
+                "first_entry_id": command.first_entry_id,
+                "replaced": replaced,
+            },
         )
+        if self.events is not None:
+            self.events.emit(
+                "ledger.ensemble_changed",
+                ledger_id=command.metadata.ledger_id,
+                first_entry_id=command.first_entry_id,
+                replaced=replaced,
+                version=command.metadata.version,
+            )
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    async def recover(self, ledger_id: int, password: bytes | None) -> LedgerMetadata:
+        """BookKeeper's open-with-recovery: fence, find the last entry, close. A writer of
+        this ledger (here or anywhere) gets LEDGER_FENCED from then on."""
+        metadata = await self.get(ledger_id)
+        check_password(metadata, password)
+        assert password is not None
+        gateway = self.settings.gateway
+        core = LedgerRecovery(
+            metadata,
+            master_key(password),
+            DigestManager(metadata.digest, password),
+            self.clock(),
+            rng=self._rng,
+            retry_interval_ms=gateway.recovery_retry_interval_ms,
+            recovery_timeout_ms=gateway.recovery_timeout_ms,
+            add_entry_timeout_ms=gateway.add_entry_timeout_ms,
+            max_send_bytes=self.bookies.max_send_bytes,
+        )
+        try:
+            result = await self._run_recovery(core, password)
+        except QuireError:
+            self.metrics.recoveries.labels("failed").inc()
+            raise
+        self.metrics.recoveries.labels("ok").inc()
+        if self.events is not None and core.recovered_entries:
+            self.events.emit(
+                "ledger.recovered",
+                ledger_id=ledger_id,
+                last_entry_id=result.last_entry_id,
+                recovered_entries=core.recovered_entries,
+            )
+        return result
+
+    async def _run_recovery(self, core: LedgerRecovery, password: bytes) -> LedgerMetadata:
+        in_flight: set[asyncio.Task] = set()
+        try:
+            while True:
+                for command in core.take_commands():
+                    match command:
+                        case RecoveryDone():
+                            return command.metadata
+                        case RecoveryFailed():
+                            raise QuireError(command.api, command.detail)
+                        case ReplicaCorrupt():
+                            self._report_corrupt(core.ledger_id, command)
+                        case EnsembleChanged():
+                            self.ensemble_changed(command)
+                        case _:
+                            in_flight.add(asyncio.create_task(self._recovery_io(core, command)))
+                if not in_flight:
+                    await asyncio.sleep(TICK_INTERVAL_S)
+                    done: set[asyncio.Task] = set()
+                else:
+                    done, in_flight = await asyncio.wait(
+                        in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
+                    )
+                for task in done:
+                    core.step(task.result(), self.clock())
+                core.tick(self.clock())
+        finally:
+            for task in in_flight:
+                task.cancel()
+
+    async def _recovery_io(self, core: LedgerRecovery, command):
+        """One command of a recovery as IO; the event it turns into."""
+        match command:
+            case UpdateLedger():
+                return await self.cas(command)
+            case SendFence():
+                try:
+                    reply = await self.bookies.fence(
+                        command.bookie_id, core.ledger_id, core.master_key
+                    )
+                    return FenceReply(command.bookie_id, reply.status, reply.lac)
+                except BookieUnreachable as exc:
+                    return FenceSendFailed(command.bookie_id, str(exc))
+            case SendReads():
+                return await self._send_reads(command)
+            case SendAdds():
+                try:
+                    status, results = await self.bookies.add(command.bookie_id, list(command.items))
+                    return BookieAddReply(
+                        command.bookie_id, command.entry_ids, status, tuple(results)
+                    )
+                except BookieUnreachable as exc:
+                    return AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
+            case ListWritableBookies():
+                try:
+                    return WritableBookies(tuple(await self.writable_bookies()))
+                except QuireError:
+                    return WritableBookies(())
+        raise AssertionError(f"unknown recovery command {command!r}")
 
     # -- LAC ----------------------------------------------------------------------------------
 
     async def _current_lac(self, metadata: LedgerMetadata) -> int:
-        handle = self.writers.get(metadata.ledger_id)
+        handle = self._live_writer(metadata.ledger_id)
         if handle is not None:
             return handle.core.lac
         if metadata.state is LedgerState.CLOSED:
@@ -519,7 +693,7 @@ class Ledgers:
             remaining_s = deadline - time.monotonic()
             if after is None or lac > after or remaining_s <= 0:
                 return lac
-            handle = self.writers.get(ledger_id)
+            handle = self._live_writer(ledger_id)
             if handle is not None:
                 await handle.wait_changed(remaining_s)
             elif metadata.state is LedgerState.CLOSED:
@@ -589,6 +763,7 @@ class Ledgers:
             metadata,
             DigestManager(metadata.digest, password),
             read_entry_timeout_ms=gateway.read_entry_timeout_ms,
+            speculative_read_timeout_ms=gateway.speculative_read_timeout_ms,
         )
         core.read(entry_ids, self.clock())
         outcomes: dict[int, EntryRead | EntryReadFailed] = {}
@@ -606,6 +781,7 @@ class Ledgers:
                         case ReplicaCorrupt():
                             self._report_corrupt(metadata.ledger_id, command)
                 if core.done:
+                    self.metrics.speculative_reads.inc(core.speculative_reads)
                     return outcomes
                 if not in_flight:  # nothing to wait for but time (the core's timeouts)
                     await asyncio.sleep(TICK_INTERVAL_S)

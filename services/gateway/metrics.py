@@ -50,3 +50,19 @@ class GatewayMetrics:
             "Adds sent and not yet acknowledged, all ledgers",
             registry=self.registry,
         )
+        self.ensemble_changes = Counter(
+            "quire_gateway_ensemble_changes",
+            "Segments added because a bookie of the ensemble failed",
+            registry=self.registry,
+        )
+        self.recoveries = Counter(
+            "quire_gateway_ledger_recoveries",
+            "Ledger recoveries (fence and close), by outcome",
+            ["result"],
+            registry=self.registry,
+        )
+        self.speculative_reads = Counter(
+            "quire_gateway_speculative_reads",
+            "Reads sent to a further replica because the first was slow",
+            registry=self.registry,
+        )

@@ -58,7 +58,7 @@ async def main(rt: ServiceRuntime) -> None:
     bookies = BookieClient(
         rt.nc,
         rt.subjects,
-        add_timeout_ms=gateway.add_entry_timeout_ms,
+        add_timeout_ms=gateway.add_bookie_timeout_ms,
         read_timeout_ms=gateway.read_entry_timeout_ms,
     )
     ledgers = Ledgers(rt.nc, settings, meta, bookies, rt.events, metrics)

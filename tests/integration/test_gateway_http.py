@@ -67,14 +67,18 @@ def gateway_settings(settings: QuireSettings, **gateway) -> QuireSettings:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(settings: QuireSettings, database_url: str) -> AsyncIterator[Stack]:
-    settings = gateway_settings(settings.model_copy(update={"database_url": database_url}))
+async def running_stack(
+    settings: QuireSettings, database_url: str, bookies: int = 3, **gateway
+) -> AsyncIterator[Stack]:
+    settings = gateway_settings(
+        settings.model_copy(update={"database_url": database_url}), **gateway
+    )
     url = f"http://127.0.0.1:{settings.gateway.http_port}"
     async with httpx.AsyncClient(base_url=url, timeout=15) as http:
         stack = Stack(url, settings, http)
         try:
             await stack.start("metadata", "metadata", settings)
-            for i in (1, 2, 3):
+            for i in range(1, bookies + 1):
                 bookie = settings.model_copy(update={"bookie_id": f"bookie-{i}"})
                 await stack.start(f"bookie-{i}.journal", "journal", bookie)
                 await stack.start(f"bookie-{i}.ledgerstore", "ledgerstore", bookie)

@@ -11,4 +11,6 @@ CORES = [
     "shared/wire.py",
     "shared/status.py",
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/core.py")),
+    "services/gateway/recovery.py",
+    "quire/sim/model.py",
 ]

@@ -19,10 +19,12 @@ from services.gateway.core import (
     FailAdds,
     LedgerReader,
     LedgerWriter,
+    ListWritableBookies,
     ReadSendFailed,
     ReplicaCorrupt,
     SendAdds,
     SendReads,
+    WritableBookies,
     choose_ensemble,
     lac_from_replies,
 )
@@ -187,8 +189,12 @@ def test_a_second_failure_leaves_the_ack_quorum_out_of_reach() -> None:
     w.step(ok("b0", 0))
     w.step(AddSendFailed("b2", (0,), "no responders"))
     w.step(status("b1", BookieStatus.IO_ERROR, 0))
+    # The ack quorum is out of reach: replace at once; with no bookie to spare, fail.
+    assert outcomes(w) == [ListWritableBookies()]
+    w.step(WritableBookies(("b0", "b1", "b2")))
     [fail] = outcomes(w)
-    assert isinstance(fail, FailAdds) and fail.api == ApiCodes.UNAVAILABLE
+    assert isinstance(fail, FailAdds) and fail.api == ApiCodes.NOT_ENOUGH_BOOKIES
+    assert "b1" in fail.detail and "b2" in fail.detail
 
 
 @pytest.mark.parametrize(
@@ -213,22 +219,26 @@ def test_unrecoverable_statuses_break_the_handle_at_once(reply_status, api) -> N
 
 
 @pytest.mark.parametrize(
-    ("failure", "api"),
+    "failure",
     [
-        (AddSendFailed("b1", (0, 1), "timeout"), ApiCodes.NOT_ENOUGH_BOOKIES),
-        (status("b1", BookieStatus.READ_ONLY, 0, 1), ApiCodes.NOT_ENOUGH_BOOKIES),
-        (status("b1", BookieStatus.TOO_MANY_REQUESTS, 0, 1), ApiCodes.TOO_MANY_REQUESTS),
-        (BookieAddReply("b1", (0, 1), BookieStatus.BAD_REQUEST), ApiCodes.INVALID_ARGUMENT),
-        (BookieAddReply("b1", (0, 1), BookieStatus.OK, ()), ApiCodes.UNAVAILABLE),
+        AddSendFailed("b1", (0, 1), "timeout"),
+        status("b1", BookieStatus.READ_ONLY, 0, 1),
+        status("b1", BookieStatus.TOO_MANY_REQUESTS, 0, 1),
+        BookieAddReply("b1", (0, 1), BookieStatus.BAD_REQUEST),
+        BookieAddReply("b1", (0, 1), BookieStatus.OK, ()),
     ],
 )
-def test_with_qw_equal_qa_one_failure_fails_every_pending_add(failure, api) -> None:
+def test_with_qw_equal_qa_one_failure_needs_a_replacement(failure) -> None:
     w = writer(3, 2, 2)
     w.add([b"a", b"b"], 0)  # entry 0 on b0,b1; entry 1 on b1,b2
     w.take_commands()
     w.step(ok("b0", 0))
     w.step(failure)
+    assert outcomes(w) == [ListWritableBookies()]
+    w.step(WritableBookies(("b0", "b1", "b2")))  # nobody outside the ensemble
+    api = ApiCodes.NOT_ENOUGH_BOOKIES
     assert outcomes(w) == [FailAdds(0, 1, api, w.broken.detail)]
+    assert w.metadata.version == 0 and len(w.metadata.segments) == 1  # nothing half-visible
     w.step(ok("b1", 0))  # too late: the handle is broken
     assert outcomes(w) == [] and w.lac == -1
 
@@ -252,9 +262,11 @@ def test_replies_for_another_ledger_or_bookie_are_ignored() -> None:
     w.step(ok("b3", 0))
     w.step(BookieAddReply("b0", (0,), BookieStatus.OK, (AddResult(LEDGER + 1, 0, 0),)))
     # b3 is not in the write set: ignored. b0 answered about another ledger: entry 0 is
-    # missing from its answer, a failure; with Qw = Qa that breaks the handle.
+    # missing from its answer, a failure; with Qw = Qa b0 must be replaced.
+    assert outcomes(w) == [ListWritableBookies()]
+    w.step(WritableBookies(()))
     [fail] = outcomes(w)
-    assert isinstance(fail, FailAdds) and fail.api == ApiCodes.UNAVAILABLE
+    assert isinstance(fail, FailAdds) and fail.api == ApiCodes.NOT_ENOUGH_BOOKIES
     w.step(ok("b1", 0))
     assert outcomes(w) == [] and w.lac == -1
 

@@ -1,0 +1,65 @@
+"""Deliberately broken protocol rules, to show that the simulator catches them (its power
+test). Each is a subclass of the real core with one rule bent; the core itself is untouched."""
+
+from __future__ import annotations
+
+from quire.sim.model import Faults
+from services.gateway.core import LedgerWriter
+from services.gateway.recovery import LedgerRecovery
+from shared.quorum import AckSet, QuorumSpec
+
+
+class EarlyAckWriter(LedgerWriter):
+    """Completes an add at Qa - 1 acknowledgements."""
+
+    def _add_one(self, payload: bytes, now_ms: int) -> None:
+        super()._add_one(payload, now_ms)
+        spec = self.quorum
+        weaker = QuorumSpec(spec.ensemble_size, spec.write_quorum, max(1, spec.ack_quorum - 1))
+        self._pending[self.last_entry_id].acks = AckSet(self.last_entry_id, weaker)
+
+
+class UnfencedRecovery(LedgerRecovery):
+    """Skips the fence: reads forward from the last segment's start as if every bookie
+    had answered, so the old writer can go on being acknowledged."""
+
+    def _start_fence(self) -> None:
+        self.phase = "fence"
+        self._fenced = self.metadata
+        self.max_lac = self.metadata.segments[-1].first_entry_id - 1
+        self._start_read()
+
+
+class UnknownIsAbsentRecovery(LedgerRecovery):
+    """Counts any answer but a good copy as "the bookie does not have it" (UNKNOWN and
+    errors included)."""
+
+    def _on_read(self, event) -> None:
+        probe = self._probe
+        if probe is not None and event.bookie_id in probe.outstanding:
+            before = set(probe.unsure)
+            super()._on_read(event)
+            if self._probe is probe:
+                probe.absent |= probe.unsure - before
+                needed = self.quorum.write_quorum - self.quorum.ack_quorum + 1
+                if len(probe.absent) >= needed:
+                    self._on_absent(probe)
+            return
+        super()._on_read(event)
+
+
+# Name -> the run overrides that break one rule (`python -m quire.sim --break NAME`).
+BROKEN: dict[str, dict] = {
+    "early-ack": {
+        "writer_class": EarlyAckWriter,
+        "ensemble_size": 3,
+        "write_quorum": 3,
+        "ack_quorum": 2,
+    },
+    "no-fence": {"recovery_class": UnfencedRecovery},
+    "unknown-absent": {
+        "recovery_class": UnknownIsAbsentRecovery,
+        "recoveries": 3,
+        "faults": Faults(crash_every_ms=100, down_ms=(10, 100), restart_unsure_ms=(100, 400)),
+    },
+}
