@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from quire.commands import autorecovery as autorecovery_commands
 from quire.commands import bookie as bookie_commands
 from quire.commands import ledger as ledger_commands
 from quire.commands import shell as shell_commands
@@ -56,6 +57,7 @@ def _main() -> None:
 
 app.add_typer(ledger_commands.app, name="ledger")
 app.add_typer(bookie_commands.app, name="bookie")
+app.add_typer(autorecovery_commands.app, name="autorecovery")
 app.add_typer(shell_commands.app, name="shell")
 
 

@@ -48,8 +48,16 @@ def _ledger(message: pb.Ledger) -> Ledger:
 
 
 class GrpcClient(QuireClient):
-    def __init__(self, target: str, *, token: str | None = None) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+    def __init__(
+        self, target: str, *, token: str | None = None, tls_ca: bytes | None = None
+    ) -> None:
+        """`token`: the bearer token, when the gateway wants one; `tls_ca`: PEM roots to
+        trust, which also turns TLS on."""
+        if tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(tls_ca)
+            self._channel = grpc.aio.secure_channel(target, credentials)
+        else:
+            self._channel = grpc.aio.insecure_channel(target)
         self._stub = pb_grpc.LedgersStub(self._channel)
         self._token = token
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -21,11 +22,18 @@ class HttpClient(QuireClient):
         *,
         token: str | None = None,
         timeout_s: float = 60.0,
+        verify: ssl.SSLContext | bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """`token`: the bearer token, when the gateway wants one; `verify`: TLS
+        verification (an SSLContext trusting a private CA, for example)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout_s,
+            verify=verify,
+            transport=transport,
         )
 
     async def aclose(self) -> None:
@@ -148,7 +156,12 @@ class HttpClient(QuireClient):
 
     async def get_json(self, path: str, **params: Any) -> Any:
         """GET an operator endpoint (e.g. /v1/bookies) and return its JSON."""
-        return (await self._call("GET", path, params=params or None)).json()
+        return await self.request_json("GET", path, params=params or None)
+
+    async def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call an operator endpoint and return its JSON (None for an empty body)."""
+        response = await self._call(method, path, **kwargs)
+        return response.json() if response.content else None
 
     async def close(self, ledger_id: int, password: str) -> int:
         body = (await self._call("POST", f"/v1/ledgers/{ledger_id}/close", password)).json()

@@ -12,8 +12,10 @@ import typer
 from rich.progress import Progress
 
 from quire.client import HttpClient
+from quire.commands import autorecovery as autorecovery_commands
 from quire.commands import bookie as bookie_commands
 from quire.commands import ledger as ledger_commands
+from quire.commands import storage as storage_commands
 from quire.commands.common import (
     DEFAULT_DATA_DIR,
     DataDirOption,
@@ -152,3 +154,10 @@ def simpletest(
 
 
 app.command("bookieinfo", help="What one bookie says of itself.")(bookie_commands.info)
+app.command("whoisauditor", help="The elected auditor.")(autorecovery_commands.who_is_auditor)
+app.command("listunderreplicated", help="Under-replicated ledgers and their missing bookies.")(
+    autorecovery_commands.list_under_replicated
+)
+
+# The bookie's storage commands (readjournal, readlog, ledger, lastmark, bookiesanity).
+storage_commands.register(app)

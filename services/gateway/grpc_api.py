@@ -426,7 +426,7 @@ async def start_grpc_server(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"{settings.http_host}:{settings.grpc_port}"
-    if settings.tls_cert_file and settings.tls_key_file:
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
         credentials = grpc.ssl_server_credentials(
             [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())]
         )

@@ -10,80 +10,50 @@ import base64
 import binascii
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.gateway.admin import create_admin_router
+from services.gateway.admission import AdmissionControl
+from services.gateway.auth import BearerAuthMiddleware, TokenAuth
 from services.gateway.ledgers import Ledgers
+from services.gateway.limits import check_batch_size, check_entry_size
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.problems import (
+    PROBLEM_MEDIA_TYPE,
+    Problem,
+    api_problem,
+    error_responses,
+    problem,
+)
 from shared import __version__
 from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID
-from shared.status import ApiCode, ApiCodes, QuireError
+from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
 PASSWORD_HEADER = "Quire-Ledger-Password"
 MAX_PASSWORD_CHARS = 4096
+BOOKIE_INFO_TIMEOUT_S = 2.0
 
 LedgerId = Annotated[int, Path(ge=0, le=MAX_LEDGER_ID, description="The ledger id")]
 EntryId = Annotated[int, Path(ge=0, le=MAX_LEDGER_ID, description="The entry id")]
 Password = Annotated[str | None, Header(alias=PASSWORD_HEADER, description="The ledger password")]
 
 
-# -- problems -----------------------------------------------------------------------------------
-
-
-class Problem(BaseModel):
-    """RFC 9457 problem details, with Quire's machine-readable `code`."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    code: str
-
-
-BOOKIE_INFO_TIMEOUT_S = 2.0
-
-
-def problem(status: int, code: str, title: str, detail: str, **extensions: Any) -> JSONResponse:
-    body = {
-        "type": f"urn:quire:problem:{code.lower().replace('_', '-')}",
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "code": code,
-        **extensions,
-    }
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE)
-
-
-def api_problem(api: ApiCode, detail: str, **extensions: Any) -> JSONResponse:
-    return problem(api.http_status, api.code, api.title, detail, **extensions)
-
-
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem, "description": description}
-    for status, description in [
-        (400, "INVALID_ARGUMENT"),
-        (403, "UNAUTHORIZED: missing or wrong ledger password"),
-        (404, "NO_SUCH_LEDGER or NO_SUCH_ENTRY"),
-        (409, "LEDGER_CLOSED or LEDGER_FENCED"),
-        (413, "ENTRY_TOO_LARGE"),
-        (503, "NOT_ENOUGH_BOOKIES or UNAVAILABLE"),
-        (504, "TIMEOUT"),
-    ]
-}
+ERROR_RESPONSES = error_responses()
 
 
 # -- bodies ---------------------------------------------------------------------------------------
@@ -145,6 +115,10 @@ async def read_body(request: Request, limit_bytes: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
+def entry_json(entry_id: int, payload: bytes) -> dict[str, Any]:
+    return {"entry_id": entry_id, "data": base64.b64encode(payload).decode()}
+
+
 def parse_batch(body: bytes, settings: GatewaySettings) -> list[bytes]:
     """The entries of a JSON batch; any invalid item refuses the whole batch."""
     try:
@@ -156,11 +130,7 @@ def parse_batch(body: bytes, settings: GatewaySettings) -> list[bytes]:
     entries = document["entries"]
     if not isinstance(entries, list) or not entries:
         raise QuireError(ApiCodes.INVALID_ARGUMENT, "entries must be a non-empty list")
-    if len(entries) > settings.max_batch_entries:
-        raise QuireError(
-            ApiCodes.INVALID_ARGUMENT,
-            f"{len(entries)} entries exceed the batch limit of {settings.max_batch_entries}",
-        )
+    check_batch_size(len(entries), settings)
     payloads = []
     for index, item in enumerate(entries):
         if not isinstance(item, str):
@@ -171,12 +141,7 @@ def parse_batch(body: bytes, settings: GatewaySettings) -> list[bytes]:
             raise QuireError(
                 ApiCodes.INVALID_ARGUMENT, f"entries[{index}] is not valid base64: {exc}"
             ) from exc
-        if len(payload) > settings.max_entry_size_bytes:
-            raise QuireError(
-                ApiCodes.ENTRY_TOO_LARGE,
-                f"entries[{index}] is {len(payload)} bytes, more than "
-                f"{settings.max_entry_size_bytes}",
-            )
+        check_entry_size(len(payload), settings, f"entries[{index}]")
         payloads.append(payload)
     return payloads
 
@@ -224,16 +189,32 @@ class ProblemsAndMetrics:
 
 
 def create_app(
-    ledgers: Ledgers, settings: GatewaySettings, metrics: GatewayMetrics | None = None
+    ledgers: Ledgers,
+    settings: GatewaySettings,
+    metrics: GatewayMetrics | None = None,
+    auth: TokenAuth | None = None,
 ) -> FastAPI:
     metrics = metrics or ledgers.metrics
     app = FastAPI(
         title="Quire gateway",
         version=__version__,
         description="A replicated, append-only ledger store (BookKeeper's model).",
+        # Operation ids are the handlers' names: stable, and what generated clients call.
+        generate_unique_id_function=lambda route: route.name,
     )
+    # Outermost last: problems and metrics see everything, then authentication, then
+    # admission control, then the routes.
+    app.add_middleware(
+        AdmissionControl,
+        max_in_flight_per_client=settings.max_requests_in_flight_per_client,
+        request_timeout_ms=settings.request_timeout_ms,
+        long_poll_timeout_ms=settings.long_poll_max_timeout_ms + settings.request_timeout_ms,
+    )
+    app.add_middleware(BearerAuthMiddleware, auth=auth or TokenAuth(frozenset()))
     app.add_middleware(ProblemsAndMetrics, metrics=metrics)
     install_error_handlers(app)
+    install_problem_schema(app)
+    app.include_router(create_admin_router(ledgers))
 
     @app.post("/v1/ledgers", status_code=201, responses=ERROR_RESPONSES, tags=["ledgers"])
     async def create_ledger(body: CreateLedgerBody) -> dict[str, Any]:
@@ -298,14 +279,42 @@ def create_app(
         last: Annotated[int | None, Query(alias="to", ge=0, le=MAX_LEDGER_ID)] = None,
         unconfirmed: bool = False,
         password: Password = None,
-    ) -> dict[str, Any]:
-        entries, lac = await ledgers.read_range(
-            ledger_id, password_bytes(password), first, last, unconfirmed
-        )
-        return {
-            "entries": [{"entry_id": e, "data": base64.b64encode(p).decode()} for e, p in entries],
-            "lac": lac,
-        }
+    ) -> Any:
+        """Entries first..last, capped at the LAC unless `unconfirmed`. A range longer than
+        one page (max_batch_entries) is streamed page by page, never held whole; an error
+        after the first page cuts the stream (the JSON is then incomplete)."""
+        page = settings.max_batch_entries
+        if last is not None and not first - 1 <= last < first + settings.max_read_entries:
+            raise QuireError(
+                ApiCodes.INVALID_ARGUMENT,
+                f"a range holds 0 to {settings.max_read_entries} entries; "
+                f"got from={first} to={last}",
+            )
+        secret = password_bytes(password)
+        head_last = None if last is None else min(last, first + page - 1)
+        entries, lac = await ledgers.read_range(ledger_id, secret, first, head_last, unconfirmed)
+        end = last if unconfirmed else (lac if last is None else min(last, lac))
+        if last is None or len(entries) < page or entries[-1][0] >= end:
+            return {"entries": [entry_json(e, p) for e, p in entries], "lac": lac}
+
+        async def pages() -> AsyncIterator[bytes]:
+            yield b'{"entries": ['
+            batch, sent = entries, 0
+            while True:
+                for entry_id, payload in batch:
+                    yield (b"," if sent else b"") + json.dumps(
+                        entry_json(entry_id, payload)
+                    ).encode()
+                    sent += 1
+                following = batch[-1][0] + 1 if batch else end + 1
+                if not batch or following > end or len(batch) < page:
+                    break
+                batch, _ = await ledgers.read_range(
+                    ledger_id, secret, following, min(end, following + page - 1), unconfirmed
+                )
+            yield f'], "lac": {lac}}}'.encode()
+
+        return StreamingResponse(pages(), media_type="application/json")
 
     @app.get(
         "/v1/ledgers/{ledger_id}/entries/{entry_id}",
@@ -384,7 +393,7 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["operations"], responses={503: {"model": Problem}})
+    @app.get("/readyz", tags=["operations"], responses=error_responses(503))
     async def readyz() -> Any:
         status = await ledgers.readiness()
         if status["ready"]:
@@ -424,11 +433,49 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(
             exc.status_code, "INVALID_ARGUMENT" if exc.status_code < 500 else "INTERNAL"
         )
         response = problem(exc.status_code, code, str(exc.detail), str(exc.detail))
         for key, value in (exc.headers or {}).items():
             response.headers[key] = value
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
+def install_problem_schema(app: FastAPI) -> None:
+    """Put the Problem schema into the OpenAPI components the error responses refer to."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components["Problem"] = Problem.model_json_schema()
+            # FastAPI documents its own 422 body; ours is a problem like every error.
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            problem_content = {
+                PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}
+            }
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    for status, response in operation.get("responses", {}).items():
+                        if status[0] in "45":
+                            response["content"] = problem_content
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -45,3 +45,31 @@ def api_problem(
     api: ApiCode, detail: str, headers: dict[str, str] | None = None, **extensions: Any
 ) -> JSONResponse:
     return problem(api.http_status, api.code, api.title, detail, headers, **extensions)
+
+
+# Every error status the API uses, described in the OpenAPI document as problem+json.
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHORIZED: a bearer token is required (when the gateway has tokens)",
+    403: "UNAUTHORIZED: missing or wrong ledger password",
+    404: "NO_SUCH_LEDGER, NO_SUCH_ENTRY or NOT_FOUND",
+    409: "LEDGER_CLOSED or LEDGER_FENCED",
+    413: "ENTRY_TOO_LARGE",
+    422: "INVALID_ARGUMENT: the request does not match its schema",
+    429: "TOO_MANY_REQUESTS (see Retry-After)",
+    500: "INTERNAL",
+    503: "NOT_ENOUGH_BOOKIES or UNAVAILABLE",
+    504: "TIMEOUT",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses (all of them by default)."""
+    chosen = statuses or tuple(ERROR_DESCRIPTIONS)
+    return {
+        status: {
+            "description": ERROR_DESCRIPTIONS[status],
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for status in chosen
+    }

@@ -13,14 +13,17 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
+from services.gateway.auth import TokenAuth, TokenError, load_tokens
 from services.gateway.bookie_client import BookieClient
 from services.gateway.grpc_api import start_grpc_server
 from services.gateway.http import create_app
 from services.gateway.ledgers import Ledgers
 from services.gateway.metrics import GatewayMetrics
+from shared.config import GatewaySettings
 from shared.metaclient import MetadataClient
 from shared.service import ServiceRuntime
 
@@ -36,6 +39,19 @@ class EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def tls_files(gateway: GatewaySettings) -> tuple[Path, Path] | None:
+    """(certificate, key) when TLS is configured; both or neither must be set."""
+    cert, key = gateway.tls_cert_file, gateway.tls_key_file
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise RuntimeError("TLS needs both QUIRE_GATEWAY__TLS_CERT_FILE and __TLS_KEY_FILE")
+    for path in (cert, key):
+        if not path.is_file():
+            raise RuntimeError(f"TLS file {path} does not exist")
+    return cert, key
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -65,9 +81,16 @@ async def main(rt: ServiceRuntime) -> None:
     rt.spawn(ledgers.run_ticker(), "gateway-ticker")
     rt.on_shutdown(ledgers.stop)
 
-    app = create_app(ledgers, gateway, metrics)
+    try:
+        auth = TokenAuth(load_tokens(settings.api_tokens))
+    except TokenError as exc:
+        raise RuntimeError(f"QUIRE_API_TOKENS: {exc}") from exc
+    tls = tls_files(gateway)
+    app = create_app(ledgers, gateway, metrics, auth)
     config = uvicorn.Config(
         app,
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -96,9 +119,13 @@ async def main(rt: ServiceRuntime) -> None:
         if http_task.done() or loop.time() > deadline:
             raise RuntimeError(f"the HTTP server did not start on {host}:{port}")
         await asyncio.sleep(0.01)
-    log.info("gateway HTTP listening", extra={"url": f"http://{host}:{port}"})
+    scheme = "https" if tls else "http"
+    log.info(
+        "gateway HTTP listening",
+        extra={"url": f"{scheme}://{host}:{port}", "api_tokens": auth.enabled},
+    )
 
-    grpc_server, grpc_port = await start_grpc_server(ledgers, gateway)
+    grpc_server, grpc_port = await start_grpc_server(ledgers, gateway, auth)
 
     async def stop_grpc() -> None:
         await grpc_server.stop(HTTP_GRACEFUL_SHUTDOWN_S)

@@ -4,39 +4,22 @@ whatever the transport, the same calls give the same results and the same error 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 
 import pytest
 
 from quire.client import Entry, GrpcClient, HttpClient, QuireClient, QuireClientError
-from shared.config import QuireSettings
-from tests.integration.test_gateway_http import MAX_ENTRY, Stack, running_stack
+from tests.support.stack import MAX_ENTRY, Stack, running_stack, scratch_database, stack_settings
 
 PASSWORD = "pw"
 
 
 @pytest.fixture(scope="module")
 async def stack(nats_url: str, database_url: str, tmp_path_factory) -> AsyncIterator[Stack]:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    db = make_url(database_url)
-    name = f"t_{os.urandom(6).hex()}"
-    admin = {"host": db.host, "port": db.port, "user": db.username, "dbname": "postgres"}
-    with psycopg.connect(**admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    settings = QuireSettings(
-        nats_url=nats_url,
-        subject_prefix=f"t{os.urandom(4).hex()}",
-        data_dir=tmp_path_factory.mktemp("client-stack"),
-    )
-    try:
-        async with running_stack(settings, db.set(database=name).render_as_string(False)) as s:
+    settings = stack_settings(nats_url, tmp_path_factory.mktemp("client-stack"))
+    with scratch_database(database_url) as db:
+        async with running_stack(settings, db) as s:
             yield s
-    finally:
-        with psycopg.connect(**admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture(params=["http", "grpc"])

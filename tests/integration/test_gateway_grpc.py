@@ -16,8 +16,13 @@ from grpc_status import rpc_status
 
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
-from shared.config import QuireSettings
-from tests.integration.test_gateway_http import MAX_BATCH, MAX_ENTRY, running_stack
+from tests.support.stack import (
+    MAX_BATCH,
+    MAX_ENTRY,
+    running_stack,
+    scratch_database,
+    stack_settings,
+)
 
 PASSWORD = "s3cret"
 AUTH = (("quire-ledger-password", PASSWORD),)
@@ -28,29 +33,14 @@ WRONG = (("quire-ledger-password", "wrong"),)
 async def grpc_stub(
     nats_url: str, database_url: str, tmp_path_factory
 ) -> AsyncIterator[pb_grpc.LedgersStub]:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    db = make_url(database_url)
-    name = f"t_{os.urandom(6).hex()}"
-    admin = {"host": db.host, "port": db.port, "user": db.username, "dbname": "postgres"}
-    with psycopg.connect(**admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    settings = QuireSettings(
-        nats_url=nats_url,
-        subject_prefix=f"t{os.urandom(4).hex()}",
-        data_dir=tmp_path_factory.mktemp("grpc-stack"),
-    )
-    try:
-        async with running_stack(settings, db.set(database=name).render_as_string(False)) as s:
+    settings = stack_settings(nats_url, tmp_path_factory.mktemp("grpc-stack"))
+    with scratch_database(database_url) as db:
+        async with running_stack(settings, db) as s:
             target = f"127.0.0.1:{s.settings.gateway.grpc_port}"
             async with grpc.aio.insecure_channel(target) as channel:
                 stub = pb_grpc.LedgersStub(channel)
                 stub.channel = channel  # type: ignore[attr-defined]
                 yield stub
-    finally:
-        with psycopg.connect(**admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def error_code(error: grpc.aio.AioRpcError) -> str:

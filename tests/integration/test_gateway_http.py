@@ -6,127 +6,38 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
-from quire.infra import free_port
-from shared.config import QuireSettings
-from shared.service import ServiceRuntime
 from shared.subjects import Subjects
-from tests.support.inprocess import running_service
+from tests.support.stack import (
+    MAX_BATCH,
+    MAX_ENTRY,
+    MAX_READ,
+    Stack,
+    gateway_settings,
+    running_stack,
+    scratch_database,
+    stack_settings,
+)
 
 PW = {"Quire-Ledger-Password": "s3cret"}
 WRONG_PW = {"Quire-Ledger-Password": "nope"}
 PROBLEM = "application/problem+json"
-MAX_ENTRY = 4096
-MAX_BATCH = 50
-
-
-@dataclass
-class Stack:
-    url: str
-    settings: QuireSettings
-    http: httpx.AsyncClient
-    # One exit stack per service, so that a test can stop one of them.
-    services: dict[str, contextlib.AsyncExitStack] = field(default_factory=dict)
-    runtimes: dict[str, ServiceRuntime] = field(default_factory=dict)
-
-    async def start(self, name: str, kind: str, settings: QuireSettings) -> ServiceRuntime:
-        stack = contextlib.AsyncExitStack()
-        rt = await stack.enter_async_context(running_service(kind, settings, name))
-        self.services[name], self.runtimes[name] = stack, rt
-        return rt
-
-    async def stop(self, name: str) -> None:
-        await self.services.pop(name).aclose()
-
-    async def stop_all(self) -> None:
-        for name in reversed(list(self.services)):
-            await self.stop(name)
-
-
-def gateway_settings(settings: QuireSettings, **gateway) -> QuireSettings:
-    update = {
-        "http_port": free_port(),
-        "grpc_port": free_port(),
-        "ready_min_writable_bookies": 3,
-        "max_entry_size_bytes": MAX_ENTRY,
-        "max_batch_entries": MAX_BATCH,
-        "read_entry_timeout_ms": 500,
-        "add_entry_timeout_ms": 3_000,
-        **gateway,
-    }
-    return settings.model_copy(update={"gateway": settings.gateway.model_copy(update=update)})
-
-
-@contextlib.asynccontextmanager
-async def running_stack(
-    settings: QuireSettings, database_url: str, bookies: int = 3, **gateway
-) -> AsyncIterator[Stack]:
-    settings = gateway_settings(
-        settings.model_copy(update={"database_url": database_url}), **gateway
-    )
-    url = f"http://127.0.0.1:{settings.gateway.http_port}"
-    async with httpx.AsyncClient(base_url=url, timeout=15) as http:
-        stack = Stack(url, settings, http)
-        try:
-            await stack.start("metadata", "metadata", settings)
-            for i in range(1, bookies + 1):
-                bookie = settings.model_copy(update={"bookie_id": f"bookie-{i}"})
-                await stack.start(f"bookie-{i}.journal", "journal", bookie)
-                await stack.start(f"bookie-{i}.ledgerstore", "ledgerstore", bookie)
-            await stack.start("gateway", "gateway", settings)
-            await wait_ready(http)
-            yield stack
-        finally:
-            await stack.stop_all()
-
-
-async def wait_ready(http: httpx.AsyncClient, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = await http.get("/readyz")
-        if response.status_code == 200:
-            return
-        assert time.monotonic() < deadline, f"gateway not ready: {response.text}"
-        await asyncio.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
 async def stack(nats_url: str, database_url: str, tmp_path_factory) -> AsyncIterator[Stack]:
     """One stack for the module's tests (each works on ledgers of its own)."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    db = make_url(database_url)
-    name = f"t_{os.urandom(6).hex()}"
-    admin = {
-        "host": db.host,
-        "port": db.port,
-        "user": db.username,
-        "dbname": "postgres",
-        "autocommit": True,
-    }
-    with psycopg.connect(**admin) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    settings = QuireSettings(
-        nats_url=nats_url,
-        subject_prefix=f"t{os.urandom(4).hex()}",
-        data_dir=tmp_path_factory.mktemp("gateway-stack"),
-    )
-    try:
-        async with running_stack(settings, db.set(database=name).render_as_string(False)) as s:
+    settings = stack_settings(nats_url, tmp_path_factory.mktemp("gateway-stack"))
+    with scratch_database(database_url) as db:
+        async with running_stack(settings, db) as s:
             yield s
-    finally:
-        with psycopg.connect(**admin) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 async def create(http: httpx.AsyncClient, **body) -> dict:
@@ -391,7 +302,7 @@ def error_cases(lid: int) -> list[tuple[str, str, dict, int, str]]:
         (
             "GET",
             entries,
-            {"params": {"from": 0, "to": MAX_BATCH}, "headers": PW},
+            {"params": {"from": 0, "to": MAX_READ}, "headers": PW},
             400,
             "INVALID_ARGUMENT",
         ),
@@ -542,3 +453,21 @@ async def test_reads_fall_back_when_a_ledgerstore_is_stopped(settings, fresh_dat
         await stack.stop("bookie-2.journal")
         response = await append_raw(http, lid, b"after")
         assert response.json() == {"entry_id": 6, "lac": 6}
+
+
+async def test_a_range_longer_than_a_page_is_streamed_whole(stack: Stack) -> None:
+    ledger = await create(stack.http)
+    lid = ledger["ledger_id"]
+    payloads = [f"p{i}".encode() for i in range(MAX_BATCH * 3 + 5)]
+    for start in range(0, len(payloads), MAX_BATCH):
+        batch = {"entries": [b64(p) for p in payloads[start : start + MAX_BATCH]]}
+        response = await stack.http.post(f"/v1/ledgers/{lid}/entries", json=batch, headers=PW)
+        assert response.status_code == 200, response.text
+    # Beyond the LAC the range is capped; the body is one JSON document however it came.
+    params = {"from": 3, "to": len(payloads) + 20}
+    response = await stack.http.get(f"/v1/ledgers/{lid}/entries", params=params, headers=PW)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["lac"] == len(payloads) - 1
+    assert [base64.b64decode(e["data"]) for e in body["entries"]] == payloads[3:]
+    assert [e["entry_id"] for e in body["entries"]] == list(range(3, len(payloads)))
