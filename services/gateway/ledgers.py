@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
@@ -112,6 +113,48 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return 0.0
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a dispatch returns to end `drive` with `value`."""
+
+    value: Any
+
+
+async def drive(
+    core: Any,
+    dispatch: Callable[[Any], Any],
+    clock: Callable[[], int],
+    finished: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Run a sans-IO core (step/tick/take_commands) until done. `dispatch` handles each
+    command: None (handled), an awaitable (IO whose result is stepped into the core), or
+    Finished(value) to return `value`; it may raise. IO still in flight is cancelled."""
+    in_flight: set[asyncio.Future] = set()
+    try:
+        while True:
+            for command in core.take_commands():
+                outcome = dispatch(command)
+                if isinstance(outcome, Finished):
+                    return outcome.value
+                if outcome is not None:
+                    in_flight.add(asyncio.ensure_future(outcome))
+            if finished():
+                return None
+            done: set[asyncio.Future] = set()
+            if in_flight:
+                done, in_flight = await asyncio.wait(
+                    in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
+                )
+            else:  # nothing to wait for but time (the core's timeouts)
+                await asyncio.sleep(TICK_INTERVAL_S)
+            for task in done:
+                core.step(task.result(), clock())
+            core.tick(clock())
+    finally:
+        for task in in_flight:
+            task.cancel()
 
 
 @dataclass
@@ -593,34 +636,21 @@ class Ledgers:
         return result
 
     async def _run_recovery(self, core: LedgerRecovery, password: bytes) -> LedgerMetadata:
-        in_flight: set[asyncio.Task] = set()
-        try:
-            while True:
-                for command in core.take_commands():
-                    match command:
-                        case RecoveryDone():
-                            return command.metadata
-                        case RecoveryFailed():
-                            raise QuireError(command.api, command.detail)
-                        case ReplicaCorrupt():
-                            self._report_corrupt(core.ledger_id, command)
-                        case EnsembleChanged():
-                            self.ensemble_changed(command)
-                        case _:
-                            in_flight.add(asyncio.create_task(self._recovery_io(core, command)))
-                if not in_flight:
-                    await asyncio.sleep(TICK_INTERVAL_S)
-                    done: set[asyncio.Task] = set()
-                else:
-                    done, in_flight = await asyncio.wait(
-                        in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
-                    )
-                for task in done:
-                    core.step(task.result(), self.clock())
-                core.tick(self.clock())
-        finally:
-            for task in in_flight:
-                task.cancel()
+        def dispatch(command: Any) -> Any:
+            match command:
+                case RecoveryDone():
+                    return Finished(command.metadata)
+                case RecoveryFailed():
+                    raise QuireError(command.api, command.detail)
+                case ReplicaCorrupt():
+                    self._report_corrupt(core.ledger_id, command)
+                case EnsembleChanged():
+                    self.ensemble_changed(command)
+                case _:
+                    return self._recovery_io(core, command)
+            return None
+
+        return await drive(core, dispatch, self.clock)
 
     async def _recovery_io(self, core: LedgerRecovery, command):
         """One command of a recovery as IO; the event it turns into."""
@@ -767,35 +797,22 @@ class Ledgers:
         )
         core.read(entry_ids, self.clock())
         outcomes: dict[int, EntryRead | EntryReadFailed] = {}
-        in_flight: set[asyncio.Task] = set()
-        try:
-            while True:
-                for command in core.take_commands():
-                    match command:
-                        case SendReads():
-                            in_flight.add(asyncio.create_task(self._send_reads(command)))
-                        case EntryRead() | EntryReadFailed():
-                            outcomes[command.entry_id] = command
-                            result = "ok" if isinstance(command, EntryRead) else "failed"
-                            self.metrics.reads.labels(result).inc()
-                        case ReplicaCorrupt():
-                            self._report_corrupt(metadata.ledger_id, command)
-                if core.done:
-                    self.metrics.speculative_reads.inc(core.speculative_reads)
-                    return outcomes
-                if not in_flight:  # nothing to wait for but time (the core's timeouts)
-                    await asyncio.sleep(TICK_INTERVAL_S)
-                    done: set[asyncio.Task] = set()
-                else:
-                    done, in_flight = await asyncio.wait(
-                        in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
-                    )
-                for task in done:
-                    core.step(task.result(), self.clock())
-                core.tick(self.clock())
-        finally:
-            for task in in_flight:
-                task.cancel()
+
+        def dispatch(command: Any) -> Any:
+            match command:
+                case SendReads():
+                    return self._send_reads(command)
+                case EntryRead() | EntryReadFailed():
+                    outcomes[command.entry_id] = command
+                    result = "ok" if isinstance(command, EntryRead) else "failed"
+                    self.metrics.reads.labels(result).inc()
+                case ReplicaCorrupt():
+                    self._report_corrupt(metadata.ledger_id, command)
+            return None
+
+        await drive(core, dispatch, self.clock, finished=lambda: core.done)
+        self.metrics.speculative_reads.inc(core.speculative_reads)
+        return outcomes
 
     async def _send_reads(self, command: SendReads) -> BookieReadReply | ReadSendFailed:
         try:
