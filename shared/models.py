@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shared.digest import DigestType
 from shared.quorum import QuorumSpec
 
-METADATA_FORMAT_VERSION = 1
+# 1: the first format; 2: adds the creator token (BookKeeper's cToken).
+METADATA_FORMAT_VERSION = 2
 MAX_LEDGER_ID = 2**63 - 1
 
 
@@ -59,6 +60,9 @@ class LedgerMetadata(_Strict):
     password_salt: str = ""
     password_hash: str = ""
     format_version: int = METADATA_FORMAT_VERSION
+    # BookKeeper's cToken: a random number the creator chose, so that a create retried after
+    # a lost reply recognises its own ledger (0: none given).
+    creator_token: int = 0
 
     @property
     def quorum(self) -> QuorumSpec:
@@ -100,6 +104,9 @@ class CreateLedgerRequest(_Strict):
     password_hash: str = ""
     metadata: dict[str, str] = Field(default_factory=dict)
     ensemble: list[str] = Field(min_length=1)
+    # With a chosen ledger_id, a retry with the same non-zero token returns the ledger it
+    # created instead of LEDGER_EXISTS (createLedgerAdv after a lost reply).
+    creator_token: int = Field(default=0, ge=0, le=MAX_LEDGER_ID)
 
     @model_validator(mode="after")
     def _check_quorum(self) -> CreateLedgerRequest:
@@ -122,6 +129,19 @@ class ListLedgersRequest(_Strict):
 
 class ListLedgersReply(_Strict):
     ledgers: list[LedgerMetadata]
+    next_after: int | None
+
+
+class LedgerRangesRequest(_Strict):
+    """BookKeeper's getLedgerRanges: the ids of every ledger, as runs, a page at a time."""
+
+    after: int | None = Field(default=None, ge=-1)
+    limit: int = Field(default=10_000, ge=1, le=100_000)  # ids per page
+
+
+class LedgerRangesReply(_Strict):
+    # Inclusive [first, last] runs of consecutive existing ids, ascending.
+    ranges: list[tuple[int, int]]
     next_after: int | None
 
 
@@ -158,6 +178,129 @@ class Empty(_Strict):
     pass
 
 
+# -- cluster state: cookies, instance id, settings ----------------------------------------
+
+NO_VERSION = -1  # BookKeeper's Version.NEW: "there is nothing yet"
+
+
+class CookieRequest(_Strict):
+    bookie_id: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+
+
+class PutCookieRequest(_Strict):
+    """Write a bookie's cookie if the stored one is still at `expected_version`
+    (NO_VERSION: only if there is none)."""
+
+    bookie_id: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    data: str = Field(max_length=65_536)
+    expected_version: int = Field(ge=NO_VERSION)
+
+
+class DeleteCookieRequest(_Strict):
+    bookie_id: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    expected_version: int = Field(ge=0)
+
+
+class Cookie(_Strict):
+    bookie_id: str
+    data: str | None  # None: no cookie
+    version: int  # NO_VERSION when there is none
+
+
+class InstanceIdReply(_Strict):
+    instance_id: str
+
+
+class ClusterSettings(_Strict):
+    # BookKeeper's autoRecoveryDaemonEnabled switch (`bookkeeper shell autorecovery`).
+    autorecovery_enabled: bool = True
+    # lostBookieRecoveryDelay: seconds the auditor waits after a bookie is lost before
+    # marking its ledgers under-replicated.
+    lost_bookie_recovery_delay_s: int = Field(default=0, ge=0, le=86_400)
+
+
+class SetClusterSettingsRequest(_Strict):
+    """Fields left as None are unchanged."""
+
+    autorecovery_enabled: bool | None = None
+    lost_bookie_recovery_delay_s: int | None = Field(default=None, ge=0, le=86_400)
+
+
+# -- the under-replication queue ----------------------------------------------------------
+
+WORKER_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+class MarkUnderreplicatedRequest(_Strict):
+    ledger_id: int = Field(ge=0, le=MAX_LEDGER_ID)
+    missing_bookies: list[str] = Field(min_length=1, max_length=1000)
+
+
+class ClaimUnderreplicatedRequest(_Strict):
+    worker_id: str = Field(pattern=WORKER_ID_PATTERN)
+    lease_ms: int = Field(default=60_000, ge=100, le=3_600_000)
+
+
+class UnderreplicatedLedger(_Strict):
+    ledger_id: int
+    missing_bookies: list[str]  # sorted, no repeats
+    # Bumped by every mark that added a bookie: "replicated" of an older mark only releases.
+    mark_version: int
+    marked_at: int  # ms since the epoch of the first mark
+    claimed_by: str | None = None
+    claim_expires_at: int | None = None
+
+
+class ClaimUnderreplicatedReply(_Strict):
+    ledger: UnderreplicatedLedger | None  # None: nothing to do (or autorecovery disabled)
+
+
+class UnderreplicatedClaimRequest(_Strict):
+    """Release, renew or finish a claim; only its holder may."""
+
+    ledger_id: int = Field(ge=0, le=MAX_LEDGER_ID)
+    worker_id: str = Field(pattern=WORKER_ID_PATTERN)
+    lease_ms: int = Field(default=60_000, ge=100, le=3_600_000)  # for renew
+    mark_version: int | None = Field(default=None, ge=0)  # for replicated
+
+
+class ClaimOutcome(_Strict):
+    done: bool  # False: the claim was not (or no longer) this worker's
+
+
+class ListUnderreplicatedRequest(_Strict):
+    after: int | None = Field(default=None, ge=-1)
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class ListUnderreplicatedReply(_Strict):
+    ledgers: list[UnderreplicatedLedger]
+    next_after: int | None
+
+
+# -- auditor election ---------------------------------------------------------------------
+
+
+class ElectRequest(_Strict):
+    candidate_id: str = Field(pattern=WORKER_ID_PATTERN)
+    lease_ms: int = Field(default=6_000, ge=100, le=600_000)
+
+
+class Leadership(_Strict):
+    leader_id: str | None  # None: no leader holds a lease now
+    term: int  # bumped each time another candidate wins
+    lease_expires_at: int  # ms since the epoch
+    is_leader: bool = False  # whether the asking candidate is the leader
+
+
+class LedgerWatchEvent(_Strict):
+    """Published on `Subjects.ledger_watch(id)` after each committed change, in commit
+    order. Best effort (core NATS): a watcher that must not miss a change re-reads."""
+
+    ledger_id: int
+    metadata: LedgerMetadata | None  # None: the ledger was deleted
+
+
 # -- the reply envelope -------------------------------------------------------------------
 
 
@@ -166,6 +309,7 @@ class MetaErrorCode(StrEnum):
     NO_SUCH_LEDGER = "NO_SUCH_LEDGER"
     LEDGER_EXISTS = "LEDGER_EXISTS"
     BAD_VERSION = "BAD_VERSION"  # the CAS lost; `current` holds the stored metadata
+    NO_SUCH_COOKIE = "NO_SUCH_COOKIE"
     UNAVAILABLE = "UNAVAILABLE"  # PostgreSQL unreachable: the outcome is unknown, re-read
     INTERNAL = "INTERNAL"
 

@@ -2,6 +2,7 @@
 
 <prefix>.bookie.<bookie_id>.<op>   requests to one bookie (journal or ledgerstore)
 <prefix>.meta.<area>.<op>          requests to the metadata service (queue group)
+<prefix>.meta.watch.ledger.<id>    a ledger's new metadata after each change (core NATS)
 <prefix>.<service>.<op>            requests to the auditor or replicators
 <prefix>.events.<kind>             domain events, captured by the QUIRE_EVENTS stream
 """
@@ -32,6 +33,10 @@ class Subjects:
     def meta(self, op: str) -> str:
         """`op` is dotted, e.g. "ledger.create"."""
         return f"{self.prefix}.meta.{op}"
+
+    def ledger_watch(self, ledger_id: int) -> str:
+        """Change notifications of one ledger (BookKeeper's metadata watch)."""
+        return f"{self.prefix}.meta.watch.ledger.{ledger_id}"
 
     def service(self, kind: str, op: str) -> str:
         """Requests to a singleton-style service, e.g. ("auditor", "status")."""

@@ -1,18 +1,27 @@
 """The auditor: watches the bookie registry and reports bookies that are lost (their lease
-lapsed), turn read-only, or come back. Marking their ledgers under-replicated, and the
-election of a single auditor, come with the auto-recovery work (wave 2)."""
+lapsed), turn read-only, or come back. Marking their ledgers under-replicated comes with
+the auto-recovery work.
+
+Several auditors may run; only the elected one audits (BookKeeper's AuditorElector). It
+holds a lease in the metadata store and renews it every third of its length; it counts
+itself leader only until the lease it last obtained runs out by its own clock, measured
+from before it asked, so it stops auditing no later than the store lets another win.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import time
+import uuid
 
 from nats.micro.request import Request
 
 from services.auditor.core import bookie_transitions
 from shared.metaclient import MetadataClient, MetadataError
-from shared.models import BookieState
+from shared.models import BookieState, Leadership
 from shared.service import ServiceRuntime
 
 log = logging.getLogger(__name__)
@@ -29,8 +38,33 @@ class Auditor:
     def __init__(self, rt: ServiceRuntime) -> None:
         self._rt = rt
         self._meta = MetadataClient(rt.nc, rt.subjects, rt.settings.request_timeout_ms / 1000)
+        self.candidate_id = f"{rt.instance}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.lease_ms = rt.settings.metadata.auditor_lease_ms
+        self._leader_until = 0.0  # time.monotonic() until which we lead
+        self.leadership: Leadership | None = None
         self.known: dict[str, BookieState] = {}
         self.audits = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return time.monotonic() < self._leader_until
+
+    async def keep_leadership(self) -> None:
+        """Renew the lease if we lead, else stand for election."""
+        asked_at = time.monotonic()
+        if self.is_leader:
+            result = await self._meta.renew_auditor(self.candidate_id, self.lease_ms)
+        else:
+            result = await self._meta.elect_auditor(self.candidate_id, self.lease_ms)
+        was_leader = self.is_leader
+        self.leadership = result
+        if result.is_leader:
+            self._leader_until = asked_at + self.lease_ms / 1000
+            if not was_leader:
+                log.info("elected auditor", extra={"term": result.term})
+                self.known.clear()  # start from what the registry says now
+        else:
+            self._leader_until = 0.0
 
     async def audit_once(self) -> None:
         bookies = await self._meta.list_bookies()
@@ -50,18 +84,41 @@ class Auditor:
             )
         self.audits += 1
 
-    async def run(self) -> None:
+    async def elect_loop(self) -> None:
         while True:
             try:
-                await self.audit_once()
+                await self.keep_leadership()
             except MetadataError as exc:
-                log.warning("audit skipped: metadata unavailable", extra={"err": str(exc)})
+                log.warning("election skipped: metadata unavailable", extra={"err": str(exc)})
+            await asyncio.sleep(self.lease_ms / 3000)
+
+    async def run(self) -> None:
+        while True:
+            if self.is_leader:
+                try:
+                    await self.audit_once()
+                except MetadataError as exc:
+                    log.warning("audit skipped: metadata unavailable", extra={"err": str(exc)})
             await asyncio.sleep(AUDIT_INTERVAL_S)
 
+    async def resign(self) -> None:
+        """At shutdown: give the lease back so that another auditor takes over now."""
+        if self.is_leader:
+            self._leader_until = 0.0
+            try:
+                await self._meta.resign_auditor(self.candidate_id)
+            except MetadataError as exc:
+                log.warning("resign failed; the lease will lapse", extra={"err": str(exc)})
+
     async def status(self, request: Request) -> None:
+        held = self.leadership
         await request.respond(
             json.dumps(
                 {
+                    "leader": self.is_leader,
+                    "candidate_id": self.candidate_id,
+                    "leader_id": held.leader_id if held else None,
+                    "term": held.term if held else None,
                     "audits": self.audits,
                     "bookies": {k: v.value for k, v in self.known.items()},
                 }
@@ -71,5 +128,8 @@ class Auditor:
 
 async def main(rt: ServiceRuntime) -> None:
     auditor = Auditor(rt)
+    rt.auditor = auditor  # type: ignore[attr-defined]  # for tests
     await rt.add_endpoint("status", rt.subjects.service("auditor", "status"), auditor.status)
+    rt.on_shutdown(auditor.resign)
+    rt.spawn(auditor.elect_loop(), "auditor-election")
     rt.spawn(auditor.run(), "audit-loop")

@@ -16,11 +16,16 @@ from shared.models import (
     METADATA_FORMAT_VERSION,
     BookieInfo,
     BookieState,
+    ClusterSettings,
     CreateLedgerRequest,
+    Leadership,
     LedgerMetadata,
     LedgerState,
+    LedgerWatchEvent,
     RegisterBookieRequest,
     Segment,
+    SetClusterSettingsRequest,
+    UnderreplicatedLedger,
     UpdateLedgerRequest,
 )
 
@@ -85,6 +90,19 @@ def new_ledger(request: CreateLedgerRequest, ledger_id: int, ctime_ms: int) -> L
         password_salt=request.password_salt,
         password_hash=request.password_hash,
         format_version=METADATA_FORMAT_VERSION,
+        creator_token=request.creator_token,
+    )
+
+
+def is_own_create(existing: LedgerMetadata, request: CreateLedgerRequest) -> bool:
+    """A create retried after a lost reply finds the ledger it made itself: same creator
+    token (BookKeeper's cToken), same shape. Without a token nobody can tell."""
+    return (
+        request.creator_token != 0
+        and existing.creator_token == request.creator_token
+        and existing.ensemble_size == request.ensemble_size
+        and existing.write_quorum == request.write_quorum
+        and existing.ack_quorum == request.ack_quorum
     )
 
 
@@ -162,6 +180,203 @@ def bookie_events(info: BookieInfo, previous: BookieState | None) -> list[EventS
             },
         )
     ]
+
+
+# -- the outbox: stored changes -> published events --------------------------------------
+
+# Outbox row kinds that are not events by the same name.
+LEDGER_CREATED = "ledger.created"
+LEDGER_CHANGED = "ledger.changed"  # a won compare-and-set
+LEDGER_DELETED = "ledger.deleted"
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    """A change as the store wrote it, in the transaction that made it."""
+
+    outbox_id: int
+    kind: str
+    ledger_id: int | None
+    bookie_id: str | None
+    data: dict[str, Any]
+    ts_ms: int
+
+
+def outbox_events(record: OutboxRecord) -> tuple[list[EventSpec], LedgerWatchEvent | None]:
+    """What to publish for a stored change: its events (for the event stream) and, for a
+    ledger change, the notification its watchers get."""
+    data = record.data
+    if record.kind == LEDGER_CREATED:
+        meta = LedgerMetadata.model_validate(data["metadata"])
+        created = EventSpec(
+            LEDGER_CREATED,
+            {
+                "ensemble_size": meta.ensemble_size,
+                "write_quorum": meta.write_quorum,
+                "ack_quorum": meta.ack_quorum,
+                "digest": meta.digest.value,
+                "ensemble": meta.segments[0].bookies,
+                "ctime": meta.ctime,
+            },
+        )
+        return [created], LedgerWatchEvent(ledger_id=meta.ledger_id, metadata=meta)
+    if record.kind == LEDGER_CHANGED:
+        meta = LedgerMetadata.model_validate(data["metadata"])
+        change = LedgerChange(
+            metadata=meta,
+            previous_state=LedgerState(data["previous_state"]),
+            segments_changed=bool(data["segments_changed"]),
+        )
+        return change_events(change), LedgerWatchEvent(ledger_id=meta.ledger_id, metadata=meta)
+    if record.kind == LEDGER_DELETED:
+        assert record.ledger_id is not None
+        watch = LedgerWatchEvent(ledger_id=record.ledger_id, metadata=None)
+        return [EventSpec(LEDGER_DELETED, {})], watch
+    return [EventSpec(record.kind, dict(data))], None
+
+
+def event_id(instance_id: str, outbox_id: int, index: int) -> str:
+    """The Nats-Msg-Id: the same for every publish of the same change, whichever instance
+    publishes it, and distinct across clusters (a recreated database restarts the ids)."""
+    suffix = "" if index == 0 else f"-{index}"
+    return f"{instance_id}-{outbox_id}{suffix}"
+
+
+@dataclass
+class OutboxCursor:
+    """Decides which stored changes may be published now, in outbox id order.
+
+    Ids come from a sequence: a row may commit after a higher id did. A gap after the
+    last published id therefore waits until every transaction that was running when the
+    gap was first seen has finished (the gap is then a rollback, or filled). A row that
+    still commits below the cursor (possible only in that race) is published late rather
+    than lost."""
+
+    last_published_id: int
+    # In-progress transaction ids when the current gap was first seen, and the first id
+    # after the gap.
+    gap_xids: frozenset[int] | None = None
+    gap_next_id: int | None = None
+
+    def publishable(self, ids: Sequence[int], in_progress_xids: frozenset[int]) -> int:
+        """How many of `ids` (ascending, unpublished) may be published now."""
+        expected = self.last_published_id + 1
+        for count, outbox_id in enumerate(ids):
+            if outbox_id < expected or outbox_id == expected:
+                expected = max(expected, outbox_id + 1)
+                continue
+            if self._gap_over(outbox_id, in_progress_xids):
+                expected = outbox_id + 1
+                continue
+            return count
+        return len(ids)
+
+    def _gap_over(self, next_id: int, in_progress_xids: frozenset[int]) -> bool:
+        if self.gap_next_id != next_id or self.gap_xids is None:
+            self.gap_next_id, self.gap_xids = next_id, in_progress_xids
+            return not in_progress_xids
+        if self.gap_xids & in_progress_xids:
+            return False
+        self.gap_next_id, self.gap_xids = None, None
+        return True
+
+    def published(self, ids: Sequence[int]) -> None:
+        if ids:
+            self.last_published_id = max(self.last_published_id, max(ids))
+
+
+def snapshot_in_progress(snapshot: str) -> frozenset[int]:
+    """The in-progress transaction ids of a PostgreSQL snapshot "xmin:xmax:xip,xip"."""
+    xip = snapshot.split(":")[2]
+    return frozenset(int(x) for x in xip.split(",") if x)
+
+
+# -- the under-replication queue ----------------------------------------------------------
+
+
+def missing_bookies(bookies: Sequence[str]) -> list[str]:
+    """The stored form: sorted, each once."""
+    return sorted(set(bookies))
+
+
+def merge_mark(current: UnderreplicatedLedger, bookies: Sequence[str]) -> UnderreplicatedLedger:
+    """Adding to an existing mark: the union of missing bookies; the mark version moves
+    only if a bookie was added (a worker finishing an older mark must not clear it)."""
+    merged = missing_bookies([*current.missing_bookies, *bookies])
+    if merged == current.missing_bookies:
+        return current
+    return current.model_copy(
+        update={"missing_bookies": merged, "mark_version": current.mark_version + 1}
+    )
+
+
+def claimable(ledger: UnderreplicatedLedger, now_ms: int) -> bool:
+    return (
+        ledger.claimed_by is None
+        or ledger.claim_expires_at is None
+        or lease_expired(ledger.claim_expires_at, now_ms)
+    )
+
+
+# -- auditor election ---------------------------------------------------------------------
+
+
+def current_leader(leader_id: str | None, lease_expires_at_ms: int, now_ms: int) -> str | None:
+    return None if leader_id is None or lease_expired(lease_expires_at_ms, now_ms) else leader_id
+
+
+def elect(held: Leadership, candidate_id: str, now_ms: int, lease_ms: int) -> Leadership | None:
+    """The candidate's win (a new term unless it already led), or None if another
+    candidate holds an unexpired lease."""
+    leader = current_leader(held.leader_id, held.lease_expires_at, now_ms)
+    if leader is not None and leader != candidate_id:
+        return None
+    term = held.term if leader == candidate_id else held.term + 1
+    return Leadership(
+        leader_id=candidate_id,
+        term=term,
+        lease_expires_at=lease_expiry_ms(now_ms, lease_ms),
+        is_leader=True,
+    )
+
+
+def leadership_seen_by(held: Leadership, candidate_id: str | None, now_ms: int) -> Leadership:
+    """What a candidate (or anyone) is told: no leader once the lease lapsed."""
+    leader = current_leader(held.leader_id, held.lease_expires_at, now_ms)
+    return Leadership(
+        leader_id=leader,
+        term=held.term,
+        lease_expires_at=held.lease_expires_at,
+        is_leader=leader is not None and leader == candidate_id,
+    )
+
+
+# -- cluster settings ---------------------------------------------------------------------
+
+
+def settings_changes(request: SetClusterSettingsRequest) -> dict[str, Any]:
+    """The settings a request changes (None: unchanged)."""
+    return request.model_dump(exclude_none=True)
+
+
+def cluster_settings(stored: dict[str, Any]) -> ClusterSettings:
+    """Stored values over the defaults; names no longer known are ignored."""
+    known = ClusterSettings.model_fields.keys()
+    return ClusterSettings.model_validate({k: v for k, v in stored.items() if k in known})
+
+
+# -- ledger ranges ------------------------------------------------------------------------
+
+
+def id_runs(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending ids as inclusive runs of consecutive ids: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    runs: list[tuple[int, int]] = []
+    for ledger_id in ids:
+        if runs and runs[-1][1] + 1 == ledger_id:
+            runs[-1] = (runs[-1][0], ledger_id)
+        else:
+            runs.append((ledger_id, ledger_id))
+    return runs
 
 
 # -- listing ------------------------------------------------------------------------------

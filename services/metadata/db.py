@@ -6,7 +6,19 @@ migrations' result matches these definitions, so change both together.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Integer, MetaData, Sequence, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Sequence,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
@@ -35,6 +47,8 @@ ledgers = Table(
     Column("password_salt", Text, nullable=False),
     Column("password_hash", Text, nullable=False),
     Column("format_version", Integer, nullable=False),
+    # BookKeeper's cToken (0: none).
+    Column("creator_token", BigInteger, nullable=False, server_default=text("0")),
 )
 
 bookies = Table(
@@ -46,4 +60,93 @@ bookies = Table(
     Column("last_seen", BigInteger, nullable=False),  # ms since the epoch
     Column("lease_expires_at", BigInteger, nullable=False),  # ms since the epoch
     Column("info", JSONB, nullable=False),
+)
+
+# -- the transactional outbox -------------------------------------------------------------
+
+# Each change inserts its outbox row in the statement (so the transaction) that makes it.
+# Ids come from a sequence; the publisher publishes in id order (see store.py) and deletes
+# what it published, so the table holds only what is still to publish.
+outbox_id_seq = Sequence("outbox_id_seq", metadata=metadata, start=1, minvalue=1)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column(
+        "id", BigInteger, outbox_id_seq, primary_key=True, server_default=outbox_id_seq.next_value()
+    ),
+    # What changed: ledger.created, ledger.changed, ledger.deleted, bookie.registered, ...
+    # The publisher turns it into the events Spark reads (core.outbox_events).
+    Column("kind", Text, nullable=False),
+    Column("ledger_id", BigInteger, nullable=True),
+    Column("bookie_id", Text, nullable=True),
+    Column("data", JSONB, nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),  # when the change was made
+)
+
+# One row: the highest outbox id published so far (rows below it that still exist were
+# committed late, past a gap, and are published anyway).
+outbox_cursor = Table(
+    "outbox_cursor",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("last_published_id", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="outbox_cursor_one_row"),
+)
+
+# -- cluster state ------------------------------------------------------------------------
+
+# One row: the cluster's instance id (BookKeeper's INSTANCEID znode), made by the migration.
+cluster = Table(
+    "cluster",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("instance_id", Text, nullable=False),
+    CheckConstraint("id = 1", name="cluster_one_row"),
+)
+
+# Cluster-wide settings an operator changes at run time (name -> JSON value).
+cluster_settings = Table(
+    "cluster_settings",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", JSONB, nullable=False),
+)
+
+# Bookie identity cookies (BookKeeper's cookies znodes), compare-and-set on `version`.
+cookies = Table(
+    "cookies",
+    metadata,
+    Column("bookie_id", Text, primary_key=True),
+    Column("data", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+)
+
+# The under-replication queue (LedgerUnderreplicationManager). A claim is a lease: a worker
+# that dies stops renewing and the ledger becomes claimable again.
+underreplicated_ledgers = Table(
+    "underreplicated_ledgers",
+    metadata,
+    Column(
+        "ledger_id",
+        BigInteger,
+        ForeignKey("ledgers.ledger_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("missing_bookies", JSONB, nullable=False),  # sorted list of bookie ids
+    Column("mark_version", Integer, nullable=False),
+    Column("marked_at", BigInteger, nullable=False),  # ms since the epoch
+    Column("claimed_by", Text, nullable=True),
+    Column("claim_expires_at", BigInteger, nullable=True),  # ms since the epoch
+)
+
+# One row: who audits. A lease, renewed by the leader; a lapsed lease may be taken.
+auditor_election = Table(
+    "auditor_election",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("leader_id", Text, nullable=True),
+    Column("term", BigInteger, nullable=False),
+    Column("lease_expires_at", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="auditor_election_one_row"),
 )

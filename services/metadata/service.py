@@ -1,7 +1,9 @@
-"""The metadata service: ledger metadata and the bookie registry over NATS.
+"""The metadata service: ledger metadata and the cluster's state over NATS.
 
 Stateless: every instance serves `<prefix>.meta.<op>` in one queue group, and PostgreSQL
-(through `MetadataStore`) decides every race by compare-and-set.
+(through `MetadataStore`) decides every race by compare-and-set. Every change writes its
+outbox record in its own transaction; the outbox publisher (one instance at a time)
+turns the records into events and watch notifications.
 """
 
 from __future__ import annotations
@@ -15,28 +17,48 @@ from nats.micro.request import Request
 from pydantic import BaseModel, ValidationError
 
 from services.metadata import core
+from services.metadata.outbox import OutboxPublisher
 from services.metadata.store import (
     BadVersion,
+    CookieBadVersion,
     MetadataStore,
     PostgresMetadataStore,
     StoreError,
 )
-from shared.events import EventPublisher
 from shared.metaclient import METADATA_OPS
 from shared.models import (
     BookieIdRequest,
     BookieInfo,
+    ClaimOutcome,
+    ClaimUnderreplicatedReply,
+    ClaimUnderreplicatedRequest,
+    ClusterSettings,
+    Cookie,
+    CookieRequest,
     CreateLedgerRequest,
+    DeleteCookieRequest,
+    ElectRequest,
     Empty,
+    InstanceIdReply,
+    Leadership,
     LedgerIdRequest,
     LedgerMetadata,
+    LedgerRangesReply,
+    LedgerRangesRequest,
     ListBookiesReply,
     ListLedgersReply,
     ListLedgersRequest,
+    ListUnderreplicatedReply,
+    ListUnderreplicatedRequest,
+    MarkUnderreplicatedRequest,
     MetaError,
     MetaErrorCode,
     MetaReply,
+    PutCookieRequest,
     RegisterBookieRequest,
+    SetClusterSettingsRequest,
+    UnderreplicatedClaimRequest,
+    UnderreplicatedLedger,
     UpdateLedgerRequest,
 )
 from shared.service import ServiceRuntime
@@ -58,67 +80,91 @@ class MetadataService:
     def __init__(
         self,
         store: MetadataStore,
-        events: EventPublisher,
         *,
         bookie_lease_ms: int,
         clock: Clock = wall_clock_ms,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
-        self._events = events
         self._bookie_lease_ms = bookie_lease_ms
         self._clock = clock
+        # Called after every operation that may have committed a change (the outbox
+        # publisher's wake-up).
+        self._on_change = on_change
         self._ops: dict[str, Operation] = {
             "ledger.create": self.create_ledger,
             "ledger.get": self.get_ledger,
             "ledger.list": self.list_ledgers,
+            "ledger.ranges": self.ledger_ranges,
             "ledger.update": self.update_ledger,
             "ledger.delete": self.delete_ledger,
             "bookie.register": self.register_bookie,
             "bookie.unregister": self.unregister_bookie,
             "bookie.list": self.list_bookies,
+            "cookie.get": self.get_cookie,
+            "cookie.put": self.put_cookie,
+            "cookie.delete": self.delete_cookie,
+            "cluster.instance_id": self.instance_id,
+            "cluster.get_settings": self.get_cluster_settings,
+            "cluster.set_settings": self.set_cluster_settings,
+            "urq.mark": self.mark_underreplicated,
+            "urq.claim": self.claim_underreplicated,
+            "urq.renew": self.renew_underreplicated,
+            "urq.release": self.release_underreplicated,
+            "urq.replicated": self.mark_replicated,
+            "urq.list": self.list_underreplicated,
+            "auditor.elect": self.elect_auditor,
+            "auditor.renew": self.renew_auditor,
+            "auditor.resign": self.resign_auditor,
+            "auditor.who": self.who_is_auditor,
         }
         assert self._ops.keys() == METADATA_OPS.keys(), "serve exactly the METADATA_OPS"
+        self._request_models = {op: request for op, (request, _) in METADATA_OPS.items()}
 
     async def handle(self, op: str, data: bytes) -> bytes:
-        return (await self.reply(op, data)).model_dump_json().encode()
+        """The reply's bytes. A success is written without a second round of
+        validation: the result model is dumped straight into the envelope."""
+        outcome = await self.run(op, data)
+        if isinstance(outcome, MetaReply):
+            return outcome.model_dump_json().encode()
+        return b'{"ok":true,"result":' + outcome.model_dump_json().encode() + b',"error":null}'
 
     async def reply(self, op: str, data: bytes) -> MetaReply:
-        request_model, result_model = METADATA_OPS[op]
+        outcome = await self.run(op, data)
+        if isinstance(outcome, MetaReply):
+            return outcome
+        return MetaReply(ok=True, result=outcome.model_dump(mode="json"))
+
+    async def run(self, op: str, data: bytes) -> BaseModel | MetaReply:
+        """The operation's result model, or an error reply."""
         try:
             # An empty body is an empty object, so that `nats req <subject> ''` works.
-            request = request_model.model_validate_json(data or b"{}")
+            request = self._request_models[op].model_validate_json(data or b"{}")
         except ValidationError as exc:
             return error_reply(MetaErrorCode.BAD_REQUEST, core.describe_validation_error(exc))
         try:
-            result = await self._ops[op](request)
+            return await self._ops[op](request)
         except core.InvalidRequest as exc:
             return error_reply(MetaErrorCode.BAD_REQUEST, str(exc))
         except BadVersion as exc:
             return error_reply(exc.code, str(exc), current=exc.current)
+        except CookieBadVersion as exc:
+            return error_reply(exc.code, str(exc))
         except StoreError as exc:
             return error_reply(exc.code, str(exc))
         except Exception:
             # A bug, not the caller's fault: loud in the log, an answer for the caller.
             log.exception("metadata operation failed", extra={"op": op})
             return error_reply(MetaErrorCode.INTERNAL, f"{op} failed; see the service log")
-        assert isinstance(result, result_model), (op, type(result))
-        return MetaReply(ok=True, result=result.model_dump(mode="json"))
+
+    async def _changed(self, result: Any) -> Any:
+        self._on_change()
+        return result
 
     # -- ledgers --------------------------------------------------------------------------
 
     async def create_ledger(self, request: CreateLedgerRequest) -> LedgerMetadata:
-        meta = await self._store.create_ledger(request, self._clock())
-        self._events.emit(
-            "ledger.created",
-            ledger_id=meta.ledger_id,
-            ensemble_size=meta.ensemble_size,
-            write_quorum=meta.write_quorum,
-            ack_quorum=meta.ack_quorum,
-            digest=meta.digest.value,
-            ensemble=meta.segments[0].bookies,
-            ctime=meta.ctime,
-        )
-        return meta
+        return await self._changed(await self._store.create_ledger(request, self._clock()))
 
     async def get_ledger(self, request: LedgerIdRequest) -> LedgerMetadata:
         return await self._store.get_ledger(request.ledger_id)
@@ -126,17 +172,17 @@ class MetadataService:
     async def list_ledgers(self, request: ListLedgersRequest) -> ListLedgersReply:
         return await self._store.list_ledgers(request.after, request.limit)
 
+    async def ledger_ranges(self, request: LedgerRangesRequest) -> LedgerRangesReply:
+        return await self._store.ledger_ranges(request.after, request.limit)
+
     async def update_ledger(self, request: UpdateLedgerRequest) -> LedgerMetadata:
         core.check_update(request)
-        change = await self._store.update_ledger(request)
-        for event in core.change_events(change):
-            self._events.emit(event.kind, ledger_id=request.ledger_id, **event.data)
-        return change.metadata
+        change = await self._store.update_ledger(request, self._clock())
+        return await self._changed(change.metadata)
 
     async def delete_ledger(self, request: LedgerIdRequest) -> Empty:
-        await self._store.delete_ledger(request.ledger_id)
-        self._events.emit("ledger.deleted", ledger_id=request.ledger_id)
-        return Empty()
+        await self._store.delete_ledger(request.ledger_id, self._clock())
+        return await self._changed(Empty())
 
     # -- bookies --------------------------------------------------------------------------
 
@@ -145,18 +191,89 @@ class MetadataService:
         registration = await self._store.register_bookie(
             request, self._clock(), self._bookie_lease_ms
         )
-        for event in core.bookie_events(registration.info, registration.previous_state):
-            self._events.emit(event.kind, bookie_id=request.bookie_id, **event.data)
-        return registration.info
+        return await self._changed(registration.info)
 
     async def unregister_bookie(self, request: BookieIdRequest) -> Empty:
-        info = await self._store.unregister_bookie(request.bookie_id, self._clock())
-        if info is not None:
-            self._events.emit("bookie.unregistered", bookie_id=request.bookie_id)
-        return Empty()
+        await self._store.unregister_bookie(request.bookie_id, self._clock())
+        return await self._changed(Empty())
 
     async def list_bookies(self, request: Empty) -> ListBookiesReply:
         return ListBookiesReply(bookies=await self._store.list_bookies(self._clock()))
+
+    async def get_cookie(self, request: CookieRequest) -> Cookie:
+        return await self._store.get_cookie(request.bookie_id)
+
+    async def put_cookie(self, request: PutCookieRequest) -> Cookie:
+        return await self._changed(await self._store.put_cookie(request, self._clock()))
+
+    async def delete_cookie(self, request: DeleteCookieRequest) -> Empty:
+        await self._store.delete_cookie(request, self._clock())
+        return await self._changed(Empty())
+
+    # -- cluster --------------------------------------------------------------------------
+
+    async def instance_id(self, request: Empty) -> InstanceIdReply:
+        return InstanceIdReply(instance_id=await self._store.instance_id())
+
+    async def get_cluster_settings(self, request: Empty) -> ClusterSettings:
+        return await self._store.get_cluster_settings()
+
+    async def set_cluster_settings(self, request: SetClusterSettingsRequest) -> ClusterSettings:
+        return await self._changed(await self._store.set_cluster_settings(request, self._clock()))
+
+    # -- under-replication ----------------------------------------------------------------
+
+    async def mark_underreplicated(
+        self, request: MarkUnderreplicatedRequest
+    ) -> UnderreplicatedLedger:
+        return await self._changed(await self._store.mark_underreplicated(request, self._clock()))
+
+    async def claim_underreplicated(
+        self, request: ClaimUnderreplicatedRequest
+    ) -> ClaimUnderreplicatedReply:
+        ledger = await self._store.claim_underreplicated(
+            request.worker_id, request.lease_ms, self._clock()
+        )
+        return ClaimUnderreplicatedReply(ledger=ledger)
+
+    async def renew_underreplicated(self, request: UnderreplicatedClaimRequest) -> ClaimOutcome:
+        done = await self._store.renew_underreplicated(
+            request.ledger_id, request.worker_id, request.lease_ms, self._clock()
+        )
+        return ClaimOutcome(done=done)
+
+    async def release_underreplicated(self, request: UnderreplicatedClaimRequest) -> ClaimOutcome:
+        done = await self._store.release_underreplicated(request.ledger_id, request.worker_id)
+        return ClaimOutcome(done=done)
+
+    async def mark_replicated(self, request: UnderreplicatedClaimRequest) -> ClaimOutcome:
+        done = await self._store.mark_replicated(
+            request.ledger_id, request.worker_id, request.mark_version, self._clock()
+        )
+        return await self._changed(ClaimOutcome(done=done))
+
+    async def list_underreplicated(
+        self, request: ListUnderreplicatedRequest
+    ) -> ListUnderreplicatedReply:
+        return await self._store.list_underreplicated(request.after, request.limit)
+
+    # -- auditor election -----------------------------------------------------------------
+
+    async def elect_auditor(self, request: ElectRequest) -> Leadership:
+        return await self._changed(
+            await self._store.elect_auditor(request.candidate_id, request.lease_ms, self._clock())
+        )
+
+    async def renew_auditor(self, request: ElectRequest) -> Leadership:
+        return await self._store.renew_auditor(
+            request.candidate_id, request.lease_ms, self._clock()
+        )
+
+    async def resign_auditor(self, request: ElectRequest) -> Leadership:
+        return await self._store.resign_auditor(request.candidate_id, self._clock())
+
+    async def who_is_auditor(self, request: Empty) -> Leadership:
+        return await self._store.who_is_auditor(self._clock())
 
 
 def error_reply(
@@ -173,7 +290,20 @@ async def main(rt: ServiceRuntime) -> None:
         timeout_s=settings.request_timeout_ms / 1000,
     )
     rt.on_shutdown(store.close)
-    service = MetadataService(store, rt.events, bookie_lease_ms=settings.metadata.bookie_lease_ms)
+    publisher = OutboxPublisher(
+        store,
+        rt.nc,
+        rt.subjects,
+        source=rt.instance,
+        batch_size=settings.metadata.outbox_batch_size,
+        poll_interval_ms=settings.metadata.outbox_poll_interval_ms,
+    )
+    rt.spawn(publisher.run(), "outbox-publisher")
+    service = MetadataService(
+        store, bookie_lease_ms=settings.metadata.bookie_lease_ms, on_change=publisher.poke
+    )
+    rt.metadata_service = service  # type: ignore[attr-defined]  # for tests and the bench
+    rt.outbox_publisher = publisher  # type: ignore[attr-defined]
     for op in METADATA_OPS:
         await rt.add_endpoint(
             op.replace(".", "_"),

@@ -21,7 +21,7 @@ from shared.models import (
     UpdateLedgerRequest,
 )
 from shared.subjects import Subjects
-from tests.support.inprocess import running_service
+from tests.support.inprocess import running_service, wait_until_serving
 
 ENSEMBLE = ["bookie-1", "bookie-2", "bookie-3"]
 LEASE_MS = 300
@@ -40,7 +40,9 @@ def meta_settings(settings: QuireSettings, fresh_database_url: str) -> QuireSett
 @pytest.fixture
 async def client(meta_settings: QuireSettings, nc) -> AsyncIterator[MetadataClient]:
     async with running_service("metadata", meta_settings):
-        yield MetadataClient(nc, Subjects(meta_settings.subject_prefix))
+        client = MetadataClient(nc, Subjects(meta_settings.subject_prefix))
+        await wait_until_serving(client)
+        yield client
 
 
 @pytest.fixture
@@ -269,9 +271,46 @@ async def test_two_instances_in_one_queue_group_both_serve(
         running_service("metadata", meta_settings, "metadata-1") as one,
         running_service("metadata", meta_settings, "metadata-2") as two,
     ):
+        await wait_until_serving(client)
         created = await asyncio.gather(*(client.create_ledger(create_request()) for _ in range(40)))
         assert sorted(m.ledger_id for m in created) == list(range(40))
         for rt in (one, two):
             served = {e.name: e.num_requests for e in rt.micro.stats().endpoints}
             assert served.keys() == {op.replace(".", "_") for op in METADATA_OPS}
             assert served["ledger_create"] > 0, (rt.instance, served)
+
+
+async def test_cluster_state_operations_over_nats(client: MetadataClient) -> None:
+    instance = await client.instance_id()
+    assert instance and await client.instance_id() == instance
+    assert (await client.get_cookie("bookie-1")).data is None
+    cookie = await client.put_cookie("bookie-1", "cookie-v1", -1)
+    with pytest.raises(MetadataError) as lost:
+        await client.put_cookie("bookie-1", "other", -1)
+    assert lost.value.code is MetaErrorCode.BAD_VERSION
+    assert (await client.get_cookie("bookie-1")) == cookie
+    settings = await client.set_cluster_settings(lost_bookie_recovery_delay_s=5)
+    assert settings.lost_bookie_recovery_delay_s == 5
+    assert await client.get_cluster_settings() == settings
+
+    for _ in range(6):
+        await client.create_ledger(create_request())
+    assert (await client.ledger_ranges()).ranges == [(0, 5)]
+    for lid in range(6):
+        await client.mark_underreplicated(lid, ["bookie-2"])
+
+    async def worker(name: str) -> list[int]:
+        held = []
+        while (ledger := await client.claim_underreplicated(name, 30_000)) is not None:
+            held.append(ledger.ledger_id)
+        return held
+
+    claims = await asyncio.gather(*(worker(f"w{i}") for i in range(4)))
+    assert sorted(sum(claims, [])) == list(range(6))  # each ledger held by one worker
+    owner = next(f"w{i}" for i, held in enumerate(claims) if 0 in held)
+    assert await client.renew_underreplicated(0, owner, 30_000)
+    assert await client.mark_replicated(0, owner, 1)
+    listed = await client.list_underreplicated()
+    assert [u.ledger_id for u in listed.ledgers] == [1, 2, 3, 4, 5]
+    leadership = await client.elect_auditor("auditor-a", 5_000)
+    assert leadership.is_leader and (await client.who_is_auditor()).leader_id == "auditor-a"

@@ -1,38 +1,32 @@
-"""PostgresMetadataStore against a real PostgreSQL: schema, ids, compare-and-set, leases."""
+"""PostgresMetadataStore's own concerns against a real PostgreSQL: the schema and its
+migrations, unreachable and restarted servers, the outbox's order. What every store does
+alike is in test_metadata_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from quire.infra import free_port
+from quire.infra import free_port, start_postgres
 from services.metadata.db import metadata
 from services.metadata.store import (
     BadVersion,
-    LedgerExists,
-    NoSuchLedger,
+    ConnectionPool,
     PostgresMetadataStore,
     StoreUnavailable,
+    conninfo_from_url,
 )
-from shared.models import (
-    BookieState,
-    CreateLedgerRequest,
-    LedgerState,
-    RegisterBookieRequest,
-    Segment,
-    UpdateLedgerRequest,
-)
+from shared.models import CreateLedgerRequest, UpdateLedgerRequest
 
 ENSEMBLE = ["bookie-1", "bookie-2", "bookie-3"]
 
 
-def create_request(ledger_id: int | None = None, **extra) -> CreateLedgerRequest:
+def create_request(ledger_id: int | None = None) -> CreateLedgerRequest:
     return CreateLedgerRequest(
         ledger_id=ledger_id,
         ensemble_size=3,
@@ -40,21 +34,11 @@ def create_request(ledger_id: int | None = None, **extra) -> CreateLedgerRequest
         ack_quorum=2,
         digest="crc32c",
         ensemble=ENSEMBLE,
-        password_salt="salt",
-        password_hash="hash",
-        **extra,
     )
 
 
-async def open_store(url: str) -> PostgresMetadataStore:
-    return await PostgresMetadataStore.open(url, pool_size=4, timeout_s=5.0)
-
-
-@pytest.fixture
-async def store(fresh_database_url: str) -> AsyncIterator[PostgresMetadataStore]:
-    opened = await open_store(fresh_database_url)
-    yield opened
-    await opened.close()
+async def open_store(url: str, timeout_s: float = 5.0) -> PostgresMetadataStore:
+    return await PostgresMetadataStore.open(url, pool_size=4, timeout_s=timeout_s)
 
 
 async def test_migration_matches_models_and_serializes_across_instances(
@@ -62,8 +46,10 @@ async def test_migration_matches_models_and_serializes_across_instances(
 ) -> None:
     # Three instances starting at once: the advisory lock lets one create the schema.
     stores = await asyncio.gather(*(open_store(fresh_database_url) for _ in range(3)))
+    ids = {await s.instance_id() for s in stores}
     for opened in stores:
         await opened.close()
+    assert len(ids) == 1  # one cluster, one instance id, made once
     engine = create_engine(fresh_database_url)
     try:
         with engine.connect() as conn:
@@ -71,189 +57,88 @@ async def test_migration_matches_models_and_serializes_across_instances(
             sequences = conn.execute(
                 text(
                     "SELECT sequence_name, start_value, minimum_value "
-                    "FROM information_schema.sequences"
+                    "FROM information_schema.sequences ORDER BY sequence_name"
                 )
             ).all()
             revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
     finally:
         engine.dispose()
     assert diffs == []
-    assert [tuple(map(str, s)) for s in sequences] == [("ledger_id_seq", "0", "0")]
-    assert revision == "0001"
-
-
-async def test_create_and_get(store: PostgresMetadataStore) -> None:
-    created = await store.create_ledger(create_request(metadata={"k": "v"}), ctime_ms=1234)
-    assert created.ledger_id == 0
-    assert created.state is LedgerState.OPEN
-    assert created.version == 0
-    assert created.ctime == 1234
-    assert created.segments == [Segment(first_entry_id=0, bookies=ENSEMBLE)]
-    assert created.last_entry_id is None and created.length == 0
-    assert (created.password_salt, created.password_hash) == ("salt", "hash")
-    assert await store.get_ledger(0) == created
-    second = await store.create_ledger(create_request(), ctime_ms=1)
-    assert second.ledger_id == 1
-    with pytest.raises(NoSuchLedger):
-        await store.get_ledger(99)
-
-
-async def test_user_chosen_ids_and_sequence_skips_them(store: PostgresMetadataStore) -> None:
-    for chosen in (0, 1, 2, 5):
-        assert (await store.create_ledger(create_request(chosen), 0)).ledger_id == chosen
-    with pytest.raises(LedgerExists):
-        await store.create_ledger(create_request(5), 0)
-    allocated = [(await store.create_ledger(create_request(), 0)).ledger_id for _ in range(3)]
-    assert allocated == [3, 4, 6]
-
-
-async def test_list_pages_in_id_order(store: PostgresMetadataStore) -> None:
-    for chosen in (7, 3, 11, 5, 9):
-        await store.create_ledger(create_request(chosen), 0)
-    first = await store.list_ledgers(after=None, limit=2)
-    assert [m.ledger_id for m in first.ledgers] == [3, 5]
-    assert first.next_after == 5
-    second = await store.list_ledgers(after=5, limit=2)
-    assert [m.ledger_id for m in second.ledgers] == [7, 9]
-    last = await store.list_ledgers(after=second.next_after, limit=2)
-    assert [m.ledger_id for m in last.ledgers] == [11]
-    assert last.next_after is None
-    exact = await store.list_ledgers(after=None, limit=5)
-    assert len(exact.ledgers) == 5 and exact.next_after is None
-
-
-async def test_update_is_compare_and_set(store: PostgresMetadataStore) -> None:
-    ledger = await store.create_ledger(create_request(), 0)
-    new_segments = [
-        Segment(first_entry_id=0, bookies=ENSEMBLE),
-        Segment(first_entry_id=10, bookies=["bookie-1", "bookie-4", "bookie-3"]),
+    assert [tuple(map(str, s)) for s in sequences] == [
+        ("ledger_id_seq", "0", "0"),
+        ("outbox_id_seq", "1", "1"),
     ]
-    change = await store.update_ledger(
-        UpdateLedgerRequest(ledger_id=ledger.ledger_id, expected_version=0, segments=new_segments)
-    )
-    assert change.metadata.version == 1
-    assert change.metadata.segments == new_segments
-    assert change.segments_changed and change.previous_state is LedgerState.OPEN
-
-    with pytest.raises(BadVersion) as lost:
-        await store.update_ledger(
-            UpdateLedgerRequest(
-                ledger_id=ledger.ledger_id, expected_version=0, state=LedgerState.CLOSED
-            )
-        )
-    assert lost.value.current == change.metadata
-
-    closed = await store.update_ledger(
-        UpdateLedgerRequest(
-            ledger_id=ledger.ledger_id,
-            expected_version=1,
-            state=LedgerState.CLOSED,
-            last_entry_id=41,
-            length=4200,
-        )
-    )
-    assert closed.metadata.version == 2
-    assert (closed.metadata.state, closed.metadata.last_entry_id, closed.metadata.length) == (
-        LedgerState.CLOSED,
-        41,
-        4200,
-    )
-    assert closed.metadata.segments == new_segments  # untouched fields stay
-    assert not closed.segments_changed and closed.previous_state is LedgerState.OPEN
-    assert await store.get_ledger(ledger.ledger_id) == closed.metadata
-
-    with pytest.raises(NoSuchLedger):
-        await store.update_ledger(UpdateLedgerRequest(ledger_id=999, expected_version=0, length=1))
-
-
-async def test_concurrent_cas_has_exactly_one_winner_per_version(
-    store: PostgresMetadataStore,
-) -> None:
-    ledger = await store.create_ledger(create_request(), 0)
-    for version in range(3):
-
-        async def attempt(length: int, expected: int = version):
-            return await store.update_ledger(
-                UpdateLedgerRequest(
-                    ledger_id=ledger.ledger_id, expected_version=expected, length=length
-                )
-            )
-
-        outcomes = await asyncio.gather(*(attempt(i) for i in range(20)), return_exceptions=True)
-        winners = [o for o in outcomes if not isinstance(o, BaseException)]
-        losers = [o for o in outcomes if isinstance(o, BaseException)]
-        assert len(winners) == 1
-        assert all(isinstance(o, BadVersion) for o in losers), losers
-        stored = await store.get_ledger(ledger.ledger_id)
-        assert stored.version == version + 1
-        assert stored.length == winners[0].metadata.length
-        assert all(o.current.version >= version + 1 for o in losers)
-
-
-async def test_delete(store: PostgresMetadataStore) -> None:
-    ledger = await store.create_ledger(create_request(), 0)
-    await store.delete_ledger(ledger.ledger_id)
-    with pytest.raises(NoSuchLedger):
-        await store.get_ledger(ledger.ledger_id)
-    with pytest.raises(NoSuchLedger):
-        await store.delete_ledger(ledger.ledger_id)
-    # A deleted id is not handed out again.
-    assert (await store.create_ledger(create_request(), 0)).ledger_id == ledger.ledger_id + 1
-
-
-async def test_bookie_leases(store: PostgresMetadataStore) -> None:
-    lease_ms = 100
-    first = await store.register_bookie(
-        RegisterBookieRequest(bookie_id="bookie-1", info={"host": "a"}), 1_000, lease_ms
-    )
-    assert first.previous_state is None
-    assert first.info.state is BookieState.WRITABLE
-    assert (first.info.last_seen, first.info.lease_expires_at) == (1_000, 1_100)
-    await store.register_bookie(
-        RegisterBookieRequest(bookie_id="bookie-2", state=BookieState.READONLY), 1_000, 500
-    )
-
-    assert [(b.bookie_id, b.state) for b in await store.list_bookies(1_099)] == [
-        ("bookie-1", BookieState.WRITABLE),
-        ("bookie-2", BookieState.READONLY),
-    ]
-    assert [b.state for b in await store.list_bookies(1_100)] == [
-        BookieState.LOST,
-        BookieState.READONLY,
-    ]
-
-    # A heartbeat after the lease ran out brings it back, and says it had been lost.
-    back = await store.register_bookie(
-        RegisterBookieRequest(bookie_id="bookie-1", info={"host": "b"}), 1_200, lease_ms
-    )
-    assert back.previous_state is BookieState.LOST
-    assert back.info.state is BookieState.WRITABLE and back.info.info == {"host": "b"}
-    renewed = await store.register_bookie(
-        RegisterBookieRequest(bookie_id="bookie-1"), 1_250, lease_ms
-    )
-    assert renewed.previous_state is BookieState.WRITABLE
-
-    gone = await store.unregister_bookie("bookie-2", 1_300)
-    assert gone is not None and gone.state is BookieState.LOST
-    assert [b.state for b in await store.list_bookies(1_300)] == [
-        BookieState.WRITABLE,
-        BookieState.LOST,
-    ]
-    assert await store.unregister_bookie("bookie-9", 1_300) is None
+    assert revision == "0002"
 
 
 async def test_unreachable_database_is_unavailable() -> None:
-    engine = create_async_engine(
-        f"postgresql+psycopg://quire@127.0.0.1:{free_port()}/quire",
-        connect_args={"connect_timeout": 1},
-    )
-    store = PostgresMetadataStore(engine)
+    url = f"postgresql+psycopg://quire@127.0.0.1:{free_port()}/quire"
+    store = PostgresMetadataStore(ConnectionPool(conninfo_from_url(url), 2, 1.0), "x")
     try:
         with pytest.raises(StoreUnavailable):
             await store.get_ledger(1)
         with pytest.raises(StoreUnavailable):
             await store.update_ledger(
-                UpdateLedgerRequest(ledger_id=1, expected_version=0, length=1)
+                UpdateLedgerRequest(ledger_id=1, expected_version=0, length=1), 0
             )
     finally:
         await store.close()
+
+
+@pytest.mark.slow
+async def test_postgres_restarted_mid_cas_the_caller_only_trusts_what_it_saw(
+    tmp_path: Path,
+) -> None:
+    """Writers CAS in a loop while PostgreSQL restarts under them. A CAS answered OK
+    happened; UNAVAILABLE may or may not have: the writer re-reads. At the end the stored
+    version counts every CAS that happened, and each set length = its version."""
+    tmp_path.chmod(0o755)  # as root, PostgreSQL runs as 'nobody' and must enter it
+    server = await asyncio.to_thread(start_postgres, tmp_path / "pg")
+    store = await open_store(server.url, timeout_s=2.0)
+    port = server.extra["port"]
+    try:
+        ledger = await store.create_ledger(create_request(), 0)
+        outcomes = {"ok": 0, "unavailable": 0, "bad_version": 0}
+        stop = asyncio.Event()
+
+        async def writer() -> None:
+            known = None
+            while not stop.is_set():
+                try:
+                    if known is None:
+                        known = (await store.get_ledger(ledger.ledger_id)).version
+                    change = await store.update_ledger(
+                        UpdateLedgerRequest(
+                            ledger_id=ledger.ledger_id, expected_version=known, length=known + 1
+                        ),
+                        0,
+                    )
+                    known = change.metadata.version
+                    outcomes["ok"] += 1
+                except BadVersion as exc:
+                    known = exc.current.version
+                    outcomes["bad_version"] += 1
+                except StoreUnavailable:
+                    known = None  # never assume: re-read once it answers again
+                    outcomes["unavailable"] += 1
+                    await asyncio.sleep(0.05)
+
+        writers = [asyncio.create_task(writer()) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(server.stop)
+        await asyncio.sleep(0.3)
+        server = await asyncio.to_thread(start_postgres, tmp_path / "pg", port)
+        ok_before = outcomes["ok"]
+        deadline = asyncio.get_running_loop().time() + 30
+        while outcomes["ok"] < ok_before + 20:
+            assert asyncio.get_running_loop().time() < deadline, outcomes
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.gather(*writers)
+        stored = await store.get_ledger(ledger.ledger_id)
+        assert outcomes["unavailable"] > 0, outcomes
+        assert stored.version >= outcomes["ok"]
+        assert stored.length == stored.version
+    finally:
+        await store.close()
+        await asyncio.to_thread(server.stop)

@@ -25,3 +25,22 @@ async def running_service(
     finally:
         rt.stop()
         await rt.shutdown()
+
+
+async def wait_until_serving(client, timeout_s: float = 10.0) -> None:
+    """Wait until the metadata service answers: right after its subscriptions were flushed
+    a request still meets "no responders" now and then (seen on this NATS server), which
+    MetadataClient reports as UNAVAILABLE."""
+    import asyncio
+
+    from shared.metaclient import MetadataError
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            await client.instance_id()
+            return
+        except MetadataError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.01)
