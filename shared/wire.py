@@ -52,6 +52,7 @@ def digest_code_of(flags: int) -> int:
     """The digest type code in an add item's flags (0: unknown)."""
     return (flags >> DIGEST_CODE_SHIFT) & 0x0F
 
+
 _U8 = struct.Struct(">B")
 _COUNT = struct.Struct(">BI")
 _REPLY_HEAD = struct.Struct(">BHI")

@@ -4,6 +4,8 @@ started once per test session and stopped at its end (no process left behind).""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,17 +16,30 @@ from shared.config import QuireSettings
 
 
 @pytest.fixture(scope="session")
-def infra_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.getbasetemp()
-    # As root, PostgreSQL runs as 'nobody', which must be able to enter the temp dirs.
-    for path in (base, *base.parents):
-        if path == Path("/"):
-            break
-        if os.geteuid() == 0:
-            os.chmod(path, os.stat(path).st_mode | 0o001)
-    directory = base / "infra"
-    directory.mkdir(exist_ok=True)
-    return directory
+def enterable_tmp() -> Iterator[Path]:
+    """A temp dir that PostgreSQL's unprivileged user (as root we run it as 'nobody') can
+    enter: pytest's own temp tree is 0700, and other pytest sessions reset it."""
+    path = Path(tempfile.mkdtemp(prefix="quire-tests-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster_dir(enterable_tmp: Path):
+    """Makes a fresh parent dir for a `quire up` data dir, enterable by PostgreSQL."""
+
+    def make(name: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=enterable_tmp))
+        path.chmod(0o711)
+        return path
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def infra_dir(cluster_dir) -> Path:
+    return cluster_dir("infra")
 
 
 @pytest.fixture(scope="session")

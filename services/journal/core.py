@@ -19,6 +19,17 @@ is caught as surely as a flipped payload byte. Record kinds and their bodies:
     LAC           ledger u64 | lac i64       (an explicit LAC, BookKeeper's writeLac)
     LEDGER_STATE  ledger u64 | master_key 20s | flags u8 | lac i64 | last_entry i64
                   (only in the ledger-state snapshot written at checkpoints)
+    BATCH         count u32 | size u32       (format 2: opens each group commit; the
+                                              `size` bytes after it are its `count` records)
+    ENTRY_DIGEST  digest u8 | master_key 20s | frame   (format 2: ENTRY plus the code of
+                                              the ledger's digest type, 0 = unknown)
+
+Why BATCH: a group commit is one write then one fdatasync, and the next one starts only
+after that fsync returned. So after a crash only the LAST batch can be partly on disk,
+and its pages may land in any order (a record torn in its middle while a later record of
+it survived). A bad record followed by valid records of the same batch is therefore a
+torn tail; a bad record followed by a later valid BATCH header is damage to bytes that
+were once fsynced, and the journal refuses to start.
 
 A position is (file_id, offset): the byte offset just after a record, i.e. where the next
 record starts. Positions only grow: the journal never appends to a file it replayed.
@@ -39,7 +50,9 @@ from shared.digest import HEADER_SIZE, MASTER_KEY_SIZE, DigestMismatch, parse_he
 from shared.status import BookieStatus
 from shared.wire import FLAG_RECOVERY_ADD
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: group commits open with a BATCH record
+READABLE_VERSIONS = (1, 2)
+SNAPSHOT_VERSION = 1
 JOURNAL_MAGIC = b"QJNL"
 SNAPSHOT_MAGIC = b"QJSN"
 FILE_HEADER = struct.Struct(">4sHHQ")
@@ -58,6 +71,8 @@ _LEDGER = struct.Struct(">Q")
 _MASTER_KEY = struct.Struct(f">Q{MASTER_KEY_SIZE}s")
 _LAC = struct.Struct(">Qq")
 _LEDGER_STATE = struct.Struct(f">Q{MASTER_KEY_SIZE}sBqq")
+_BATCH = struct.Struct(">II")
+_DIGEST_CODE = struct.Struct(">B")
 _SNAPSHOT_HEAD = struct.Struct(">4sHHQQI")  # magic, version, reserved, file_id, offset, count
 _FILE_NAME = re.compile(r"^journal-(\d{6,})\.log$")
 
@@ -106,6 +121,8 @@ class RecordKind(IntEnum):
     FENCE = 3
     LAC = 4
     LEDGER_STATE = 5
+    BATCH = 6
+    ENTRY_DIGEST = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +132,15 @@ class EntryRecord:
     ledger_id: int
     entry_id: int
     lac: int
+    # The ledger's digest type as the add's flags carried it (shared.wire digest codes);
+    # 0: unknown, the bookie does not verify this entry's digest on reads.
+    digest_code: int = 0
 
     @classmethod
-    def of(cls, master_key: bytes, frame: bytes) -> EntryRecord:
+    def of(cls, master_key: bytes, frame: bytes, digest_code: int = 0) -> EntryRecord:
         """An entry record; DigestMismatch if the frame has no complete header."""
         ledger_id, entry_id, lac, _length = parse_header(frame)
-        return cls(master_key, frame, ledger_id, entry_id, lac)
+        return cls(master_key, frame, ledger_id, entry_id, lac, digest_code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +169,21 @@ class LedgerStateRecord:
     last_entry_id: int
 
 
-Record = EntryRecord | MasterKeyRecord | FenceRecord | LacRecord | LedgerStateRecord
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    count: int  # records in the batch after this one
+    size: int  # their bytes
+
+
+Record = EntryRecord | MasterKeyRecord | FenceRecord | LacRecord | LedgerStateRecord | BatchRecord
 
 
 def _body(record: Record) -> tuple[RecordKind, bytes]:
     match record:
-        case EntryRecord(master_key=key, frame=frame):
-            return RecordKind.ENTRY, key + frame
+        case EntryRecord(master_key=key, frame=frame, digest_code=code):
+            return RecordKind.ENTRY_DIGEST, _DIGEST_CODE.pack(code) + key + frame
+        case BatchRecord(count=count, size=size):
+            return RecordKind.BATCH, _BATCH.pack(count, size)
         case MasterKeyRecord(ledger_id=ledger_id, master_key=key):
             return RecordKind.MASTER_KEY, _MASTER_KEY.pack(ledger_id, key)
         case FenceRecord(ledger_id=ledger_id):
@@ -194,13 +222,20 @@ def decode_body(kind_value: int, body: memoryview) -> Record:
         kind = RecordKind(kind_value)
     except ValueError as exc:
         raise JournalFormatError(f"unknown record kind {kind_value}") from exc
-    if kind is RecordKind.ENTRY:
+    if kind is RecordKind.ENTRY or kind is RecordKind.ENTRY_DIGEST:
+        code = 0
+        if kind is RecordKind.ENTRY_DIGEST:
+            code, body = body[0] if len(body) else 0, body[1:]
         if len(body) < MASTER_KEY_SIZE + HEADER_SIZE:
             raise JournalFormatError(f"entry record body of {len(body)} bytes")
         try:
-            return EntryRecord.of(bytes(body[:MASTER_KEY_SIZE]), bytes(body[MASTER_KEY_SIZE:]))
+            return EntryRecord.of(
+                bytes(body[:MASTER_KEY_SIZE]), bytes(body[MASTER_KEY_SIZE:]), code
+            )
         except DigestMismatch as exc:
             raise JournalFormatError(str(exc)) from exc
+    if kind is RecordKind.BATCH:
+        return BatchRecord(*_fixed(_BATCH, body, kind))
     if kind is RecordKind.MASTER_KEY:
         return MasterKeyRecord(*_fixed(_MASTER_KEY, body, kind))
     if kind is RecordKind.FENCE:
@@ -275,39 +310,61 @@ def scan_records(
     return ScanResult(records, base_offset + at, ScanStop.END)
 
 
-def is_torn_tail(buf: bytes | memoryview, stop_at: int) -> bool:
+def is_torn_tail(buf: bytes | memoryview, stop_at: int, batched: bool = False) -> bool:
     """Whether the bytes of a LAST journal file from `stop_at` (where scanning stopped) to
     the end can be a write cut short by a crash, rather than damage to durable records.
 
     Only the last group commit can be torn (each is fsynced before the next is written),
-    and it ends the file. So if any valid record starts after the bad spot, the bad spot
-    was once durable: that is damage, and truncating there would drop good records."""
+    and it ends the file. In a batched file (format 2) a valid BATCH record after the bad
+    spot proves the bad spot's batch was fsynced: damage. In a format 1 file any valid
+    record after the bad spot counts as proof (records of one batch cannot be told
+    apart there, so a torn middle with a surviving later record is refused)."""
+    return next_valid_record(buf, stop_at + 1, batch_only=batched) is None
+
+
+def next_valid_record(buf: bytes | memoryview, start: int, batch_only: bool = False) -> int | None:
+    """The offset of the first valid record (a BATCH record if `batch_only`) at or after
+    `start`, or None. Used to tell a tear from damage, and to resynchronise past damage
+    when the operator allows it."""
     view = memoryview(buf)
-    for at in range(stop_at + 1, len(view) - RECORD_HEAD_SIZE + 1):
-        stop, _, _, _ = _try_record(view, at)
-        if stop is None:
-            return False
-    return True
+    for at in range(start, len(view) - RECORD_HEAD_SIZE + 1):
+        stop, _, _, record = _try_record(view, at)
+        if stop is None and (not batch_only or isinstance(record, BatchRecord)):
+            return at
+    return None
+
+
+def encode_batch(records: Sequence[bytes]) -> bytes:
+    """One group commit as written: a BATCH record, then the encoded records."""
+    body = b"".join(records)
+    return encode_record(BatchRecord(len(records), len(body))) + body
 
 
 # -- file headers -------------------------------------------------------------------------
 
 
-def encode_file_header(file_id: int) -> bytes:
-    return FILE_HEADER.pack(JOURNAL_MAGIC, FORMAT_VERSION, 0, file_id)
+def encode_file_header(file_id: int, version: int = FORMAT_VERSION) -> bytes:
+    return FILE_HEADER.pack(JOURNAL_MAGIC, version, 0, file_id)
+
+
+def file_format_version(buf: bytes | memoryview) -> int:
+    """The format version in a complete file header (check it first)."""
+    return FILE_HEADER.unpack_from(buf, 0)[1]
 
 
 def check_file_header(buf: bytes | memoryview, file_id: int) -> bool:
     """True if `buf` starts with the header of journal file `file_id`; False if it is too
     short to tell (a file being created); JournalFormatError if it is another file."""
     if len(buf) < FILE_HEADER_SIZE:
-        if bytes(buf) != encode_file_header(file_id)[: len(buf)]:
+        if not any(
+            bytes(buf) == encode_file_header(file_id, v)[: len(buf)] for v in READABLE_VERSIONS
+        ):
             raise JournalFormatError("not a Quire journal file header")
         return False
     magic, version, _, got_id = FILE_HEADER.unpack_from(buf, 0)
     if magic != JOURNAL_MAGIC:
         raise JournalFormatError("not a Quire journal file (bad magic)")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise JournalFormatError(f"unsupported journal format version {version}")
     if got_id != file_id:
         raise JournalFormatError(f"header says file {got_id}, name says {file_id}")
@@ -331,7 +388,7 @@ def decode_last_mark(data: bytes) -> JournalPosition:
 def encode_snapshot(position: JournalPosition, records: Sequence[LedgerStateRecord]) -> bytes:
     """The durable ledger facts as of `position`: replay starts there, not at file 1."""
     head = _SNAPSHOT_HEAD.pack(
-        SNAPSHOT_MAGIC, FORMAT_VERSION, 0, position.file_id, position.offset, len(records)
+        SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, position.file_id, position.offset, len(records)
     )
     return head + b"".join(encode_record(r) for r in records)
 
@@ -340,7 +397,7 @@ def decode_snapshot(data: bytes) -> tuple[JournalPosition, list[LedgerStateRecor
     if len(data) < _SNAPSHOT_HEAD.size:
         raise JournalFormatError("snapshot shorter than its header")
     magic, version, _, file_id, offset, count = _SNAPSHOT_HEAD.unpack_from(data, 0)
-    if magic != SNAPSHOT_MAGIC or version != FORMAT_VERSION:
+    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
         raise JournalFormatError("not a Quire ledger-state snapshot")
     scan = scan_records(memoryview(data)[_SNAPSHOT_HEAD.size :])
     if scan.stop is not ScanStop.END or len(scan.records) != count:
@@ -405,6 +462,17 @@ def batch_length(policy: GroupCommitPolicy, record_sizes: Sequence[int]) -> int:
             return count
         total += size
     return len(record_sizes)
+
+
+def disk_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
+    """Whether the bookie is read-only after a disk check (diskUsageThreshold and
+    diskUsageLwmThreshold): above the threshold it turns read-only; it turns writable
+    again only below the low-water mark, so it does not flap at the threshold."""
+    if usage >= threshold:
+        return True
+    if read_only and usage >= lwm_threshold:
+        return True
+    return False
 
 
 # -- the bookie's per-ledger facts --------------------------------------------------------

@@ -21,7 +21,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -38,23 +37,27 @@ from services.journal.core import (
     JournalFormatError,
     JournalPosition,
     Record,
+    ScanResult,
     ScanStop,
     batch_length,
     check_file_header,
     decode_last_mark,
     decode_snapshot,
+    encode_batch,
     encode_file_header,
     encode_last_mark,
     encode_record,
     encode_snapshot,
-    is_torn_tail,
+    file_format_version,
     journal_file_name,
+    next_valid_record,
     parse_journal_file_name,
     plan_group_commit,
     scan_records,
 )
+from services.journal.files import OS_FILES, FileLayer
 from shared.config import MIB, JournalSettings
-from shared.disk import fail_stop, fsync_dir, write_atomic
+from shared.disk import fail_stop
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,12 @@ class JournalStats:
     """BookKeeper's journal metric names; served as JSON now, Prometheus later."""
 
     journal_add_entry: int = 0
+    # JOURNAL_ADD_ENTRY: from queueing to fsync done, per entry.
+    journal_add_entry_latency_ms_sum: float = 0.0
+    journal_add_entry_latency_ms_max: float = 0.0
+    journal_add_entry_latency_ms_buckets: list[int] = field(
+        default_factory=lambda: [0] * (len(_SYNC_LATENCY_BUCKETS_MS) + 1)
+    )
     journal_add_entry_rejected: dict[str, int] = field(default_factory=dict)
     journal_records: int = 0
     journal_sync: int = 0
@@ -113,6 +122,14 @@ class JournalStats:
             self.journal_add_entry_rejected.get(status_name, 0) + 1
         )
 
+    def added(self, latency_ms: float) -> None:
+        self.journal_add_entry_latency_ms_sum += latency_ms
+        self.journal_add_entry_latency_ms_max = max(
+            self.journal_add_entry_latency_ms_max, latency_ms
+        )
+        bucket = sum(1 for b in _SYNC_LATENCY_BUCKETS_MS if latency_ms > b)
+        self.journal_add_entry_latency_ms_buckets[bucket] += 1
+
     def synced(self, records: int, size: int, latency_ms: float) -> None:
         self.journal_sync += 1
         self.journal_records += records
@@ -128,6 +145,12 @@ class JournalStats:
     def as_json(self) -> dict:
         data = dict(vars(self))
         data["journal_sync_latency_ms_bucket_bounds"] = list(_SYNC_LATENCY_BUCKETS_MS)
+        # BookKeeper's names for the same figures (JournalStats), for dashboards.
+        data["JOURNAL_FORCE_WRITE_BATCH_ENTRIES"] = self.journal_flush_batch_records_sum
+        data["JOURNAL_FORCE_WRITE_BATCH_BYTES"] = self.journal_flush_batch_bytes_sum
+        data["JOURNAL_QUEUE_SIZE"] = self.journal_queue_size
+        data["JOURNAL_SYNC"] = self.journal_sync
+        data["JOURNAL_ADD_ENTRY"] = self.journal_add_entry
         return data
 
 
@@ -139,17 +162,31 @@ class Replayed:
     mark: JournalPosition | None
 
 
-def replay(directory: Path) -> Replayed:
+def _beyond_backups(ids: list[int], mark: JournalPosition, max_backups: int) -> list[int]:
+    """Journal files wholly before the mark, except the newest `max_backups` of them."""
+    older = [i for i in ids if i < mark.file_id]
+    return older[: max(0, len(older) - max_backups)]
+
+
+def replay(
+    directory: Path,
+    skip_invalid_records: bool = False,
+    files: FileLayer = OS_FILES,
+    max_backups: int = 0,
+) -> Replayed:
     """Rebuild the ledger facts from the snapshot and the journal files (blocking).
-    Truncates a torn tail of the last file; refuses damage anywhere else."""
+    Truncates a torn tail of the last file; refuses damage anywhere else, unless
+    `skip_invalid_records` (the operator's skipReplayJournalInvalidRecord) says to log it
+    and resume at the next valid batch."""
     mark = _read_optional(directory / LAST_MARK, decode_last_mark)
     snapshot = _read_optional(directory / SNAPSHOT, decode_snapshot)
     ids = journal_files(directory)
     if mark is not None:
-        for file_id in [i for i in ids if i < mark.file_id]:
+        for file_id in _beyond_backups(ids, mark, max_backups):
             # A checkpoint died between writing lastMark and deleting: finish the job.
-            (directory / journal_file_name(file_id)).unlink()
+            files.unlink(directory / journal_file_name(file_id))
             log.info("deleted journal file below lastMark", extra={"file_id": file_id})
+        # Files before the mark's are backups (journalMaxBackups): kept, never replayed.
         ids = [i for i in ids if i >= mark.file_id]
     if ids and ids != list(range(ids[0], ids[-1] + 1)):
         missing = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids))
@@ -167,13 +204,15 @@ def replay(directory: Path) -> Replayed:
             state.apply(record)
     durable = start
     for file_id in ids:
-        durable = _replay_file(
+        durable = _ReplayFile(
             directory / journal_file_name(file_id),
             file_id,
             last=file_id == ids[-1],
             start=start,
-            state=state,
-        )
+            mark=mark,
+            skip_invalid=skip_invalid_records,
+            files=files,
+        ).run(state)
     seen = [*ids, mark.file_id if mark else 0, start.file_id if snapshot else 0]
     return Replayed(state, durable, max(seen), mark)
 
@@ -187,55 +226,97 @@ def _read_optional(path: Path, decode: Callable):
         raise JournalStartupError(f"{path}: {exc}") from exc
 
 
-def _replay_file(
-    path: Path, file_id: int, *, last: bool, start: JournalPosition, state: BookieLedgerState
-) -> JournalPosition:
-    data = path.read_bytes()
-    try:
-        complete = check_file_header(data, file_id)
-    except JournalFormatError as exc:
-        raise JournalStartupError(f"{path}: {exc}") from exc
-    if not complete:
-        if not last:
-            raise JournalStartupError(f"{path}: header cut short in a file that is not last")
-        log.warning("journal file header torn, rewriting it", extra={"file": str(path)})
-        _truncate(path, 0, rewrite_header=file_id)
-        return JournalPosition(file_id, FILE_HEADER_SIZE)
-    scan = scan_records(memoryview(data)[FILE_HEADER_SIZE:], FILE_HEADER_SIZE)
-    for scanned in scan.records:
-        if JournalPosition(file_id, scanned.end) > start:
-            state.apply(scanned.record)
-    if scan.stop is ScanStop.END:
-        return JournalPosition(file_id, scan.end)
-    where = f"{path} at offset {scan.end} ({scan.reason})"
-    if not last:
-        raise JournalStartupError(f"bad journal record in {where}, in a file that is not last")
-    # A damaged size field can look like a record cut short: check both kinds of stop.
-    if not is_torn_tail(data, scan.end):
-        raise JournalStartupError(
-            f"bad journal record in {where}, followed by valid records: the journal is "
-            "damaged before its tail; refusing to start (inspect or restore the file)"
+@dataclass
+class _ReplayFile:
+    path: Path
+    file_id: int
+    last: bool
+    start: JournalPosition
+    mark: JournalPosition | None
+    skip_invalid: bool
+    files: FileLayer
+
+    def run(self, state: BookieLedgerState) -> JournalPosition:
+        data = self.path.read_bytes()
+        try:
+            complete = check_file_header(data, self.file_id)
+        except JournalFormatError as exc:
+            # A damaged header on the last file with no valid record anywhere in it: its
+            # creation was torn (the header never reached the disk intact).
+            if not self.last or next_valid_record(data, 0) is not None:
+                raise JournalStartupError(f"{self.path}: {exc}") from exc
+            complete = False
+        if not complete:
+            if not self.last:
+                raise JournalStartupError(
+                    f"{self.path}: header cut short in a file that is not last"
+                )
+            log.warning("journal file header torn, rewriting it", extra={"file": str(self.path)})
+            self.files.truncate(self.path, 0)
+            fd = self.files.open_append(self.path)
+            try:
+                self.files.write(fd, encode_file_header(self.file_id))
+                self.files.fsync(fd)
+            finally:
+                self.files.close(fd)
+            return JournalPosition(self.file_id, FILE_HEADER_SIZE)
+        batched = file_format_version(data) >= 2
+        at = FILE_HEADER_SIZE
+        while True:
+            scan = scan_records(memoryview(data)[at:], at)
+            for scanned in scan.records:
+                if JournalPosition(self.file_id, scanned.end) > self.start:
+                    state.apply(scanned.record)
+            if scan.stop is ScanStop.END:
+                return JournalPosition(self.file_id, scan.end)
+            resume = self._damage_or_tear(data, scan, batched)
+            if resume is None:
+                return JournalPosition(self.file_id, scan.end)
+            at = resume
+
+    def _damage_or_tear(self, data: bytes, scan: ScanResult, batched: bool) -> int | None:
+        """None after truncating a torn tail; else where to resume past skipped damage
+        (only when the operator allows it); else raise."""
+        where = f"{self.path} at offset {scan.end} ({scan.reason})"
+        resume = next_valid_record(data, scan.end + 1, batch_only=batched)
+        below_mark = (
+            self.mark is not None
+            and self.mark.file_id == self.file_id
+            and self.mark.offset > scan.end
         )
-    log.warning(
-        "truncating torn journal tail",
-        extra={
-            "file": str(path),
-            "offset": scan.end,
-            "dropped_bytes": len(data) - scan.end,
-            "reason": scan.reason,
-        },
-    )
-    _truncate(path, scan.end)
-    return JournalPosition(file_id, scan.end)
-
-
-def _truncate(path: Path, size: int, rewrite_header: int | None = None) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(size)
-        if rewrite_header is not None:
-            f.write(encode_file_header(rewrite_header))
-        f.flush()
-        os.fsync(f.fileno())
+        torn = self.last and resume is None and not below_mark
+        if torn:
+            log.warning(
+                "truncating torn journal tail",
+                extra={
+                    "file": str(self.path),
+                    "offset": scan.end,
+                    "dropped_bytes": len(data) - scan.end,
+                    "reason": scan.reason,
+                },
+            )
+            self.files.truncate(self.path, scan.end)
+            return None
+        why = (
+            "in a file that is not last"
+            if not self.last
+            else "below the LastLogMark (it was fsynced and checkpointed)"
+            if below_mark
+            else "followed by valid records of a later group commit"
+        )
+        if not self.skip_invalid:
+            raise JournalStartupError(
+                f"bad journal record in {where}, {why}: the journal is damaged before its "
+                "tail; refusing to start (inspect it with `quire shell readjournal`, restore "
+                "the file, or set QUIRE_JOURNAL__SKIP_REPLAY_JOURNAL_INVALID_RECORD=true to "
+                "start without the damaged records)"
+            )
+        end = len(data) if resume is None else resume
+        log.error(
+            "skipping damaged journal records (skip_replay_journal_invalid_record is set)",
+            extra={"file": str(self.path), "offset": scan.end, "skipped_bytes": end - scan.end},
+        )
+        return end if end < len(data) else None
 
 
 @dataclass(slots=True)
@@ -259,9 +340,11 @@ class Journal:
         settings: JournalSettings,
         on_commit: CommitListener | None = None,
         fatal: Callable[[str], None] = die,
+        files: FileLayer = OS_FILES,
     ) -> None:
         self.directory = directory
         self.settings = settings
+        self.files = files
         self.policy = GroupCommitPolicy(
             max_group_wait_ms=settings.max_group_wait_ms,
             buffered_writes_threshold_bytes=settings.buffered_writes_threshold_bytes,
@@ -290,7 +373,13 @@ class Journal:
 
     async def open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        replayed = await asyncio.to_thread(replay, self.directory)
+        replayed = await asyncio.to_thread(
+            replay,
+            self.directory,
+            self.settings.skip_replay_journal_invalid_record,
+            self.files,
+            self.settings.max_backups,
+        )
         self.durable = replayed.state
         self.live = replayed.state.copy()
         self.durable_position = replayed.durable
@@ -312,7 +401,7 @@ class Journal:
     async def close(self) -> None:
         with self._io_lock:
             if self._fd >= 0:
-                os.close(self._fd)
+                self.files.close(self._fd)
                 self._fd = -1
 
     # -- submitting -----------------------------------------------------------------------
@@ -373,7 +462,7 @@ class Journal:
             await self._commit(batch)
 
     async def _commit(self, batch: list[_Pending]) -> None:
-        data = b"".join(p.data for p in batch)
+        data = encode_batch([p.data for p in batch])
         if (
             self._file_size > FILE_HEADER_SIZE
             and self._file_size + len(data) > self._max_file_bytes
@@ -386,6 +475,9 @@ class Journal:
             self._fatal(f"journal write/fsync of {journal_file_name(self._file_id)}: {exc!r}")
             raise
         self.stats.synced(len(batch), len(data), (time.perf_counter() - started) * 1000)
+        now_ms = _now_ms()
+        for pending in batch:
+            self.stats.added(now_ms - pending.enqueued_ms)
         self._file_size += len(data)
         position = JournalPosition(self._file_id, self._file_size)
         self.durable_position = position
@@ -398,27 +490,21 @@ class Journal:
 
     def _write(self, data: bytes) -> None:
         with self._io_lock:
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            self.files.write(self._fd, data)
             if self.settings.sync_data:
-                os.fdatasync(self._fd)
+                self.files.fdatasync(self._fd)
 
     def _create_file(self, file_id: int) -> None:
         """Start journal file `file_id` (blocking): header, fsync, directory fsync."""
         path = self.directory / journal_file_name(file_id)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-            os.write(fd, encode_file_header(file_id))
-            os.fsync(fd)
-            fsync_dir(self.directory)
+            fd = self.files.create(path, encode_file_header(file_id))
         except OSError as exc:
             self._fatal(f"creating journal file {path}: {exc!r}")
             raise
         with self._io_lock:
             if self._fd >= 0:
-                os.close(self._fd)
+                self.files.close(self._fd)
                 self.stats.journal_rolls += 1
             self._fd, self._file_id, self._file_size = fd, file_id, FILE_HEADER_SIZE
 
@@ -432,15 +518,19 @@ class Journal:
             mark = min(requested, self.durable_position)
             if self.mark is not None and mark <= self.mark:
                 return self.mark, []
-            doomed = [i for i in journal_files(self.directory) if i < mark.file_id]
-            if doomed:
-                # Captured in one synchronous step, so state and position agree.
+            if mark.file_id > 1 and (self.mark is None or mark.file_id > self.mark.file_id):
+                # Replay starts at the mark's file from now on: the facts of the files
+                # before it (fences, keys) must be in the snapshot first. Captured in one
+                # synchronous step, so state and position agree.
                 snapshot = encode_snapshot(self.durable_position, self.durable.snapshot_records())
-                await asyncio.to_thread(write_atomic, self.directory / SNAPSHOT, snapshot)
+                await asyncio.to_thread(
+                    self.files.write_atomic, self.directory / SNAPSHOT, snapshot
+                )
             await asyncio.to_thread(
-                write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
+                self.files.write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
             )
             self.mark = mark
+            doomed = _beyond_backups(journal_files(self.directory), mark, self.settings.max_backups)
             if doomed:
                 await asyncio.to_thread(self._delete, doomed)
             self.stats.journal_checkpoints += 1
@@ -449,8 +539,8 @@ class Journal:
 
     def _delete(self, file_ids: list[int]) -> None:
         for file_id in file_ids:
-            (self.directory / journal_file_name(file_id)).unlink(missing_ok=True)
-        fsync_dir(self.directory)
+            self.files.unlink(self.directory / journal_file_name(file_id))
+        self.files.fsync_dir(self.directory)
 
 
 def _now_ms() -> float:

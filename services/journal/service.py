@@ -13,13 +13,27 @@ so that the ledgerstore applies at once. It also keeps the bookie registered in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import shutil
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 from nats.micro.request import Request
 
+from services.journal.cookie import (
+    NO_INSTANCE,
+    Cookie,
+    CookieMismatch,
+    read_disk_cookie,
+    reconcile,
+    reconcile_offline,
+    write_disk_cookie,
+)
 from services.journal.core import (
     EntryRecord,
     FenceRecord,
@@ -28,11 +42,14 @@ from services.journal.core import (
     LacRecord,
     MasterKeyRecord,
     Record,
+    disk_read_only,
 )
 from services.journal.journal import Journal, QueueFull
 from shared import wire
 from shared.digest import DigestMismatch
+from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
+from shared.models import NO_VERSION, BookieState, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
@@ -44,10 +61,25 @@ UNREGISTER_TIMEOUT_S = 1.0
 MAX_ENTRY_ID = 2**63 - 1
 
 
+DiskUsage = Callable[[Path], tuple[int, int]]  # a directory -> (used, total) bytes
+
+
+def os_disk_usage(path: Path) -> tuple[int, int]:
+    usage = shutil.disk_usage(path)
+    return usage.total - usage.free, usage.total
+
+
 class JournalService:
-    def __init__(self, rt: ServiceRuntime) -> None:
+    def __init__(self, rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> None:
         self.rt = rt
         self.bookie_id = rt.settings.bookie_id
+        # The disks of this bookie: the journal's and every ledger directory.
+        self.disk_dirs = [rt.settings.bookie_dir / "journal", *rt.settings.ledger_dirs]
+        self.disk_usage = disk_usage
+        self.read_only = False
+        self.disk_usage_fraction = 0.0
+        self._state_changed = asyncio.Event()
+        self.identity_checked = False
         self.committed_subject = rt.subjects.bookie(self.bookie_id, JOURNAL_COMMITTED)
         self.journal = Journal(
             rt.settings.bookie_dir / "journal", rt.settings.journal, on_commit=self._announce
@@ -82,6 +114,11 @@ class JournalService:
             log.warning("bad add request", extra={"err": str(exc)})
             await request.respond(wire.encode_add_reply(BookieStatus.BAD_REQUEST, []))
             return
+        if self.read_only:
+            # diskUsageThreshold passed: refuse every add, keep serving the rest.
+            results = [self._refuse(item, BookieStatus.READ_ONLY) for item in items]
+            await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
+            return
         results, futures = self._admit_adds(items)
         if futures:
             await asyncio.gather(*futures)
@@ -96,14 +133,13 @@ class JournalService:
         results: list[wire.AddResult] = []
         futures: list[asyncio.Future] = []
         if not self.journal.room_for(len(items)):
-            for item in items:
-                ledger_id, entry_id = _ids(item.frame)
-                results.append(wire.AddResult(ledger_id, entry_id, BookieStatus.TOO_MANY_REQUESTS))
-                stats.rejected(BookieStatus.TOO_MANY_REQUESTS.name)
+            results = [self._refuse(item, BookieStatus.TOO_MANY_REQUESTS) for item in items]
             return results, futures
         for item in items:
             try:
-                record = EntryRecord.of(item.master_key, item.frame)
+                record = EntryRecord.of(
+                    item.master_key, item.frame, wire.digest_code_of(item.flags)
+                )
             except DigestMismatch:
                 record = None
             if record is None or record.entry_id > MAX_ENTRY_ID:
@@ -122,6 +158,53 @@ class JournalService:
                 stats.rejected(status.name)
             results.append(wire.AddResult(record.ledger_id, record.entry_id, status))
         return results, futures
+
+    def _refuse(self, item: wire.AddItem, status: BookieStatus) -> wire.AddResult:
+        ledger_id, entry_id = _ids(item.frame)
+        self.journal.stats.rejected(status.name)
+        return wire.AddResult(ledger_id, entry_id, status)
+
+    # -- disk usage -----------------------------------------------------------------------
+
+    def measure_disks(self) -> float:
+        """The fullest of this bookie's disks, as a used fraction (blocking)."""
+        fractions = []
+        for directory in self.disk_dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+            used, total = self.disk_usage(directory)
+            fractions.append(used / total if total else 1.0)
+        return max(fractions)
+
+    def apply_disk_usage(self, fraction: float) -> bool:
+        """Turn read-only or writable as the thresholds say; True if the state changed."""
+        settings = self.rt.settings.ledgerstore
+        self.disk_usage_fraction = fraction
+        read_only = disk_read_only(
+            self.read_only,
+            fraction,
+            settings.disk_usage_threshold,
+            settings.disk_usage_lwm_threshold,
+        )
+        if read_only == self.read_only:
+            return False
+        self.read_only = read_only
+        kind = "bookie.readonly" if read_only else "bookie.writable"
+        log.warning(kind, extra={"disk_usage": round(fraction, 4)})
+        self.rt.events.emit(kind, bookie_id=self.bookie_id, disk_usage=fraction)
+        self._state_changed.set()
+        return True
+
+    async def check_disks(self) -> None:
+        try:
+            self.apply_disk_usage(await asyncio.to_thread(self.measure_disks))
+        except OSError as exc:
+            log.error("disk check failed", extra={"err": repr(exc)})
+
+    async def watch_disks(self) -> None:
+        interval_s = self.rt.settings.ledgerstore.disk_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.check_disks()
 
     # -- fence and explicit LAC -----------------------------------------------------------
 
@@ -209,7 +292,93 @@ class JournalService:
         data["durable"] = self.journal.durable_position.to_json()
         data["mark"] = self.journal.mark.to_json() if self.journal.mark else None
         data["ledgers"] = len(self.journal.durable)
+        data["read_only"] = self.read_only
+        data["disk_usage"] = self.disk_usage_fraction
         await request.respond(json.dumps(data).encode())
+
+    def bookie_info(self) -> dict:
+        """What the bookie says of itself (blocking: it lists and sizes files)."""
+        settings = self.rt.settings
+        disks = []
+        for directory in self.disk_dirs:
+            usage = shutil.disk_usage(directory)
+            disks.append(
+                {
+                    "dir": str(directory),
+                    "free_bytes": usage.free,
+                    "total_bytes": usage.total,
+                    "used_fraction": round(self.disk_usage(directory)[0] / usage.total, 4),
+                }
+            )
+        files = []
+        for directory in self.disk_dirs:
+            for path in sorted(directory.iterdir()) if directory.exists() else []:
+                if path.is_file():
+                    files.append({"path": str(path), "size_bytes": path.stat().st_size})
+        mark = self.journal.mark
+        return {
+            "bookie_id": self.bookie_id,
+            "state": "readonly" if self.read_only else "writable",
+            "free_bytes": min(d["free_bytes"] for d in disks),
+            "total_bytes": min(d["total_bytes"] for d in disks),
+            "disk_usage": self.disk_usage_fraction,
+            "disk_usage_threshold": settings.ledgerstore.disk_usage_threshold,
+            "disk_usage_lwm_threshold": settings.ledgerstore.disk_usage_lwm_threshold,
+            "last_log_mark": mark.to_json() if mark else None,
+            "journal_durable": self.journal.durable_position.to_json(),
+            "ledgers": len(self.journal.durable),
+            "journal_dir": str(self.journal.directory),
+            "ledger_dirs": [str(d) for d in settings.ledger_dirs],
+            "disks": disks,
+            "files": files,
+        }
+
+    async def handle_info(self, request: Request) -> None:
+        info = await asyncio.to_thread(self.bookie_info)
+        await request.respond(json.dumps(info).encode())
+
+    # -- identity -------------------------------------------------------------------------
+
+    def expected_cookie(self, instance_id: str = NO_INSTANCE) -> Cookie:
+        settings = self.rt.settings
+        return Cookie(
+            bookie_id=self.bookie_id,
+            journal_dir=str((settings.bookie_dir / "journal").resolve()),
+            ledger_dirs=[str(d.resolve()) for d in settings.ledger_dirs],
+            instance_id=instance_id,
+        )
+
+    def _has_data(self) -> bool:
+        dirs = [self.rt.settings.bookie_dir / "journal", *self.rt.settings.ledger_dirs]
+        return any(d.exists() and any(d.iterdir()) for d in dirs)
+
+    async def establish_identity(self, client: MetadataClient) -> bool:
+        """Check the cookie on disk against this bookie and against metadata; write what is
+        missing. CookieMismatch if the disk is not this bookie's. False if metadata could
+        not be asked (then only the disk was checked; `keep_registered` asks later)."""
+        bookie_dir = self.rt.settings.bookie_dir
+        disk = read_disk_cookie(bookie_dir)
+        try:
+            instance_id = await client.instance_id()
+            stored = await client.get_cookie(self.bookie_id)
+        except MetadataError as exc:
+            if exc.code is not MetaErrorCode.UNAVAILABLE:
+                raise
+            log.warning("metadata unavailable: cookie checked against the disk only")
+            cookie = reconcile_offline(self.expected_cookie(), disk, self._has_data())
+            if cookie != disk:
+                write_disk_cookie(bookie_dir, cookie)
+            return False
+        meta = Cookie.decode(stored.data) if stored.data else None
+        cookie, publish = reconcile(self.expected_cookie(instance_id), disk, meta, self._has_data())
+        if cookie != disk:
+            write_disk_cookie(bookie_dir, cookie)
+        if publish:
+            await client.put_cookie(
+                self.bookie_id, replace(cookie, limbo=False).encode(), NO_VERSION
+            )
+            log.info("bookie cookie registered", extra={"instance_id": cookie.instance_id})
+        return True
 
     # -- registration ---------------------------------------------------------------------
 
@@ -222,15 +391,28 @@ class JournalService:
         info = {"journal_pid": os.getpid(), "bookie_dir": str(settings.bookie_dir.resolve())}
         registered = False
         while True:
+            if not self.identity_checked:
+                try:
+                    self.identity_checked = await self.establish_identity(client)
+                except CookieMismatch as exc:
+                    fail_stop("journal", str(exc))
+                except Exception as exc:
+                    log.warning("cookie check failed, will retry", extra={"err": str(exc)})
+            self._state_changed.clear()
+            state = BookieState.READONLY if self.read_only else BookieState.WRITABLE
             try:
-                await client.register_bookie(self.bookie_id, info=info)
+                await client.register_bookie(self.bookie_id, state=state, info=info)
                 if not registered:
-                    log.info("bookie registered")
+                    log.info("bookie registered", extra={"state": state.value})
                     registered = True
             except (MetadataError, Exception) as exc:  # noqa: B014 (both logged alike)
                 log.warning("bookie registration failed, will retry", extra={"err": str(exc)})
                 registered = False
-            await asyncio.sleep(settings.metadata.bookie_heartbeat_ms / 1000)
+            # A state change (read-only or back) is registered at once, not at the next beat.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._state_changed.wait(), settings.metadata.bookie_heartbeat_ms / 1000
+                )
 
     async def unregister(self) -> None:
         client = MetadataClient(self.rt.nc, self.rt.subjects, timeout_s=UNREGISTER_TIMEOUT_S)
@@ -248,9 +430,14 @@ def _ids(frame: bytes) -> tuple[int, int]:
     return record.ledger_id, record.entry_id if record.entry_id <= MAX_ENTRY_ID else -1
 
 
-async def main(rt: ServiceRuntime) -> None:
-    service = JournalService(rt)
+async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> None:
+    """`disk_usage` is the disk usage source (tests pass their own)."""
+    service = JournalService(rt, disk_usage)
+    # Identity first: a disk that is not this bookie's is never replayed or served.
+    client = MetadataClient(rt.nc, rt.subjects, timeout_s=rt.settings.request_timeout_ms / 1000)
+    service.identity_checked = await service.establish_identity(client)
     await service.journal.open()
+    await service.check_disks()
     rt.on_shutdown(service.journal.close)
     rt.on_shutdown(service.unregister)
     rt.spawn(service.journal.run_writer(), "journal-writer")
@@ -261,11 +448,13 @@ async def main(rt: ServiceRuntime) -> None:
         ("write_lac", "write_lac", service.handle_write_lac, 256),
         ("journal-checkpoint", JOURNAL_CHECKPOINT, service.handle_checkpoint, 4),
         ("journal-stats", "journal.stats", service.handle_stats, 16),
+        ("info", "info", service.handle_info, 16),
     ]
     for name, op, handler, max_in_flight in endpoints:
         await rt.add_endpoint(
             name, rt.subjects.bookie(bookie, op), handler, max_in_flight=max_in_flight
         )
     rt.spawn(service.keep_registered(), "bookie-registration")
+    rt.spawn(service.watch_disks(), "disk-checker")
     # The server has our subscriptions once this returns: no request finds no responder.
     await rt.nc.flush()

@@ -26,8 +26,9 @@ from services.journal.core import (
     MasterKeyRecord,
     Record,
 )
-from shared.digest import HEADER_SIZE, parse_header
+from shared.digest import HEADER_SIZE, DigestManager, DigestMismatch, DigestType, parse_header
 from shared.status import BookieStatus
+from shared.wire import DIGEST_TYPES
 
 FORMAT_VERSION = 1
 ENTRYLOG_MAGIC = b"QELG"
@@ -68,6 +69,7 @@ class EntryLocation:
     log_id: int
     offset: int  # of the entry's size field
     size: int  # frame length
+    dir: int = 0  # index of the ledger directory holding the log
 
     @property
     def frame_offset(self) -> int:
@@ -93,6 +95,28 @@ def frame_matches(frame: bytes, ledger_id: int, entry_id: int) -> bool:
     return (got_ledger, got_entry) == (ledger_id, entry_id)
 
 
+def verify_stored(frame: bytes, ledger_id: int, entry_id: int, digest_code: int) -> str | None:
+    """Why a frame read from disk is not the entry asked for (None: it is). The digest is
+    checked where the bookie can: crc32 and crc32c. hmac needs the ledger's password and
+    the bookie never has it; dummy and unknown (0) carry nothing to check."""
+    if not frame_matches(frame, ledger_id, entry_id):
+        return "stored frame is not the entry asked for"
+    digest_type = DIGEST_TYPES.get(digest_code)
+    if digest_type not in (DigestType.CRC32, DigestType.CRC32C):
+        return None
+    try:
+        DigestManager(digest_type).verify(frame, ledger_id, entry_id)
+    except DigestMismatch as exc:
+        return str(exc)
+    return None
+
+
+def ledger_dir_index(ledger_id: int, dir_count: int) -> int:
+    """Which ledger directory stores a ledger's entries (BookKeeper: ledger id modulo
+    the number of ledgerDirectories)."""
+    return ledger_id % dir_count
+
+
 # -- per-ledger facts ---------------------------------------------------------------------
 
 
@@ -103,6 +127,8 @@ class LedgerInfo:
 
     last_entry_id: int = -1
     lac: int = -1
+    digest_code: int = 0  # shared.wire digest code of the ledger's entries (0: unknown)
+    first_entry_id: int = -1  # the lowest entry applied here (-1: none)
 
 
 def apply_to_ledgers(ledgers: dict[int, LedgerInfo], record: Record) -> int | None:
@@ -112,6 +138,10 @@ def apply_to_ledgers(ledgers: dict[int, LedgerInfo], record: Record) -> int | No
             info = ledgers.setdefault(record.ledger_id, LedgerInfo())
             info.last_entry_id = max(info.last_entry_id, record.entry_id)
             info.lac = max(info.lac, record.lac)
+            if info.first_entry_id < 0 or record.entry_id < info.first_entry_id:
+                info.first_entry_id = record.entry_id
+            if record.digest_code:
+                info.digest_code = record.digest_code
             return record.ledger_id
         case LacRecord():
             info = ledgers.setdefault(record.ledger_id, LedgerInfo())
@@ -154,6 +184,15 @@ def next_file(position: JournalPosition, file_ids: Sequence[int]) -> JournalPosi
 
 
 # -- the authority rule -------------------------------------------------------------------
+
+
+def limbo_absent_status(info: LedgerInfo | None, entry_id: int, caught_up: bool) -> BookieStatus:
+    """`absent_status` on a bookie whose disk was wiped (its cookie is in limbo): absence
+    is only claimed for entries at or after the first one it stored since the wipe; the
+    rest it may have held before, so the answer is UNKNOWN_LEDGER_STATE."""
+    if info is None or info.first_entry_id < 0 or entry_id < info.first_entry_id:
+        return BookieStatus.UNKNOWN_LEDGER_STATE
+    return absent_status(True, caught_up)
 
 
 def absent_status(ledger_known: bool, caught_up: bool) -> BookieStatus:

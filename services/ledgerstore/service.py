@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 from nats.micro.request import Request
 
+from services.journal.cookie import Cookie, read_disk_cookie
 from services.journal.core import JournalFormatError, JournalPosition
 from services.ledgerstore.store import LedgerStore
 from shared import wire
@@ -34,8 +35,24 @@ class LedgerstoreService:
         self.rt = rt
         self.settings = rt.settings.ledgerstore
         self.bookie_id = rt.settings.bookie_id
-        self.store = LedgerStore(rt.settings.bookie_dir, self.settings)
+        self.store = LedgerStore(
+            rt.settings.bookie_dir,
+            self.settings,
+            ledger_dirs=rt.settings.ledger_dirs,
+            on_corrupt=self._on_corrupt,
+            skip_invalid_journal_records=rt.settings.journal.skip_replay_journal_invalid_record,
+        )
         self._journal_committed = asyncio.Event()
+
+    def _on_corrupt(self, ledger_id: int, entry_id: int, reason: str) -> None:
+        # The auditor listens: the replica is to be repaired from another bookie.
+        self.rt.events.emit(
+            "entry.corrupt",
+            ledger_id=ledger_id,
+            bookie_id=self.bookie_id,
+            entry_id=entry_id,
+            reason=reason,
+        )
 
     async def handle_read(self, request: Request) -> None:
         try:
@@ -63,7 +80,9 @@ class LedgerstoreService:
             checkpointed=self.store.checkpointed.to_json() if self.store.checkpointed else None,
             ledgers=len(self.store.ledgers),
             damaged=self.store.damaged,
+            unsure=self.store.unsure,
             entry_log=self.store.logger.log_id,
+            entry_logs=[logger.log_id for logger in self.store.loggers],
         )
         await request.respond(json.dumps(data).encode())
 
@@ -83,7 +102,17 @@ class LedgerstoreService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._journal_committed.wait(), poll_s)
             self._journal_committed.clear()
+            self._check_limbo()
             await self.store.catch_up()
+
+    def _check_limbo(self) -> None:
+        """The journal may find the disk wiped only once metadata answers: follow it."""
+        if self.store.limbo:
+            return
+        cookie = read_disk_cookie(self.rt.settings.bookie_dir)
+        if cookie is not None and cookie.limbo:
+            log.error("bookie disk was wiped: absent entries answer UNKNOWN_LEDGER_STATE")
+            self.store.limbo = True
 
     async def checkpoint_forever(self) -> None:
         interval_s = self.settings.flush_interval_ms / 1000
@@ -112,8 +141,28 @@ class LedgerstoreService:
             log.info("journal checkpoint not delivered", extra={"err": repr(exc)})
 
 
+COOKIE_WAIT_LOG_S = 5.0
+
+
+async def wait_for_cookie(rt: ServiceRuntime) -> Cookie:
+    """The journal checks the bookie's identity and writes its cookie before anything
+    else; serve only after it did (a wiped disk's cookie says `limbo`)."""
+    waited_s = 0.0
+    while True:
+        cookie = read_disk_cookie(rt.settings.bookie_dir)
+        if cookie is not None:
+            return cookie
+        if waited_s >= COOKIE_WAIT_LOG_S:
+            log.info("waiting for the journal to write the bookie's cookie")
+            waited_s = 0.0
+        await asyncio.sleep(0.05)
+        waited_s += 0.05
+
+
 async def main(rt: ServiceRuntime) -> None:
     service = LedgerstoreService(rt)
+    cookie = await wait_for_cookie(rt)
+    service.store.limbo = cookie.limbo
     await service.store.open()
     rt.on_shutdown(service.store.close)
     bookie = rt.settings.bookie_id

@@ -24,14 +24,18 @@ from services.journal.core import (
     ScannedRecord,
     ScanStop,
     check_file_header,
+    file_format_version,
     journal_file_name,
+    next_valid_record,
     scan_records,
 )
+from services.journal.files import OS_FILES, FileLayer
 from services.journal.journal import journal_files
 from services.ledgerstore.core import (
     ENTRYLOG_HEADER_SIZE,
     CursorAction,
     EntryLocation,
+    EntryLogFormatError,
     LedgerInfo,
     check_entry_log_header,
     encode_entry,
@@ -41,7 +45,6 @@ from services.ledgerstore.core import (
     next_file,
     parse_entry_log_name,
 )
-from shared.disk import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +59,17 @@ class EntryLogger:
     `log_size_limit_bytes`. A rolled log is fsynced when it is closed; `sync` fsyncs the
     current one. Appends and syncs come from one caller at a time; reads from anywhere."""
 
-    def __init__(self, directory: Path, log_size_limit_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        log_size_limit_bytes: int,
+        files: FileLayer = OS_FILES,
+        dir_index: int = 0,
+    ) -> None:
         self.directory = directory
+        self.dir_index = dir_index
         self.limit_bytes = log_size_limit_bytes
+        self.files = files
         self.log_id = 0
         self.size = 0
         self._fd = -1
@@ -79,25 +90,28 @@ class EntryLogger:
             return
         log_id, size = end
         for later in (i for i in ids if i > log_id):
-            (self.directory / entry_log_name(later)).unlink()
+            self.files.unlink(self.directory / entry_log_name(later))
             log.info("removed entry log written after the last checkpoint", extra={"log_id": later})
         path = self.directory / entry_log_name(log_id)
-        with open(path, "r+b") as f:
+        if not path.exists():
+            raise EntryLogFormatError(
+                f"{path} is missing but the index's last checkpoint ends in it"
+            )
+        with open(path, "rb") as f:
             check_entry_log_header(f.read(ENTRYLOG_HEADER_SIZE), log_id)
-            f.truncate(size)
-            os.fsync(f.fileno())
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        # Bytes after the checkpoint are not indexed: cut them, the journal rewrites them.
+        self.files.truncate(path, size)
+        self._fd = self.files.open_append(path)
         self.log_id, self.size = log_id, size
 
     def _create(self, log_id: int) -> None:
         path = self.directory / entry_log_name(log_id)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        os.write(fd, encode_entry_log_header(log_id))
-        os.fsync(fd)
-        fsync_dir(self.directory)
         if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
+            # The rolled log must be durable before a checkpoint can name the new one.
+            self.files.fsync(self._fd)
+            self.files.close(self._fd)
+            self._fd = -1
+        fd = self.files.create(path, encode_entry_log_header(log_id))
         self._fd, self.log_id, self.size = fd, log_id, ENTRYLOG_HEADER_SIZE
 
     def append(self, entries: Iterable[tuple[int, int, bytes]]) -> list[EntryLocation]:
@@ -115,22 +129,29 @@ class EntryLogger:
                 chunk = []
                 self._create(self.log_id + 1)
                 pending = 0
-            locations.append(EntryLocation(self.log_id, self.size + pending, len(frame)))
+            locations.append(
+                EntryLocation(self.log_id, self.size + pending, len(frame), self.dir_index)
+            )
             chunk.append(data)
         self._write(chunk)
         return locations
 
     def _write(self, chunk: list[bytes]) -> None:
-        view = memoryview(b"".join(chunk))
-        while view:
-            written = os.write(self._fd, view)
-            self.size += written
-            view = view[written:]
+        data = b"".join(chunk)
+        self.files.write(self._fd, data)
+        self.size += len(data)
 
     def sync(self) -> tuple[int, int]:
         """fsync the current log; the (log_id, size) now durable."""
-        os.fdatasync(self._fd)
+        self.files.fdatasync(self._fd)
         return self.log_id, self.size
+
+    def read_span(self, log_id: int, offset: int, size: int) -> bytes:
+        """`size` bytes of log `log_id` from `offset` (read-ahead reads many entries at once)."""
+        data = os.pread(self._read_fd(log_id), size, offset)
+        if len(data) != size:
+            raise OSError(f"entry log {log_id} ends before offset {offset + size}")
+        return data
 
     def read(self, location: EntryLocation) -> bytes:
         fd = self._read_fd(location.log_id)
@@ -154,8 +175,8 @@ class EntryLogger:
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
+            self.files.fsync(self._fd)
+            self.files.close(self._fd)
             self._fd = -1
         with self._read_lock:
             for fd in self._read_fds.values():
@@ -170,21 +191,35 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     ledger_id INTEGER NOT NULL, entry_id INTEGER NOT NULL,
     log_id INTEGER NOT NULL, offset INTEGER NOT NULL, size INTEGER NOT NULL,
+    dir INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (ledger_id, entry_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ledgers (
-    ledger_id INTEGER PRIMARY KEY, last_entry_id INTEGER NOT NULL, lac INTEGER NOT NULL);
+    ledger_id INTEGER PRIMARY KEY, last_entry_id INTEGER NOT NULL, lac INTEGER NOT NULL,
+    digest INTEGER NOT NULL DEFAULT 0, first_entry INTEGER NOT NULL DEFAULT -1);
 CREATE TABLE IF NOT EXISTS checkpoint (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     journal_file INTEGER NOT NULL, journal_offset INTEGER NOT NULL,
     log_id INTEGER NOT NULL, log_size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS log_ends (
+    dir INTEGER PRIMARY KEY, log_id INTEGER NOT NULL, log_size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS facts (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# Columns added after the first release of the schema: (table, column, definition).
+_ADDED_COLUMNS = [
+    ("entries", "dir", "INTEGER NOT NULL DEFAULT 0"),
+    ("ledgers", "digest", "INTEGER NOT NULL DEFAULT 0"),
+    ("ledgers", "first_entry", "INTEGER NOT NULL DEFAULT -1"),
+]
+
+LogEnds = dict[int, tuple[int, int]]  # ledger dir index -> (log_id, size) as checkpointed
 
 
 @dataclass
 class IndexState:
     position: JournalPosition | None  # journal position the index reflects (None: fresh)
-    log_end: tuple[int, int] | None  # entry logs as of that checkpoint
+    log_ends: LogEnds  # entry logs as of that checkpoint
     ledgers: dict[int, LedgerInfo] = field(default_factory=dict)
+    facts: dict[str, str] = field(default_factory=dict)
 
 
 def _u64_to_i64(value: int) -> int:
@@ -198,11 +233,13 @@ def _i64_to_u64(value: int) -> int:
 
 class EntryIndex:
     """(ledger, entry) -> location, per-ledger facts, and the applied journal position, in
-    SQLite (WAL). Everything of one checkpoint commits in one transaction. Issue 4 may
-    replace it: callers use only `open`, `lookup`, `commit`, `close`."""
+    SQLite (WAL; chosen by benchmark, see docs/storage.md). Everything of one checkpoint
+    commits in one transaction."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, files: FileLayer = OS_FILES) -> None:
         self.path = path
+        self.files = files
+        self.lookups = 0
         self._reader: sqlite3.Connection | None = None
         self._writer: sqlite3.Connection | None = None
 
@@ -217,61 +254,103 @@ class EntryIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = self._connect()
         self._writer.executescript(_SCHEMA)
+        for table, column, definition in _ADDED_COLUMNS:
+            names = {row[1] for row in self._writer.execute(f"PRAGMA table_info({table})")}
+            if column not in names:
+                self._writer.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         self._reader = self._connect()
         row = self._writer.execute(
             "SELECT journal_file, journal_offset, log_id, log_size FROM checkpoint"
         ).fetchone()
-        state = IndexState(None, None)
+        state = IndexState(None, {})
         if row is not None:
             state.position = JournalPosition(row[0], row[1])
-            state.log_end = (row[2], row[3])
-        for ledger_id, last, lac in self._writer.execute(
-            "SELECT ledger_id, last_entry_id, lac FROM ledgers"
+            state.log_ends = {0: (row[2], row[3])}
+            for dir_index, log_id, size in self._writer.execute("SELECT * FROM log_ends"):
+                state.log_ends[dir_index] = (log_id, size)
+        for ledger_id, last, lac, digest, first in self._writer.execute(
+            "SELECT ledger_id, last_entry_id, lac, digest, first_entry FROM ledgers"
         ):
-            state.ledgers[_i64_to_u64(ledger_id)] = LedgerInfo(last, lac)
+            state.ledgers[_i64_to_u64(ledger_id)] = LedgerInfo(last, lac, digest, first)
+        state.facts = dict(self._writer.execute("SELECT key, value FROM facts"))
         return state
 
     def lookup(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
         assert self._reader is not None
+        self.lookups += 1
         row = self._reader.execute(
-            "SELECT log_id, offset, size FROM entries WHERE ledger_id = ? AND entry_id = ?",
+            "SELECT log_id, offset, size, dir FROM entries WHERE ledger_id = ? AND entry_id = ?",
             (_u64_to_i64(ledger_id), entry_id),
         ).fetchone()
         return EntryLocation(*row) if row else None
+
+    def lookup_range(
+        self, ledger_id: int, first: int, last: int
+    ) -> list[tuple[int, EntryLocation]]:
+        """(entry id, location) of the ledger's stored entries in [first, last], in order."""
+        assert self._reader is not None
+        self.lookups += 1
+        rows = self._reader.execute(
+            "SELECT entry_id, log_id, offset, size, dir FROM entries "
+            "WHERE ledger_id = ? AND entry_id BETWEEN ? AND ? ORDER BY entry_id",
+            (_u64_to_i64(ledger_id), first, last),
+        ).fetchall()
+        return [(row[0], EntryLocation(*row[1:])) for row in rows]
+
+    def ledger_entries(self, ledger_id: int) -> list[tuple[int, EntryLocation]]:
+        """Every stored entry of a ledger (`quire shell ledger`)."""
+        return self.lookup_range(ledger_id, 0, 2**63 - 1)
 
     def commit(
         self,
         entries: Mapping[tuple[int, int], EntryLocation],
         ledgers: Mapping[int, LedgerInfo],
         position: JournalPosition,
-        log_end: tuple[int, int],
+        log_ends: LogEnds,
+        facts: Mapping[str, str] | None = None,
     ) -> None:
         conn = self._writer
         assert conn is not None
+        # A crash here (before the commit is durable) leaves the previous checkpoint.
+        self.files.point("index.commit")
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(
-                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
                 (
-                    (_u64_to_i64(ledger), e, loc.log_id, loc.offset, loc.size)
+                    (_u64_to_i64(ledger), e, loc.log_id, loc.offset, loc.size, loc.dir)
                     for (ledger, e), loc in entries.items()
                 ),
             )
             conn.executemany(
-                "INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?)",
+                "INSERT OR REPLACE INTO ledgers "
+                "(ledger_id, last_entry_id, lac, digest, first_entry) VALUES (?, ?, ?, ?, ?)",
                 (
-                    (_u64_to_i64(ledger), info.last_entry_id, info.lac)
+                    (
+                        _u64_to_i64(ledger),
+                        info.last_entry_id,
+                        info.lac,
+                        info.digest_code,
+                        info.first_entry_id,
+                    )
                     for ledger, info in ledgers.items()
                 ),
             )
+            first = log_ends.get(0, (0, 0))
             conn.execute(
                 "INSERT OR REPLACE INTO checkpoint VALUES (1, ?, ?, ?, ?)",
-                (position.file_id, position.offset, *log_end),
+                (position.file_id, position.offset, *first),
             )
+            conn.executemany(
+                "INSERT OR REPLACE INTO log_ends VALUES (?, ?, ?)",
+                ((d, log_id, size) for d, (log_id, size) in log_ends.items()),
+            )
+            conn.executemany("INSERT OR REPLACE INTO facts VALUES (?, ?)", (facts or {}).items())
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        self.files.point("index.committed")
 
     def close(self) -> None:
         for conn in (self._reader, self._writer):
@@ -288,6 +367,7 @@ class TailStatus(Enum):
     CAUGHT_UP = "caught_up"  # at the end of the newest journal file
     STALLED = "stalled"  # a bad record in the newest file: wait for the journal
     DAMAGED = "damaged"  # records are missing or bad for good: never claim absence
+    SKIPPED = "skipped"  # bad records skipped (operator's choice): read on, never claim absence
 
 
 @dataclass
@@ -303,11 +383,17 @@ class JournalTailer:
     still being written reads as incomplete: stop there and come back later."""
 
     def __init__(
-        self, directory: Path, position: JournalPosition, chunk_bytes: int = 4 * 1024 * 1024
+        self,
+        directory: Path,
+        position: JournalPosition,
+        chunk_bytes: int = 4 * 1024 * 1024,
+        skip_invalid: bool = False,
     ) -> None:
         self.directory = directory
         self.position = position
         self.chunk_bytes = chunk_bytes
+        # skipReplayJournalInvalidRecord: the journal started past damage; follow it.
+        self.skip_invalid = skip_invalid
         # The highest durable position the journal announced (notifications are lossy, so
         # this may lag): a record that stops us below it is damage, not a write going on.
         self.durable_hint: JournalPosition | None = None
@@ -366,6 +452,8 @@ class JournalTailer:
         if scan.records:
             return TailRead(scan.records, JournalPosition(pos.file_id, scan.end), TailStatus.MORE)
         at = f"journal file {pos.file_id} offset {scan.end}: {scan.reason}"
+        if finished is not None and scan.stop is not ScanStop.END and self.skip_invalid:
+            return self._skip(fd, pos.file_id, scan.end, finished, at)
         if scan.stop is ScanStop.BAD:
             status = TailStatus.DAMAGED if finished is not None else TailStatus.STALLED
             return TailRead([], JournalPosition(pos.file_id, offset), status, at)
@@ -381,6 +469,18 @@ class JournalTailer:
         # At (or, after a crash that lost unsynced bytes, past) the end of a complete
         # file: the journal never appends to it again.
         return TailRead([], finished, TailStatus.MORE)
+
+    def _skip(
+        self, fd: int, file_id: int, offset: int, finished: JournalPosition, at: str
+    ) -> TailRead:
+        """Past damage in a complete file, to the next valid group commit (as the journal's
+        replay did when the operator allowed it)."""
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, size, 0)
+        batched = file_format_version(data) >= 2
+        resume = next_valid_record(data, offset + 1, batch_only=batched)
+        target = finished if resume is None else JournalPosition(file_id, resume)
+        return TailRead([], target, TailStatus.SKIPPED, at)
 
     def advance(self, position: JournalPosition) -> None:
         self.position = position

@@ -1,32 +1,43 @@
-"""The ledgerstore: a projection of the bookie's journal into entry logs and an index.
+"""The ledgerstore: a projection of the bookie's journal, in the shape of BookKeeper's
+DbLedgerStorage.
 
-It applies journal records in order from its own position (`apply`/`catch_up`), keeps
-new index entries in a memtable until a checkpoint (BookKeeper's SortedLedgerStorage),
-and checkpoints: fsync the entry logs, then commit the index, the ledger facts and the
-applied journal position in one SQLite transaction. After a restart it resumes from that
-position; re-applying records after it is idempotent (the entry logs are truncated back
-to the checkpoint and the same entries are written again).
+It applies journal records in order from its own position (`catch_up`) into a write
+cache (entries in memory, two buffers). A flush (`checkpoint`) swaps the buffers, writes
+the full one to the entry logs sorted by ledger and entry, fsyncs them, then commits the
+index, the ledger facts, the entry logs' ends and the applied journal position in one
+SQLite transaction; only then may the journal move its LastLogMark. After a crash at any
+point of that, the index names a consistent state: the entry logs are cut back to the
+ends it recorded and the journal is replayed from its position (idempotent: the same
+entries are written again). Reads look in the write cache, the read cache, then the
+entry logs (through the index, reading ahead); every frame read from disk is verified.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from services.journal.core import JOURNAL_START, EntryRecord, JournalPosition, ScannedRecord
+from services.journal.files import OS_FILES, FileLayer
+from services.ledgerstore.cache import ReadCache, WriteCache
 from services.ledgerstore.core import (
     EntryLocation,
     LedgerInfo,
     absent_status,
     apply_to_ledgers,
-    frame_matches,
+    ledger_dir_index,
+    limbo_absent_status,
+    verify_stored,
 )
 from services.ledgerstore.storage import (
     EntryIndex,
     EntryLogger,
     JournalTailer,
+    LogEnds,
     TailStatus,
 )
 from shared import wire
@@ -38,6 +49,9 @@ log = logging.getLogger(__name__)
 
 # Bound on one catch-up: reads of the journal before giving the event loop back.
 CATCH_UP_MAX_READS = 10_000
+UNSURE_FACT = "unsure"  # index fact: why absent entries answer UNKNOWN_LEDGER_STATE
+
+CorruptListener = Callable[[int, int, str], None]
 
 
 def die(reason: str) -> None:
@@ -46,6 +60,8 @@ def die(reason: str) -> None:
 
 @dataclass
 class LedgerstoreStats:
+    """Counters under DbLedgerStorage's metric names (bookie_ prefix dropped)."""
+
     ledgerstore_add_entry: int = 0
     ledgerstore_read_entry: int = 0
     ledgerstore_read_entry_absent: int = 0
@@ -53,49 +69,99 @@ class LedgerstoreStats:
     ledgerstore_read_lac: int = 0
     ledgerstore_catch_up: int = 0
     ledgerstore_checkpoints: int = 0
-    ledgerstore_memtable_entries: int = 0
+    write_cache_size_bytes: int = 0
+    write_cache_count: int = 0
+    write_cache_hits: int = 0
+    read_cache_size_bytes: int = 0
+    read_cache_count: int = 0
+    read_cache_hits: int = 0
+    read_cache_misses: int = 0
+    readahead_batch_count: int = 0
+    readahead_batch_size: int = 0
+    index_lookups: int = 0
+    flush: int = 0
+    flush_size_bytes: int = 0
+    flush_entries: int = 0
+    flush_latency_ms_sum: float = 0.0
+    flush_latency_ms_max: float = 0.0
+    # Catch-ups that had to flush first because the write cache was full (back-pressure).
+    throttled_write_requests: int = 0
 
 
 class LedgerStore:
-    def __init__(self, bookie_dir: Path, settings: LedgerstoreSettings, fatal=die) -> None:
+    def __init__(
+        self,
+        bookie_dir: Path,
+        settings: LedgerstoreSettings,
+        fatal: Callable[[str], None] = die,
+        *,
+        ledger_dirs: list[Path] | None = None,
+        files: FileLayer = OS_FILES,
+        on_corrupt: CorruptListener | None = None,
+        skip_invalid_journal_records: bool = False,
+        limbo: bool = False,
+    ) -> None:
         self.settings = settings
-        self.logger = EntryLogger(bookie_dir / "ledgers", settings.log_size_limit_bytes)
-        self.index = EntryIndex(bookie_dir / "ledgers" / "index.sqlite")
-        self.tailer = JournalTailer(bookie_dir / "journal", JOURNAL_START)
+        self.ledger_dirs = ledger_dirs or [bookie_dir / "ledgers"]
+        self.loggers = [
+            EntryLogger(directory, settings.log_size_limit_bytes, files, index)
+            for index, directory in enumerate(self.ledger_dirs)
+        ]
+        self.index = EntryIndex(self.ledger_dirs[0] / "index.sqlite", files)
+        self.tailer = JournalTailer(
+            bookie_dir / "journal", JOURNAL_START, skip_invalid=skip_invalid_journal_records
+        )
         self.stats = LedgerstoreStats()
         self.ledgers: dict[int, LedgerInfo] = {}
         self.applied = JOURNAL_START
         self.checkpointed: JournalPosition | None = None
         # Set for good when journal records we need are gone or bad: from then on an
-        # absent entry is UNKNOWN_LEDGER_STATE, never NO_ENTRY.
+        # absent entry is UNKNOWN_LEDGER_STATE, never NO_ENTRY, and applying stops.
         self.damaged: str | None = None
+        # Set when records were skipped (the operator allowed it): applying goes on, but
+        # absence is never claimed again (persisted in the index).
+        self.unsure: str | None = None
+        # The bookie's disk was wiped (its cookie says so): see `limbo_absent_status`.
+        self.limbo = limbo
         self._fatal = fatal
-        self._memtable: dict[tuple[int, int], EntryLocation] = {}
-        self._flushing: dict[tuple[int, int], EntryLocation] = {}
+        self._on_corrupt = on_corrupt
+        self._write_cache = WriteCache()
+        self._flushing = WriteCache()
+        self._read_cache = ReadCache(settings.read_ahead_cache_max_size_bytes)
         self._dirty_ledgers: set[int] = set()
         self._apply_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
         self._stalled_reason = ""
 
+    @property
+    def logger(self) -> EntryLogger:
+        """The first ledger directory's entry logger."""
+        return self.loggers[0]
+
     async def open(self) -> None:
         state = await asyncio.to_thread(self.index.open)
-        await asyncio.to_thread(self.logger.open, state.log_end)
+        for index, logger in enumerate(self.loggers):
+            await asyncio.to_thread(logger.open, state.log_ends.get(index))
         self.ledgers = state.ledgers
-        self.applied = self.checkpointed = state.position or JOURNAL_START
+        self.unsure = state.facts.get(UNSURE_FACT)
+        self.applied = state.position or JOURNAL_START
+        self.checkpointed = state.position
         self.tailer.advance(self.applied)
         log.info(
             "ledgerstore opened",
             extra={
                 "applied": self.applied.to_json(),
                 "ledgers": len(self.ledgers),
-                "entry_log": self.logger.log_id,
+                "entry_logs": [logger.log_id for logger in self.loggers],
+                "unsure": self.unsure,
             },
         )
 
     async def close(self) -> None:
         await self.checkpoint()
         async with self._apply_lock:
-            await asyncio.to_thread(self.logger.close)
+            for logger in self.loggers:
+                await asyncio.to_thread(logger.close)
             self.index.close()
             self.tailer.close()
 
@@ -115,21 +181,45 @@ class LedgerStore:
         return await asyncio.shield(self._catch_up())
 
     async def _catch_up(self) -> bool:
+        while True:
+            done = await self._catch_up_some()
+            if done is not None:
+                return done
+            # The write cache is full: flush it before taking more (back-pressure).
+            self.stats.throttled_write_requests += 1
+            await self._checkpoint()
+
+    async def _catch_up_some(self) -> bool | None:
+        """True/False as `catch_up`; None when the write cache must be flushed first."""
         async with self._apply_lock:
             if self.damaged:
                 return False
             target = await asyncio.to_thread(self.tailer.end_position)
             self.stats.ledgerstore_catch_up += 1
             for _ in range(CATCH_UP_MAX_READS):
+                # Bounded: at most one journal read (tailer chunk) beyond the limit.
+                if self._write_cache.size_bytes >= self.settings.write_cache_max_size_bytes:
+                    return None
                 try:
                     tail = await asyncio.to_thread(self.tailer.read)
                 except OSError as exc:
                     self._note_stall(f"reading the journal: {exc!r}")
                     return False
                 if tail.records:
-                    await self._apply(tail.records)
+                    self._apply(tail.records)
                 self.applied = tail.position
                 self.tailer.advance(tail.position)
+                if tail.status is TailStatus.SKIPPED:
+                    self.unsure = tail.reason
+                    log.error(
+                        "skipped damaged journal records: absent entries will be answered "
+                        "UNKNOWN_LEDGER_STATE",
+                        extra={"reason": tail.reason},
+                    )
+                if self._write_cache.size_bytes >= self.settings.write_cache_max_size_bytes:
+                    return None
+                if tail.status is TailStatus.SKIPPED:
+                    continue
                 if tail.status is TailStatus.DAMAGED:
                     self.damaged = tail.reason
                     log.error(
@@ -153,33 +243,24 @@ class LedgerStore:
             log.error("ledgerstore cannot read past a journal record", extra={"reason": reason})
         self._stalled_reason = reason
 
-    async def _apply(self, records: list[ScannedRecord]) -> None:
-        entries = [
-            (s.record.ledger_id, s.record.entry_id, s.record.frame)
-            for s in records
-            if isinstance(s.record, EntryRecord)
-        ]
-        if entries:
-            try:
-                locations = await asyncio.to_thread(self.logger.append, entries)
-            except OSError as exc:
-                self._fatal(f"entry log write: {exc!r}")
-                raise
-            for (ledger_id, entry_id, _), location in zip(entries, locations, strict=True):
-                self._memtable[(ledger_id, entry_id)] = location
-            self.stats.ledgerstore_add_entry += len(entries)
-            self.stats.ledgerstore_memtable_entries = len(self._memtable)
+    def _apply(self, records: list[ScannedRecord]) -> None:
         for scanned in records:
-            touched = apply_to_ledgers(self.ledgers, scanned.record)
+            record = scanned.record
+            if isinstance(record, EntryRecord):
+                self._write_cache.put(record.ledger_id, record.entry_id, record.frame)
+                self.stats.ledgerstore_add_entry += 1
+            touched = apply_to_ledgers(self.ledgers, record)
             if touched is not None:
                 self._dirty_ledgers.add(touched)
+        self.stats.write_cache_size_bytes = self._write_cache.size_bytes
+        self.stats.write_cache_count = len(self._write_cache)
 
-    # -- checkpoint -----------------------------------------------------------------------
+    # -- checkpoint (flush) ---------------------------------------------------------------
 
     async def checkpoint(self) -> JournalPosition | None:
         """Make everything applied durable; the position to hand to the journal as its
         LastLogMark, or None if nothing changed since the last checkpoint."""
-        # Shielded: a cancelled caller must not leave the memtables half-swapped.
+        # Shielded: a cancelled caller must not leave the buffers half-swapped.
         return await asyncio.shield(self._checkpoint())
 
     async def _checkpoint(self) -> JournalPosition | None:
@@ -187,100 +268,214 @@ class LedgerStore:
             async with self._apply_lock:
                 if (
                     self.applied == self.checkpointed
-                    and not self._memtable
+                    and not self._write_cache
                     and not self._dirty_ledgers
                 ):
                     return None
-                self._flushing, self._memtable = self._memtable, {}
+                # Swap the buffers: applies go on into the empty one while this flushes.
+                self._flushing, self._write_cache = self._write_cache, WriteCache()
                 ledgers = {i: replace(self.ledgers[i]) for i in self._dirty_ledgers}
                 self._dirty_ledgers = set()
                 position = self.applied
-                try:
-                    log_end = await asyncio.to_thread(self.logger.sync)
-                except OSError as exc:
-                    self._fatal(f"entry log fsync: {exc!r}")
-                    raise
+                facts = {UNSURE_FACT: self.unsure} if self.unsure else {}
+            started = time.perf_counter()
+            flushing = self._flushing
+            try:
+                locations, log_ends = await asyncio.to_thread(self._write_entry_logs, flushing)
+            except OSError as exc:
+                self._fatal(f"entry log write or fsync: {exc!r}")
+                raise
             try:
                 await asyncio.to_thread(
-                    self.index.commit, self._flushing, ledgers, position, log_end
+                    self.index.commit, locations, ledgers, position, log_ends, facts
                 )
             except Exception as exc:
                 self._fatal(f"index commit: {exc!r}")
                 raise
-            self._flushing = {}
+            self._flushing = WriteCache()
             self.checkpointed = position
-            self.stats.ledgerstore_checkpoints += 1
-            self.stats.ledgerstore_memtable_entries = len(self._memtable)
+            self._flushed(flushing, (time.perf_counter() - started) * 1000)
             return position
+
+    def _write_entry_logs(
+        self, flushing: WriteCache
+    ) -> tuple[dict[tuple[int, int], EntryLocation], LogEnds]:
+        """Append the flushed entries to their directories' entry logs, sorted, then fsync
+        every log (blocking)."""
+        by_dir: dict[int, list[tuple[int, int, bytes]]] = {}
+        for ledger_id, entry_id, frame in flushing.sorted_entries():
+            index = ledger_dir_index(ledger_id, len(self.loggers))
+            by_dir.setdefault(index, []).append((ledger_id, entry_id, frame))
+        locations: dict[tuple[int, int], EntryLocation] = {}
+        for index, entries in by_dir.items():
+            placed = self.loggers[index].append(entries)
+            for (ledger_id, entry_id, _), location in zip(entries, placed, strict=True):
+                locations[(ledger_id, entry_id)] = location
+        log_ends = {index: logger.sync() for index, logger in enumerate(self.loggers)}
+        return locations, log_ends
+
+    def _flushed(self, flushing: WriteCache, latency_ms: float) -> None:
+        stats = self.stats
+        stats.ledgerstore_checkpoints += 1
+        stats.flush += 1
+        stats.flush_entries += len(flushing)
+        stats.flush_size_bytes += flushing.size_bytes
+        stats.flush_latency_ms_sum += latency_ms
+        stats.flush_latency_ms_max = max(stats.flush_latency_ms_max, latency_ms)
+        stats.write_cache_size_bytes = self._write_cache.size_bytes
+        stats.write_cache_count = len(self._write_cache)
 
     # -- reads ----------------------------------------------------------------------------
 
-    def _lookup(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
-        key = (ledger_id, entry_id)
-        location = self._memtable.get(key) or self._flushing.get(key)
-        return location or self.index.lookup(ledger_id, entry_id)
+    def _cached(self, ledger_id: int, entry_id: int) -> bytes | None:
+        frame = self._write_cache.get(ledger_id, entry_id) or self._flushing.get(
+            ledger_id, entry_id
+        )
+        if frame is not None:
+            self.stats.write_cache_hits += 1
+            return frame
+        frame = self._read_cache.get(ledger_id, entry_id)
+        if frame is not None:
+            self.stats.read_cache_hits += 1
+        return frame
+
+    def _locate(self, item: wire.ReadItem) -> bytes | EntryLocation | None:
+        """The frame from a cache, else its location on disk, else None (absent)."""
+        frame = self._cached(item.ledger_id, item.entry_id)
+        if frame is not None:
+            return frame
+        location = self.index.lookup(item.ledger_id, item.entry_id)
+        self.stats.index_lookups = self.index.lookups
+        return location
 
     async def read(self, items: list[wire.ReadItem]) -> list[wire.ReadResult]:
-        locations = [self._lookup(i.ledger_id, i.entry_id) for i in items]
+        found = [self._locate(i) for i in items]
         caught_up = True
-        if any(loc is None for loc in locations):
+        if any(f is None for f in found):
             # The authority rule: look at everything the journal has before saying "no".
-            caught_up = await self.catch_up()
-            locations = [
-                loc or self._lookup(i.ledger_id, i.entry_id)
-                for i, loc in zip(items, locations, strict=True)
+            caught_up = await self.catch_up() and self.unsure is None
+            found = [
+                f if f is not None else self._locate(i) for i, f in zip(items, found, strict=True)
             ]
-        frames = await asyncio.to_thread(self._read_frames, locations)
         results = []
-        for item, location, frame in zip(items, locations, frames, strict=True):
-            results.append(self._result(item, location, frame, caught_up))
+        for item, where in zip(items, found, strict=True):
+            self.stats.ledgerstore_read_entry += 1
+            if where is None:
+                self.stats.ledgerstore_read_entry_absent += 1
+                status = self._absent(item, caught_up)
+                results.append(wire.ReadResult(item.ledger_id, item.entry_id, status))
+            elif isinstance(where, bytes):
+                results.append(
+                    wire.ReadResult(item.ledger_id, item.entry_id, BookieStatus.OK, where)
+                )
+            else:
+                results.append(await self._read_from_disk(item, where))
+        self.stats.read_cache_size_bytes = self._read_cache.size_bytes
+        self.stats.read_cache_count = len(self._read_cache)
         return results
 
-    def _read_frames(self, locations: list[EntryLocation | None]) -> list[bytes | OSError | None]:
-        frames: list[bytes | OSError | None] = []
-        for location in locations:
-            if location is None:
-                frames.append(None)
-                continue
-            try:
-                frames.append(self.logger.read(location))
-            except OSError as exc:
-                frames.append(exc)
-        return frames
+    def _absent(self, item: wire.ReadItem, caught_up: bool) -> BookieStatus:
+        if self.limbo:
+            return limbo_absent_status(self.ledgers.get(item.ledger_id), item.entry_id, caught_up)
+        return absent_status(item.ledger_id in self.ledgers, caught_up)
 
-    def _result(
-        self,
-        item: wire.ReadItem,
-        location: EntryLocation | None,
-        frame: bytes | OSError | None,
-        caught_up: bool,
+    async def _read_from_disk(
+        self, item: wire.ReadItem, location: EntryLocation
     ) -> wire.ReadResult:
+        """Read the entry and up to dbStorage_readAheadCacheBatchSize entries after it of
+        the same ledger (stored next to it by the sorted flush) into the read cache."""
         ledger_id, entry_id = item.ledger_id, item.entry_id
-        self.stats.ledgerstore_read_entry += 1
-        if location is None:
-            self.stats.ledgerstore_read_entry_absent += 1
-            status = absent_status(ledger_id in self.ledgers, caught_up)
-            return wire.ReadResult(ledger_id, entry_id, status)
-        if isinstance(frame, OSError):
+        self.stats.read_cache_misses += 1
+        batch = self.settings.read_ahead_cache_batch_size
+        span = self.index.lookup_range(ledger_id, entry_id + 1, entry_id + batch - 1)
+        self.stats.index_lookups = self.index.lookups
+        wanted = [(entry_id, location), *span]
+        try:
+            frames = await asyncio.to_thread(self._read_frames, wanted)
+        except OSError as exc:
             log.error(
                 "entry read failed",
-                extra={"ledger_id": ledger_id, "entry_id": entry_id, "err": repr(frame)},
+                extra={"ledger_id": ledger_id, "entry_id": entry_id, "err": repr(exc)},
             )
             return wire.ReadResult(ledger_id, entry_id, BookieStatus.IO_ERROR)
-        assert frame is not None
-        if not frame_matches(frame, ledger_id, entry_id):
-            self.stats.ledgerstore_read_entry_corrupt += 1
-            log.error(
-                "stored frame is not the entry asked for",
-                extra={"ledger_id": ledger_id, "entry_id": entry_id, "location": str(location)},
-            )
+        self.stats.readahead_batch_count += 1
+        self.stats.readahead_batch_size += len(frames) - 1
+        info = self.ledgers.get(ledger_id)
+        digest_code = info.digest_code if info else 0
+        for (other_id, _), frame in list(zip(wanted, frames, strict=True))[1:]:
+            if verify_stored(frame, ledger_id, other_id, digest_code) is None:
+                self._read_cache.put(ledger_id, other_id, frame)
+        problem = verify_stored(frames[0], ledger_id, entry_id, digest_code)
+        if problem is not None:
+            self._corrupt(ledger_id, entry_id, location, problem)
             return wire.ReadResult(ledger_id, entry_id, BookieStatus.CORRUPT)
-        return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frame)
+        self._read_cache.put(ledger_id, entry_id, frames[0])
+        return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frames[0])
+
+    def _read_frames(self, wanted: list[tuple[int, EntryLocation]]) -> list[bytes]:
+        """The frames at `wanted` locations (blocking): one read per run of entries that
+        lie back to back in one entry log."""
+        frames: list[bytes] = []
+        run: list[EntryLocation] = []
+        for _, location in wanted:
+            if run and not _follows(run[-1], location):
+                frames.extend(self._read_run(run))
+                run = []
+            run.append(location)
+        frames.extend(self._read_run(run))
+        return frames
+
+    def _read_run(self, run: list[EntryLocation]) -> list[bytes]:
+        first, last = run[0], run[-1]
+        logger = self.loggers[first.dir]
+        end = last.frame_offset + last.size
+        data = logger.read_span(first.log_id, first.offset, end - first.offset)
+        return [
+            data[loc.frame_offset - first.offset : loc.frame_offset - first.offset + loc.size]
+            for loc in run
+        ]
+
+    def _corrupt(self, ledger_id: int, entry_id: int, location: EntryLocation, why: str) -> None:
+        self.stats.ledgerstore_read_entry_corrupt += 1
+        log.error(
+            "stored entry is corrupt",
+            extra={
+                "ledger_id": ledger_id,
+                "entry_id": entry_id,
+                "location": str(location),
+                "reason": why,
+            },
+        )
+        if self._on_corrupt is not None:
+            self._on_corrupt(ledger_id, entry_id, why)
 
     async def read_lac(self, ledger_id: int) -> wire.LacReply:
         self.stats.ledgerstore_read_lac += 1
-        caught_up = await self.catch_up()
+        caught_up = await self.catch_up() and self.unsure is None
         info = self.ledgers.get(ledger_id)
         if info is None:
+            if self.limbo:
+                return wire.LacReply(BookieStatus.UNKNOWN_LEDGER_STATE)
             return wire.LacReply(absent_status(False, caught_up))
         return wire.LacReply(BookieStatus.OK, info.lac, info.last_entry_id)
+
+    # -- operator view --------------------------------------------------------------------
+
+    def disk_files(self) -> list[dict]:
+        """Every entry log and index file of this ledgerstore, with sizes."""
+        rows = []
+        for directory in self.ledger_dirs:
+            if not directory.exists():
+                continue
+            for path in sorted(directory.iterdir()):
+                if path.is_file():
+                    rows.append({"path": str(path), "size_bytes": path.stat().st_size})
+        return rows
+
+
+def _follows(previous: EntryLocation, location: EntryLocation) -> bool:
+    return (
+        location.dir == previous.dir
+        and location.log_id == previous.log_id
+        and location.offset == previous.frame_offset + previous.size
+    )

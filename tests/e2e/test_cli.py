@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
-    parent = tmp_path_factory.mktemp("cli")
-    parent.chmod(0o711)
+def cluster(cluster_dir) -> Iterator[QuireUp]:
+    parent = cluster_dir("cli")
     up = QuireUp(parent / "quire-data", bookies=3)
     up.start()
     yield up

@@ -23,9 +23,8 @@ EXCLUDED = "positive_data_acceptance,not_a_server_error"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
-    parent = tmp_path_factory.mktemp("fuzz")
-    parent.chmod(0o711)
+def cluster(cluster_dir) -> Iterator[QuireUp]:
+    parent = cluster_dir("fuzz")
     up = QuireUp(parent / "quire-data", bookies=3)
     up.start()
     yield up

@@ -14,7 +14,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import nats
@@ -44,10 +43,8 @@ def payload(ledger_id: int, i: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
-    # infra_dir makes the temp tree enterable by PostgreSQL's unprivileged user.
-    parent = tmp_path_factory.mktemp("e2e")
-    parent.chmod(0o711)  # PostgreSQL, as 'nobody' when we are root, must enter it
+def cluster(cluster_dir) -> Iterator[QuireUp]:
+    parent = cluster_dir("e2e")
     data_dir = parent / "quire-data"
     # Short leases, so that a killed bookie is seen lost within seconds.
     up = QuireUp(

@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,9 +22,8 @@ RAW = {**AUTH, "Content-Type": "application/octet-stream"}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, infra_dir: Path) -> Iterator[QuireUp]:
-    parent = tmp_path_factory.mktemp("e2e-recovery")
-    parent.chmod(0o711)  # PostgreSQL, as 'nobody' when we are root, must enter it
+def cluster(cluster_dir) -> Iterator[QuireUp]:
+    parent = cluster_dir("e2e-recovery")
     data_dir = parent / "quire-data"
     up = QuireUp(
         data_dir,

@@ -231,7 +231,7 @@ async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settin
     # so the restart must rebuild fences and keys from the snapshot, not from file 1.
     settings = settings.model_copy(
         update={
-            "journal": settings.journal.model_copy(update={"max_size_mb": 1}),
+            "journal": settings.journal.model_copy(update={"max_size_mb": 1, "max_backups": 0}),
             "ledgerstore": settings.ledgerstore.model_copy(
                 update={"flush_interval_ms": 50, "log_size_limit_bytes": 256 * 1024}
             ),
@@ -276,21 +276,104 @@ async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settin
         assert (await client.read_lac(99)).status is BookieStatus.UNKNOWN_LEDGER_STATE
 
 
+def quick_flush(settings: QuireSettings) -> QuireSettings:
+    return settings.model_copy(
+        update={"ledgerstore": settings.ledgerstore.model_copy(update={"flush_interval_ms": 50})}
+    )
+
+
+async def flushed_to_entry_log(
+    client: Bookie, settings: QuireSettings, data: bytes
+) -> tuple[Path, int]:
+    """Wait until `data` is in an entry log and indexed (the write cache was flushed and
+    the flush committed): (log, offset)."""
+    for _ in range(200):
+        stats = await client.stats("ledgerstore")
+        if (
+            stats["write_cache_count"] == 0
+            and stats["flush_entries"] == stats["ledgerstore_add_entry"]
+        ):
+            for path in settings.bookie_dir.glob("ledgers/entrylog-*.log"):
+                at = path.read_bytes().find(data)
+                if at >= 0:
+                    return path, at
+        await asyncio.sleep(0.05)
+    raise AssertionError("entry never reached an entry log")
+
+
+def damage(path: Path, at: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
 async def test_a_stored_frame_that_is_not_the_entry_asked_for_is_corrupt(nc, settings) -> None:
+    settings = quick_flush(settings)
     client = Bookie(nc, settings)
     marker = os.urandom(32)
     async with bookie(settings):
         assert await client.add([frame(40, 0, payload=marker)]) == [BookieStatus.OK]
         assert (await client.read([(40, 0)]))[0].status is BookieStatus.OK
         # Damage the stored copy: its header now claims entry 1.
-        (log_path,) = (settings.bookie_dir / "ledgers").glob("entrylog-*.log")
-        data = log_path.read_bytes()
-        at = data.index(frame(40, 0, payload=marker))
-        with open(log_path, "r+b") as f:
-            f.seek(at + 8)
-            f.write((1).to_bytes(8, "big"))
+        path, at = await flushed_to_entry_log(client, settings, frame(40, 0, payload=marker))
+        damage(path, at + 8, (1).to_bytes(8, "big"))
         result = (await client.read([(40, 0)]))[0]
         assert (result.status, result.frame) == (BookieStatus.CORRUPT, b"")
+
+
+@pytest.mark.parametrize("digest", ["crc32", "crc32c"])
+async def test_a_digest_mismatch_on_disk_is_corrupt_counted_and_reported(
+    nc, settings, digest: str
+) -> None:
+    settings = quick_flush(settings)
+    client = Bookie(nc, settings)
+    signer = DigestManager(digest)
+    payloads = [os.urandom(64) for _ in range(3)]
+    frames = [signer.sign(41, e, e - 1, 64 * (e + 1), p) for e, p in enumerate(payloads)]
+    flags = wire.add_flags(digest)
+    async with bookie(settings):
+        events = await nc.jetstream().subscribe(
+            Subjects(settings.subject_prefix).event("entry.corrupt"), ordered_consumer=True
+        )
+        assert await client.add(frames, flags=flags) == [BookieStatus.OK] * 3
+        path, at = await flushed_to_entry_log(client, settings, frames[1])
+        await flushed_to_entry_log(client, settings, frames[2])
+        damage(path, at + len(frames[1]) - 1, bytes([frames[1][-1] ^ 0x40]))  # one payload bit
+        results = await client.read([(41, 0), (41, 1), (41, 2)])
+        assert [r.status for r in results] == [
+            BookieStatus.OK,
+            BookieStatus.CORRUPT,
+            BookieStatus.OK,
+        ]
+        assert results[1].frame == b"" and [results[0].frame, results[2].frame] == [
+            frames[0],
+            frames[2],
+        ]
+        # Read again (now through the read cache for its neighbours): still never returned.
+        assert (await client.read([(41, 1)]))[0].status is BookieStatus.CORRUPT
+        stats = await client.stats("ledgerstore")
+        assert stats["ledgerstore_read_entry_corrupt"] == 2
+        event = json.loads((await events.next_msg(timeout=5)).data)
+        assert (event["kind"], event["ledger_id"], event["bookie_id"]) == (
+            "entry.corrupt",
+            41,
+            settings.bookie_id,
+        )
+        assert event["data"]["entry_id"] == 1
+        await events.unsubscribe()
+
+
+async def test_without_a_digest_type_the_bookie_does_not_verify_the_payload(nc, settings) -> None:
+    # Flags 0 (an older gateway): digest unknown, only the header is checked.
+    settings = quick_flush(settings)
+    client = Bookie(nc, settings)
+    data = frame(42, 0, payload=os.urandom(64))
+    async with bookie(settings):
+        assert await client.add([data]) == [BookieStatus.OK]
+        path, at = await flushed_to_entry_log(client, settings, data)
+        damage(path, at + len(data) - 1, bytes([data[-1] ^ 0x01]))
+        result = (await client.read([(42, 0)]))[0]
+        assert result.status is BookieStatus.OK and result.frame != data
 
 
 # -- real processes -----------------------------------------------------------------------

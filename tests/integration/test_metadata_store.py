@@ -5,7 +5,6 @@ alike is in test_metadata_contract.py."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -87,13 +86,13 @@ async def test_unreachable_database_is_unavailable() -> None:
 
 @pytest.mark.slow
 async def test_postgres_restarted_mid_cas_the_caller_only_trusts_what_it_saw(
-    tmp_path: Path,
+    cluster_dir,
 ) -> None:
     """Writers CAS in a loop while PostgreSQL restarts under them. A CAS answered OK
     happened; UNAVAILABLE may or may not have: the writer re-reads. At the end the stored
     version counts every CAS that happened, and each set length = its version."""
-    tmp_path.chmod(0o755)  # as root, PostgreSQL runs as 'nobody' and must enter it
-    server = await asyncio.to_thread(start_postgres, tmp_path / "pg")
+    pg_dir = cluster_dir("pg-restart") / "pg"  # enterable by PostgreSQL's own user
+    server = await asyncio.to_thread(start_postgres, pg_dir)
     store = await open_store(server.url, timeout_s=2.0)
     port = server.extra["port"]
     try:
@@ -127,7 +126,7 @@ async def test_postgres_restarted_mid_cas_the_caller_only_trusts_what_it_saw(
         await asyncio.sleep(0.5)
         await asyncio.to_thread(server.stop)
         await asyncio.sleep(0.3)
-        server = await asyncio.to_thread(start_postgres, tmp_path / "pg", port)
+        server = await asyncio.to_thread(start_postgres, pg_dir, port)
         ok_before = outcomes["ok"]
         deadline = asyncio.get_running_loop().time() + 30
         while outcomes["ok"] < ok_before + 20:

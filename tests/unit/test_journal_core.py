@@ -25,6 +25,7 @@ from services.journal.core import (
     check_file_header,
     decode_last_mark,
     decode_snapshot,
+    disk_read_only,
     encode_file_header,
     encode_last_mark,
     encode_record,
@@ -330,3 +331,18 @@ def test_cores_are_pure(path: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & FORBIDDEN
+
+
+@pytest.mark.parametrize(
+    ("read_only", "usage", "expected"),
+    [
+        (False, 0.50, False),
+        (False, 0.95, True),  # at diskUsageThreshold
+        (False, 0.92, False),  # between the marks, writable stays writable
+        (True, 0.92, True),  # ... and read-only stays read-only (no flapping)
+        (True, 0.90, True),  # at the low-water mark
+        (True, 0.89, False),  # below it: writable again
+    ],
+)
+def test_disk_usage_thresholds(read_only: bool, usage: float, expected: bool) -> None:
+    assert disk_read_only(read_only, usage, threshold=0.95, lwm_threshold=0.90) is expected

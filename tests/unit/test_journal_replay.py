@@ -16,6 +16,7 @@ from services.journal.core import (
     FenceRecord,
     JournalPosition,
     MasterKeyRecord,
+    encode_batch,
     encode_file_header,
     encode_record,
     journal_file_name,
@@ -43,7 +44,9 @@ def entry(ledger_id: int, entry_id: int) -> EntryRecord:
 
 
 def write_file(directory: Path, file_id: int, records: list, tail: bytes = b"") -> bytes:
-    data = encode_file_header(file_id) + b"".join(encode_record(r) for r in records) + tail
+    """A journal file as the writer makes it: one group commit (batch) per record."""
+    batches = b"".join(encode_batch([encode_record(r)]) for r in records)
+    data = encode_file_header(file_id) + batches + tail
     (directory / journal_file_name(file_id)).write_bytes(data)
     return data
 
@@ -76,7 +79,8 @@ def test_torn_tail_of_the_last_file_is_truncated_and_logged(
 def test_bad_record_before_the_tail_refuses_to_start(tmp_path: Path) -> None:
     records = [entry(1, e) for e in range(3)]
     data = bytearray(write_file(tmp_path, 1, records))
-    second = FILE_HEADER_SIZE + len(encode_record(records[0]))
+    batch_head = len(encode_batch([]))
+    second = FILE_HEADER_SIZE + len(encode_batch([encode_record(records[0])])) + batch_head
     data[second + 12] ^= 0x01
     (tmp_path / journal_file_name(1)).write_bytes(bytes(data))
     with pytest.raises(JournalStartupError) as err:
@@ -113,7 +117,7 @@ def test_torn_header_of_a_new_last_file_is_rewritten(tmp_path: Path) -> None:
 
 
 def settings(**update) -> JournalSettings:
-    return JournalSettings().model_copy(update=update)
+    return JournalSettings().model_copy(update={"max_backups": 0, **update})
 
 
 async def test_writer_commits_in_groups_and_queue_is_bounded(tmp_path: Path) -> None:

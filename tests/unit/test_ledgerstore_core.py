@@ -34,6 +34,7 @@ from services.ledgerstore.core import (
     encode_entry_log_header,
     entry_log_name,
     frame_matches,
+    limbo_absent_status,
     locate,
     next_file,
     parse_entry_log_name,
@@ -83,17 +84,31 @@ def test_frame_matches(data: bytes, ledger_id: int, entry_id: int, expected: boo
 def test_apply_to_ledgers() -> None:
     ledgers: dict[int, LedgerInfo] = {}
     steps = [
-        (EntryRecord.of(KEY, frame(1, 0)), 1, LedgerInfo(0, -1)),
-        (EntryRecord.of(KEY, frame(1, 2, 1)), 1, LedgerInfo(2, 1)),
-        (EntryRecord.of(KEY, frame(1, 1, 0)), 1, LedgerInfo(2, 1)),
-        (LacRecord(1, 5), 1, LedgerInfo(2, 5)),
-        (LacRecord(1, 3), 1, LedgerInfo(2, 5)),
+        (EntryRecord.of(KEY, frame(1, 2, 1)), 1, LedgerInfo(2, 1, first_entry_id=2)),
+        (EntryRecord.of(KEY, frame(1, 0)), 1, LedgerInfo(2, 1, first_entry_id=0)),
+        (EntryRecord.of(KEY, frame(1, 1, 0), 2), 1, LedgerInfo(2, 1, 2, 0)),
+        (LacRecord(1, 5), 1, LedgerInfo(2, 5, 2, 0)),
+        (LacRecord(1, 3), 1, LedgerInfo(2, 5, 2, 0)),
         (MasterKeyRecord(2, KEY), 2, LedgerInfo(-1, -1)),
         (FenceRecord(3), 3, LedgerInfo(-1, -1)),
     ]
     for record, ledger_id, expected in steps:
         assert apply_to_ledgers(ledgers, record) == ledger_id
         assert ledgers[ledger_id] == expected
+
+
+@pytest.mark.parametrize(
+    ("info", "entry_id", "expected"),
+    [
+        (None, 0, BookieStatus.UNKNOWN_LEDGER_STATE),  # not seen since the wipe
+        (LedgerInfo(), 0, BookieStatus.UNKNOWN_LEDGER_STATE),  # fenced, no entry since
+        (LedgerInfo(120, 119, first_entry_id=100), 50, BookieStatus.UNKNOWN_LEDGER_STATE),
+        (LedgerInfo(120, 119, first_entry_id=100), 121, BookieStatus.NO_ENTRY),
+        (LedgerInfo(3, 2, first_entry_id=0), 4, BookieStatus.NO_ENTRY),
+    ],
+)
+def test_a_wiped_bookie_claims_absence_only_since_the_wipe(info, entry_id, expected) -> None:
+    assert limbo_absent_status(info, entry_id, caught_up=True) is expected
 
 
 @pytest.mark.parametrize(
@@ -170,14 +185,14 @@ def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
         {(2**64 - 1, 0): location},
         {2**64 - 1: LedgerInfo(0, -1)},
         JournalPosition(1, 500),
-        (1, 136),
+        {0: (1, 136)},
     )
     assert index.lookup(2**64 - 1, 0) == location
     assert index.lookup(2**64 - 1, 1) is None
     index.close()
     again = EntryIndex(tmp_path / "index.sqlite")
     state = again.open()
-    assert state.position == JournalPosition(1, 500) and state.log_end == (1, 136)
+    assert state.position == JournalPosition(1, 500) and state.log_ends == {0: (1, 136)}
     assert state.ledgers == {2**64 - 1: LedgerInfo(0, -1)}
     assert again.lookup(2**64 - 1, 0) == location
     again.close()

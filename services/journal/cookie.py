@@ -1,0 +1,140 @@
+"""The bookie's identity cookie (BookKeeper's Cookie): bookie id, cluster instance id and
+directories, kept in `<bookie_dir>/cookie` and in metadata (`cookie.get`/`cookie.put`).
+
+At start the journal compares the three:
+- they agree: start;
+- nothing anywhere: a new bookie; write both;
+- the disk has one, metadata none: register it (metadata was set up after the bookie);
+- they disagree (another bookie id, other directories, another cluster): refuse to start,
+  saying which field differs and how to fix it;
+- metadata has one, the disk none: the disk was wiped or replaced. The bookie starts, with
+  a new cookie marked `limbo`: it answers UNKNOWN_LEDGER_STATE, never NO_ENTRY, for entries
+  it may have held before (ledgers it has not seen since, and entries below the first it
+  has seen since), until re-replication has repaired them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from services.journal.files import OS_FILES, FileLayer
+
+log = logging.getLogger(__name__)
+
+COOKIE_FILE = "cookie"
+COOKIE_LAYOUT_VERSION = 1
+NO_INSTANCE = ""  # the instance id was not known when the cookie was written
+
+
+class CookieMismatch(RuntimeError):
+    """The bookie's disk does not belong to this bookie or cluster: refuse to start."""
+
+
+@dataclass(frozen=True)
+class Cookie:
+    bookie_id: str
+    journal_dir: str
+    ledger_dirs: list[str] = field(default_factory=list)
+    instance_id: str = NO_INSTANCE
+    layout_version: int = COOKIE_LAYOUT_VERSION
+    # The disk was found wiped: see the module docstring. Survives restarts.
+    limbo: bool = False
+    # Written on an empty disk while metadata could not be asked: a new bookie or a wiped
+    # one, to be told apart (and turned `limbo` if wiped) once metadata answers.
+    provisional: bool = False
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def decode(cls, data: str) -> Cookie:
+        try:
+            raw = json.loads(data)
+            return cls(**raw)
+        except (ValueError, TypeError) as exc:
+            raise CookieMismatch(f"unreadable cookie: {exc}") from exc
+
+
+def mismatch(expected: Cookie, found: Cookie, where: str) -> str | None:
+    """Why `found` (from `where`) is not this bookie's cookie; None if it is."""
+    for name in ("bookie_id", "journal_dir", "ledger_dirs"):
+        if getattr(expected, name) != getattr(found, name):
+            return (
+                f"the cookie in {where} says {name}={getattr(found, name)!r}, this bookie is "
+                f"configured with {getattr(expected, name)!r}"
+            )
+    if NO_INSTANCE not in (expected.instance_id, found.instance_id) and (
+        expected.instance_id != found.instance_id
+    ):
+        return (
+            f"the cookie in {where} belongs to cluster instance {found.instance_id!r}, the "
+            f"metadata service is instance {expected.instance_id!r}"
+        )
+    return None
+
+
+def read_disk_cookie(bookie_dir: Path) -> Cookie | None:
+    path = bookie_dir / COOKIE_FILE
+    return Cookie.decode(path.read_text()) if path.exists() else None
+
+
+def write_disk_cookie(bookie_dir: Path, cookie: Cookie, files: FileLayer = OS_FILES) -> None:
+    bookie_dir.mkdir(parents=True, exist_ok=True)
+    files.write_atomic(bookie_dir / COOKIE_FILE, (cookie.encode() + "\n").encode())
+
+
+def reconcile(
+    expected: Cookie, disk: Cookie | None, meta: Cookie | None, has_data: bool
+) -> tuple[Cookie, bool]:
+    """The cookie to keep on disk, and whether metadata must be given it. Raises
+    CookieMismatch when the disk is not this bookie's."""
+    if disk is not None:
+        problem = mismatch(expected, disk, "the bookie's disk")
+        if problem:
+            raise CookieMismatch(_refusal(problem))
+    if meta is not None:
+        problem = mismatch(expected, meta, "metadata")
+        if problem:
+            raise CookieMismatch(_refusal(problem))
+    if disk is not None and meta is not None:
+        problem = mismatch(disk, meta, "metadata (against the disk's)")
+        if problem:
+            raise CookieMismatch(_refusal(problem))
+        if disk.provisional:
+            # Started on an empty disk while metadata was away, and metadata knew this
+            # bookie: the disk was wiped.
+            log.error("bookie disk was wiped: answering UNKNOWN for entries it may have held")
+            return replace(disk, instance_id=meta.instance_id, limbo=True, provisional=False), False
+        return disk, False
+    if disk is not None:
+        instance = disk.instance_id or expected.instance_id
+        return replace(disk, instance_id=instance, provisional=False), True
+    if meta is not None:
+        if has_data:  # files from before cookies existed, already known to metadata
+            return replace(expected, instance_id=meta.instance_id), False
+        # Known to the cluster, nothing on disk: wiped or replaced. Serve, but never claim
+        # absence of what it may have held.
+        log.error("bookie disk was wiped: answering UNKNOWN for entries it may have held")
+        return replace(expected, instance_id=meta.instance_id, limbo=True), False
+    return expected, True
+
+
+def reconcile_offline(expected: Cookie, disk: Cookie | None, has_data: bool) -> Cookie:
+    """The cookie to keep on disk while metadata cannot be asked."""
+    if disk is not None:
+        problem = mismatch(expected, disk, "the bookie's disk")
+        if problem:
+            raise CookieMismatch(_refusal(problem))
+        return disk
+    return replace(expected, provisional=not has_data)
+
+
+def _refusal(problem: str) -> str:
+    return (
+        f"refusing to start: {problem}. If the directories moved, fix the settings "
+        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
+        "disk belongs to another bookie or cluster, use another data dir"
+    )

@@ -1,0 +1,73 @@
+"""The file operations the bookie's durability rests on, behind one object.
+
+The journal and the ledgerstore write, sync, truncate and replace files only through a
+`FileLayer`. Production uses `OS_FILES` (plain `os` calls); the fault tests pass a
+subclass that loses what was not fsynced, tears the last write, fails an fsync with EIO
+or a write with ENOSPC, or "crashes" at a chosen operation (`tests/support/faultfs.py`).
+Reads go straight to `os.pread`: a crash does not change what a live reader sees.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shared import disk
+
+
+class FileLayer:
+    """Blocking file operations; every method may raise OSError."""
+
+    def create(self, path: Path, header: bytes) -> int:
+        """Create `path` (it must not exist) for appending, write `header`, fsync it and
+        its directory. Returns the file descriptor."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            self.write(fd, header)
+            self.fsync(fd)
+            self.fsync_dir(path.parent)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def open_append(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def write(self, fd: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def truncate(self, path: Path, size: int) -> None:
+        """Cut `path` to `size` bytes, durably."""
+        with open(path, "r+b") as f:
+            f.truncate(size)
+            f.flush()
+            self.fsync(f.fileno())
+
+    def fsync_dir(self, directory: Path) -> None:
+        disk.fsync_dir(directory)
+
+    def write_atomic(self, path: Path, data: bytes) -> None:
+        disk.write_atomic(path, data)
+
+    def unlink(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def point(self, name: str) -> None:
+        """A named step with no IO of its own (e.g. "index.commit"): the fault layer may
+        crash here, so tests reach every step of a checkpoint."""
+
+
+OS_FILES = FileLayer()

@@ -1,0 +1,125 @@
+"""The bookie's identity cookie, on its disk and in metadata: a disk that does not match
+refuses to start and says why; a wiped disk starts but never answers "no such entry" for
+what it may have held."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from contextlib import AsyncExitStack
+
+import pytest
+
+from services.journal.cookie import COOKIE_FILE, Cookie, CookieMismatch, reconcile
+from shared.config import QuireSettings
+from shared.metaclient import MetadataClient
+from shared.status import BookieStatus
+from shared.subjects import Subjects
+from tests.integration.test_bookie import Bookie, bookie, frame
+from tests.support.inprocess import running_service
+
+
+async def test_cookie_mismatch_refuses_and_a_wiped_disk_answers_unknown(
+    nc, settings: QuireSettings, fresh_database_url: str
+) -> None:
+    settings = settings.model_copy(update={"database_url": fresh_database_url})
+    client = Bookie(nc, settings)
+    meta = MetadataClient(nc, Subjects(settings.subject_prefix))
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(running_service("metadata", settings))
+        async with bookie(settings):
+            assert (
+                await client.add([frame(70, e, e - 1) for e in range(3)]) == [BookieStatus.OK] * 3
+            )
+        stored = await meta.get_cookie(settings.bookie_id)
+        on_disk = json.loads((settings.bookie_dir / COOKIE_FILE).read_text())
+        assert json.loads(stored.data)["instance_id"] == on_disk["instance_id"] != ""
+        assert on_disk["bookie_id"] == settings.bookie_id
+
+        # Other directories than the cookie records: refuse, naming what differs.
+        moved = settings.model_copy(
+            update={
+                "ledgerstore": settings.ledgerstore.model_copy(
+                    update={"ledger_directories": ["ledgers", "more-ledgers"]}
+                )
+            }
+        )
+        with pytest.raises(CookieMismatch, match="ledger_dirs"):
+            async with running_service("journal", moved):
+                pass
+
+        # The disk wiped: it starts, and answers UNKNOWN for what it may have held.
+        shutil.rmtree(settings.bookie_dir)
+        async with bookie(settings):
+            assert json.loads((settings.bookie_dir / COOKIE_FILE).read_text())["limbo"]
+            results = await client.read([(70, 0), (70, 2)])
+            assert {r.status for r in results} == {BookieStatus.UNKNOWN_LEDGER_STATE}
+            assert (await client.read_lac(70)).status is BookieStatus.UNKNOWN_LEDGER_STATE
+            # A ledger written since the wipe is answered as usual.
+            assert (
+                await client.add([frame(71, e, e - 1) for e in range(2)]) == [BookieStatus.OK] * 2
+            )
+            results = await client.read([(71, 1), (71, 5)])
+            assert [r.status for r in results] == [BookieStatus.OK, BookieStatus.NO_ENTRY]
+
+
+async def test_a_disk_wiped_while_metadata_was_away_is_found_once_it_answers(
+    nc, settings: QuireSettings, fresh_database_url: str
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "database_url": fresh_database_url,
+            "metadata": settings.metadata.model_copy(update={"bookie_heartbeat_ms": 100}),
+        }
+    )
+    client = Bookie(nc, settings)
+    async with running_service("metadata", settings), bookie(settings):
+        assert await client.add([frame(80, 0)]) == [BookieStatus.OK]
+    shutil.rmtree(settings.bookie_dir)
+    async with bookie(settings):
+        assert json.loads((settings.bookie_dir / COOKIE_FILE).read_text())["provisional"]
+        async with running_service("metadata", settings):
+            for _ in range(200):
+                status = (await client.read([(80, 0)]))[0].status
+                if status is BookieStatus.UNKNOWN_LEDGER_STATE:
+                    break
+                await asyncio.sleep(0.05)
+            assert status is BookieStatus.UNKNOWN_LEDGER_STATE
+            assert json.loads((settings.bookie_dir / COOKIE_FILE).read_text())["limbo"]
+
+
+def cookie(**update) -> Cookie:
+    base = Cookie("bookie-1", "/d/journal", ["/d/ledgers"], "inst-1")
+    return Cookie(**{**base.__dict__, **update})
+
+
+@pytest.mark.parametrize(
+    ("disk", "meta", "has_data", "expected", "publish"),
+    [
+        (None, None, False, cookie(), True),  # a new bookie
+        (cookie(), None, True, cookie(), True),  # metadata came later: register
+        (cookie(), cookie(), True, cookie(), False),  # all agree
+        (None, cookie(), False, cookie(limbo=True), False),  # wiped
+        (cookie(instance_id=""), None, True, cookie(), True),  # learns the instance
+        # Started on an empty disk while metadata was away; metadata knew it: wiped.
+        (cookie(instance_id="", provisional=True), cookie(), False, cookie(limbo=True), False),
+        (cookie(instance_id="", provisional=True), None, True, cookie(), True),  # new
+    ],
+)
+def test_reconcile(disk, meta, has_data, expected, publish) -> None:
+    assert reconcile(cookie(), disk, meta, has_data) == (expected, publish)
+
+
+@pytest.mark.parametrize(
+    ("disk", "meta", "field"),
+    [
+        (cookie(bookie_id="bookie-2"), None, "bookie_id"),
+        (cookie(journal_dir="/x"), None, "journal_dir"),
+        (None, cookie(instance_id="inst-2"), "instance"),
+        (cookie(instance_id="inst-2"), cookie(), "instance"),
+    ],
+)
+def test_reconcile_refuses_what_is_not_this_bookie(disk, meta, field: str) -> None:
+    with pytest.raises(CookieMismatch, match=field):
+        reconcile(cookie(), disk, meta, True)
