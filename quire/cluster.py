@@ -181,7 +181,19 @@ class Cluster:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.config.host}:{self.config.http_port}"
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://{self.config.host}:{self.config.http_port}"
+
+    @property
+    def _tls(self) -> bool:
+        env = self._env(None)
+        return bool(env.get("QUIRE_GATEWAY__TLS_CERT_FILE"))
+
+    @property
+    def auth_note(self) -> str:
+        """What the ready line says of authentication."""
+        tokens = bool(self._env(None).get("QUIRE_API_TOKENS", "").strip())
+        return "bearer tokens required" if tokens else "no API tokens"
 
     @property
     def grpc_address(self) -> str:
@@ -189,7 +201,8 @@ class Cluster:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        with httpx.Client(timeout=2.0) as client:
+        # The probe is our own, on loopback: it need not verify our certificate.
+        with httpx.Client(timeout=2.0, verify=False) as client:
             while time.monotonic() < deadline:
                 gateway = self.service("gateway")
                 if gateway.proc.poll() is not None:
@@ -199,7 +212,8 @@ class Cluster:
                 try:
                     if client.get(f"{self.http_url}/readyz").status_code == 200:
                         print(
-                            f"quire: gateway ready at {self.http_url} (grpc {self.grpc_address})",
+                            f"quire: gateway ready at {self.http_url} (grpc {self.grpc_address})"
+                            f"; {self.auth_note}",
                             file=self.out,
                             flush=True,
                         )

@@ -38,6 +38,7 @@ class ApiCodes:
     UNAUTHENTICATED = ApiCode("UNAUTHORIZED", 401, "Unauthenticated")
     NO_SUCH_LEDGER = ApiCode("NO_SUCH_LEDGER", 404, "No such ledger")
     NO_SUCH_ENTRY = ApiCode("NO_SUCH_ENTRY", 404, "No such entry")
+    NO_SUCH_BOOKIE = ApiCode("NO_SUCH_BOOKIE", 404, "No such bookie")
     LEDGER_CLOSED = ApiCode("LEDGER_CLOSED", 409, "Ledger closed")
     LEDGER_FENCED = ApiCode("LEDGER_FENCED", 409, "Ledger fenced")
     ENTRY_TOO_LARGE = ApiCode("ENTRY_TOO_LARGE", 413, "Entry too large")

@@ -25,6 +25,9 @@ LIST_PAGE = 1000  # BookKeeper's list endpoint pages by this many
 ERRORS = error_responses(400, 403, 404, 500, 503)
 
 LedgerIdQuery = Annotated[int, Query(ge=0, le=MAX_LEDGER_ID, description="The ledger id")]
+BookieIdQuery = Annotated[
+    str, Query(pattern=r"^[A-Za-z0-9_-]+$", max_length=128, description="The bookie id")
+]
 Password = Annotated[str | None, Header(alias=PASSWORD_HEADER, description="Ledger password")]
 
 
@@ -69,6 +72,25 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
             "writableBookiesCount": count[BookieState.WRITABLE],
             "readonlyBookiesCount": count[BookieState.READONLY],
             "unavailableBookiesCount": count[BookieState.LOST],
+        }
+
+    @router.get("/api/v1/bookie/info", tags=["admin"], operation_id="admin_bookie_info")
+    async def bookie_info(bookie_id: BookieIdQuery) -> dict[str, int | None]:
+        """A bookie's free and total space (the smallest of its directories)."""
+        info = await ledgers.bookie_info(bookie_id)
+        return {"freeSpace": info.get("free_bytes"), "totalSpace": info.get("total_bytes")}
+
+    @router.get("/api/v1/bookie/state", tags=["admin"], operation_id="admin_bookie_state")
+    async def bookie_state(bookie_id: BookieIdQuery) -> dict[str, bool]:
+        """A bookie's state as BookKeeper's BookieStateService shows it."""
+        info = await ledgers.bookie_info(bookie_id)
+        running = bool(info["reachable"]) and info["state"] != BookieState.LOST.value
+        read_only = info["state"] == BookieState.READONLY.value
+        return {
+            "running": running,
+            "readOnly": read_only,
+            "shuttingDown": False,
+            "availableForHighPriorityWrites": running and not read_only,
         }
 
     # -- ledgers --------------------------------------------------------------------------

@@ -6,6 +6,8 @@ did not answer"."""
 
 from __future__ import annotations
 
+import json
+
 from nats.aio.client import Client as NatsClient
 
 from shared import wire
@@ -112,3 +114,11 @@ class BookieClient:
             return wire.decode_lac_reply(data)
         except wire.WireError as exc:
             raise BookieUnreachable(f"read_lac reply from {bookie_id}: {exc}") from exc
+
+    async def info(self, bookie_id: str, timeout_s: float = 2.0) -> dict:
+        """What the bookie says of itself (its journal's `info`): space, state, marks, files."""
+        data = await self._request(bookie_id, "info", b"", timeout_s)
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise BookieUnreachable(f"info from {bookie_id}: not JSON") from exc

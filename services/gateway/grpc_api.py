@@ -50,6 +50,7 @@ GRPC_STATUS: dict[str, grpc.StatusCode] = {
     "UNAUTHORIZED": grpc.StatusCode.PERMISSION_DENIED,
     "NO_SUCH_LEDGER": grpc.StatusCode.NOT_FOUND,
     "NO_SUCH_ENTRY": grpc.StatusCode.NOT_FOUND,
+    "NO_SUCH_BOOKIE": grpc.StatusCode.NOT_FOUND,
     "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "LEDGER_CLOSED": grpc.StatusCode.FAILED_PRECONDITION,
     "LEDGER_FENCED": grpc.StatusCode.FAILED_PRECONDITION,

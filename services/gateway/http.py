@@ -40,16 +40,15 @@ from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID
 from shared.status import ApiCodes, QuireError
-from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
 PASSWORD_HEADER = "Quire-Ledger-Password"
 MAX_PASSWORD_CHARS = 4096
-BOOKIE_INFO_TIMEOUT_S = 2.0
 
 LedgerId = Annotated[int, Path(ge=0, le=MAX_LEDGER_ID, description="The ledger id")]
 EntryId = Annotated[int, Path(ge=0, le=MAX_LEDGER_ID, description="The entry id")]
+BookieIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)]
 Password = Annotated[str | None, Header(alias=PASSWORD_HEADER, description="The ledger password")]
 
 
@@ -368,26 +367,10 @@ def create_app(
         return {"bookies": [b.model_dump(mode="json") for b in await ledgers.list_bookies()]}
 
     @app.get("/v1/bookies/{bookie_id}", responses=ERROR_RESPONSES, tags=["bookies"])
-    async def bookie_info(
-        bookie_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)],
-    ) -> Any:
+    async def bookie_info(bookie_id: BookieIdPath) -> Any:
         """The bookie's registry row and what it says of itself (`info` on its journal):
         free and total space, state, last log mark, disk files."""
-        registered = {b.bookie_id: b for b in await ledgers.list_bookies()}
-        subject = Subjects(ledgers.settings.subject_prefix).bookie(bookie_id, "info")
-        try:
-            reply = await ledgers.nc.request(subject, b"", timeout=BOOKIE_INFO_TIMEOUT_S)
-            info: dict[str, Any] | None = json.loads(reply.data)
-        except Exception:  # not running, or not answering: the registry row is all we have
-            info = None
-        row = registered.get(bookie_id)
-        if row is None and info is None:
-            return problem(404, "NO_SUCH_BOOKIE", "No such bookie", f"no bookie {bookie_id}")
-        body: dict[str, Any] = {"bookie_id": bookie_id, **(info or {})}
-        body["state"] = row.state.value if row else body.get("state")
-        body["registry"] = row.model_dump(mode="json") if row else None
-        body["reachable"] = info is not None
-        return body
+        return await ledgers.bookie_info(bookie_id)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -427,6 +427,22 @@ class Ledgers:
     async def list_bookies(self) -> list[BookieInfo]:
         return await self._call_meta(self.meta.list_bookies())
 
+    async def bookie_info(self, bookie_id: str) -> dict[str, Any]:
+        """The bookie's registry row and what it says of itself (its journal's `info`);
+        NO_SUCH_BOOKIE (404) when it is neither registered nor answering."""
+        row = next((b for b in await self.list_bookies() if b.bookie_id == bookie_id), None)
+        try:
+            info: dict[str, Any] | None = await self.bookies.info(bookie_id)
+        except BookieUnreachable:  # not running, or not answering: the registry row is all
+            info = None
+        if row is None and info is None:
+            raise QuireError(ApiCodes.NO_SUCH_BOOKIE, f"no bookie {bookie_id}")
+        body: dict[str, Any] = {"bookie_id": bookie_id, **(info or {})}
+        body["state"] = row.state.value if row else body.get("state")
+        body["registry"] = row.model_dump(mode="json") if row else None
+        body["reachable"] = info is not None
+        return body
+
     async def writable_bookies(self) -> list[str]:
         now_ms = time.time_ns() // 1_000_000
         return [

@@ -133,7 +133,7 @@ def read_all(client: httpx.Client, ledger_id: int, unconfirmed: bool = False) ->
 def test_ready_line_and_cluster_json(cluster: QuireUp) -> None:
     assert cluster.ready_line == (
         f"quire: gateway ready at http://127.0.0.1:{cluster.http_port} "
-        f"(grpc 127.0.0.1:{cluster.grpc_port})"
+        f"(grpc 127.0.0.1:{cluster.grpc_port}); no API tokens"
     )
     info = cluster.cluster_json()
     assert info["gateway"]["http"] == cluster.url

@@ -40,6 +40,17 @@ async def test_bookie_endpoints(stack: Stack) -> None:
     assert info["totalBookiesCount"] == 4 and info["writableBookiesCount"] == 4
     assert info["readonlyBookiesCount"] == 0 and info["unavailableBookiesCount"] == 0
     assert info["ledgerReplicationEnabled"] is True
+    space = (await stack.http.get("/api/v1/bookie/info", params={"bookie_id": "bookie-2"})).json()
+    assert 0 < space["freeSpace"] <= space["totalSpace"]
+    state = (await stack.http.get("/api/v1/bookie/state?bookie_id=bookie-3")).json()
+    assert state == {
+        "running": True,
+        "readOnly": False,
+        "shuttingDown": False,
+        "availableForHighPriorityWrites": True,
+    }
+    unknown = await stack.http.get("/api/v1/bookie/state?bookie_id=bookie-9")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "NO_SUCH_BOOKIE"
 
 
 async def test_ledger_endpoints(stack: Stack) -> None:

@@ -1,0 +1,1 @@
+"""`quire bench`: Quire's write path measured end to end, optionally beside JetStream."""
