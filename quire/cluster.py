@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+from sqlalchemy.engine import make_url
 
 from quire.infra import (
+    PG_USER,
     InfraError,
     ManagedProcess,
     die_with_parent,
@@ -64,22 +66,37 @@ class ServiceProcess:
     reported_dead: bool = False
 
 
-NATS_AUTH_FILE = "auth.json"
+AUTH_FILE = "auth.json"
 
 
-def nats_credentials(data_dir: Path, create: bool = False) -> tuple[str, str] | None:
-    """The (user, password) of the cluster's own NATS, kept in DIR/nats/auth.json (0600);
-    made on first use when `create`."""
-    path = data_dir / "nats" / NATS_AUTH_FILE
+def stored_credentials(
+    path: Path, user: str = "quire", create: bool = False
+) -> tuple[str, str] | None:
+    """(user, password) kept in `path` (mode 0600), made on first use when `create`."""
     if path.exists():
         stored = json.loads(path.read_text())
         return stored["user"], stored["password"]
     if not create:
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    user, password = "quire", secrets.token_urlsafe(24)
+    password = secrets.token_urlsafe(24)
     write_private(path, json.dumps({"user": user, "password": password}) + "\n")
     return user, password
+
+
+def nats_credentials(data_dir: Path, create: bool = False) -> tuple[str, str] | None:
+    """The cluster's own NATS user and password: DIR/nats/auth.json."""
+    return stored_credentials(data_dir / "nats" / AUTH_FILE, create=create)
+
+
+def postgres_credentials(data_dir: Path, create: bool = False) -> tuple[str, str] | None:
+    """The cluster's own PostgreSQL user and password: DIR/postgres/auth.json."""
+    return stored_credentials(data_dir / "postgres" / AUTH_FILE, user=PG_USER, create=create)
+
+
+def without_password(url: str) -> str:
+    """A database URL fit to print or store in cluster.json."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 class Cluster:
@@ -116,7 +133,10 @@ class Cluster:
                 )
                 self.nats_url = self.nats.url
             if not self.database_url:
-                self.postgres = start_postgres(self.data_dir / "postgres", host=self.config.host)
+                _, password = postgres_credentials(self.data_dir, create=True) or ("", "")
+                self.postgres = start_postgres(
+                    self.data_dir / "postgres", host=self.config.host, password=password
+                )
                 self.database_url = self.postgres.url
             self._spawn("metadata", "metadata")
             for bookie_id in self.config.bookie_ids:
@@ -261,7 +281,7 @@ class Cluster:
                 "pid": self.service("gateway").proc.pid,
             },
             "nats_url": self.nats_url,
-            "database_url": self.database_url,
+            "database_url": without_password(self.database_url),
             "data_dir": str(self.data_dir),
             "pid": os.getpid(),
             "services": rows,

@@ -20,6 +20,7 @@ import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # room for a 5 MiB entry plus its batch framing
 PG_USER = "quire"
@@ -156,6 +157,60 @@ def start_nats(
     return managed
 
 
+def start_nats_cluster(directory: Path, nodes: int = 3) -> list[ManagedProcess]:
+    """A local JetStream cluster of `nodes` nats-servers (routes on loopback) that fsyncs
+    every write before acknowledging it (`sync_interval: always`): what `quire bench
+    --compare jetstream` measures Quire against. JetStream is ready some seconds after
+    the ports open (a meta leader is elected); the caller retries its first requests."""
+    directory.mkdir(parents=True, exist_ok=True)
+    client_ports = [free_port() for _ in range(nodes)]
+    route_ports = [free_port() for _ in range(nodes)]
+    routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in route_ports)
+    servers: list[ManagedProcess] = []
+    try:
+        for i, (port, route_port) in enumerate(zip(client_ports, route_ports, strict=True)):
+            node_dir = directory / f"n{i + 1}"
+            node_dir.mkdir(exist_ok=True)
+            config = node_dir / "nats.conf"
+            write_private(
+                config,
+                f'server_name: "bench-n{i + 1}"\n'
+                f'listen: "127.0.0.1:{port}"\n'
+                f"jetstream {{\n"
+                f'  store_dir: "{node_dir / "jetstream"}"\n'
+                f"  sync_interval: always\n"
+                f"}}\n"
+                f'cluster {{\n  name: "quire-bench"\n  listen: "127.0.0.1:{route_port}"\n'
+                f"  routes: [{routes}]\n}}\n",
+            )
+            log_path = node_dir / "nats.log"
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    [str(nats_server_binary()), "-c", str(config)],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
+            servers.append(
+                ManagedProcess(
+                    f"bench-n{i + 1}",
+                    "nats",
+                    proc,
+                    url=f"nats://127.0.0.1:{port}",
+                    log_path=log_path,
+                )
+            )
+        for server, port in zip(servers, client_ports, strict=True):
+            wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
 def write_private(path: Path, text: str) -> None:
     """Write a file only its owner can read (it may hold credentials)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -213,10 +268,15 @@ def _chown_tree(path: Path, user: str) -> None:
 
 
 def start_postgres(
-    directory: Path, port: int | None = None, host: str = "127.0.0.1", name: str = "postgres"
+    directory: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    name: str = "postgres",
+    password: str | None = None,
 ) -> ManagedProcess:
     """PostgreSQL with its cluster in `directory/data` (created on first use), the
-    database `quire` owned by user `quire`, trust auth on loopback only."""
+    database `quire` owned by user `quire`, on loopback only. With `password`, a new
+    cluster authenticates with it (scram-sha-256); without, it trusts loopback clients."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / "data"
@@ -227,33 +287,16 @@ def start_postgres(
     if not (data / "PG_VERSION").exists():
         if data.exists():
             shutil.rmtree(data)  # a half-made cluster from an interrupted initdb
-        done = subprocess.run(
-            [
-                _postgres_bin("initdb"),
-                "-D",
-                str(data),
-                "-U",
-                PG_USER,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-instructions",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=directory,
-            **_identity(user),
-        )
-        if done.returncode != 0:
-            raise InfraError(f"initdb failed ({done.returncode}): {done.stderr.strip()}")
+        _initdb(directory, data, user, password)
     # After a kill -9 the old server's backends may hold its shared memory a moment
     # longer; a start that exits early is retried a few times.
     for attempt in range(STARTUP_ATTEMPTS):
-        managed = _launch_postgres(directory, data, port or free_port(host), host, name, user)
+        managed = _launch_postgres(
+            directory, data, port or free_port(host), host, name, user, password
+        )
         try:
             wait_for_port(host, managed.extra["port"], 30, managed.proc, what="postgres")
-            _create_database(host, managed.extra["port"])
+            _create_database(host, managed.extra["port"], password)
             return managed
         except InfraError:
             managed.stop()
@@ -267,7 +310,13 @@ def start_postgres(
 
 
 def _launch_postgres(
-    directory: Path, data: Path, port: int, host: str, name: str, user: str | None
+    directory: Path,
+    data: Path,
+    port: int,
+    host: str,
+    name: str,
+    user: str | None,
+    password: str | None,
 ) -> ManagedProcess:
     log_path = directory / "postgres.log"
     with open(log_path, "ab") as log_file:
@@ -299,14 +348,47 @@ def _launch_postgres(
         name,
         "postgres",
         proc,
-        url=f"postgresql+psycopg://{PG_USER}@{host}:{port}/{PG_DATABASE}",
+        url=postgres_url(host, port, password),
         log_path=log_path,
         stop_signal=signal.SIGINT,  # SIGINT: PostgreSQL's fast shutdown
         extra={"port": port},
     )
 
 
-def _create_database(host: str, port: int, timeout_s: float = 30.0) -> None:
+def postgres_url(host: str, port: int, password: str | None = None) -> str:
+    secret = f":{quote(password, safe='')}" if password else ""
+    return f"postgresql+psycopg://{PG_USER}{secret}@{host}:{port}/{PG_DATABASE}"
+
+
+def _initdb(directory: Path, data: Path, user: str | None, password: str | None) -> None:
+    auth = ["--auth=trust"]
+    pwfile = directory / ".initdb-password"
+    if password:
+        # initdb reads the superuser's password from a file only it (its user) can read.
+        write_private(pwfile, password + "\n")
+        if user:
+            entry = pwd.getpwnam(user)
+            os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+        auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+    try:
+        done = subprocess.run(
+            [_postgres_bin("initdb"), "-D", str(data), "-U", PG_USER, *auth]
+            + ["-E", "UTF8", "--no-instructions"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=directory,
+            **_identity(user),
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise InfraError(f"initdb failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def _create_database(
+    host: str, port: int, password: str | None = None, timeout_s: float = 30.0
+) -> None:
     import psycopg
 
     deadline = time.monotonic() + timeout_s
@@ -316,6 +398,7 @@ def _create_database(host: str, port: int, timeout_s: float = 30.0) -> None:
                 host=host,
                 port=port,
                 user=PG_USER,
+                password=password,
                 dbname="postgres",
                 autocommit=True,
                 connect_timeout=2,

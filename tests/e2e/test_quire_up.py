@@ -202,6 +202,23 @@ def test_nats_refuses_clients_without_the_generated_credentials(cluster: QuireUp
     assert password not in json.dumps(cluster.cluster_json())
 
 
+def test_postgres_wants_the_generated_password_which_is_never_shown(cluster: QuireUp) -> None:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    stored = json.loads((cluster.data_dir / "postgres" / "auth.json").read_text())
+    shown = make_url(cluster.cluster_json()["database_url"])
+    assert stored["password"] not in json.dumps(cluster.cluster_json())
+    target = {"host": shown.host, "port": shown.port, "user": stored["user"], "dbname": "quire"}
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(**target, password="guess", connect_timeout=5).close()
+    with psycopg.connect(**target, password=stored["password"], connect_timeout=5) as conn:
+        assert conn.execute("SELECT count(*) FROM ledgers").fetchone() is not None
+    for log in (cluster.data_dir / "logs").glob("*.log"):
+        assert stored["password"] not in log.read_text(), log
+    assert stored["password"] not in cluster.stderr()
+
+
 def test_bookies_registered(cluster: QuireUp) -> None:
     with cluster.client() as client:
         bookies = client.get("/v1/bookies").json()["bookies"]
