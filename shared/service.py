@@ -29,6 +29,7 @@ from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
 
 from shared import __version__
+from shared.aio import cancel_all
 from shared.config import QuireSettings, load_settings
 from shared.events import EventPublisher, ensure_event_stream
 from shared.logs import setup_logging
@@ -42,6 +43,7 @@ ShutdownStep = Callable[[], Awaitable[None]]
 
 CONNECT_DEADLINE_S = 60.0
 DRAIN_TIMEOUT_S = 10.0
+SHUTDOWN_STEP_TIMEOUT_S = 30.0
 
 
 def nats_options(settings: QuireSettings) -> dict[str, Any]:
@@ -202,14 +204,13 @@ class ServiceRuntime:
             await self.micro.stop()
         if self._in_flight:
             await asyncio.wait(set(self._in_flight), timeout=DRAIN_TIMEOUT_S)
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await cancel_all(set(self._background))
         for step in reversed(self._shutdown_steps):
             try:
-                await step()
-            except Exception:
-                log.exception("shutdown step failed")
+                async with asyncio.timeout(SHUTDOWN_STEP_TIMEOUT_S):
+                    await step()
+            except Exception:  # a timeout included: shutting down goes on regardless
+                log.exception("shutdown step failed", extra={"step": repr(step)})
         await self.events.close()
         with contextlib.suppress(Exception):
             await self.nc.drain()

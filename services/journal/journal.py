@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import threading
 import time
@@ -56,6 +55,7 @@ from services.journal.core import (
     scan_records,
 )
 from services.journal.files import OS_FILES, FileLayer
+from shared.aio import wait_event
 from shared.config import MIB, JournalSettings
 from shared.disk import fail_stop
 
@@ -449,8 +449,7 @@ class Journal:
             )
             if not plan.flush_now:
                 self._wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), (plan.wait_ms or 0) / 1000)
+                await wait_event(self._wakeup, (plan.wait_ms or 0) / 1000)
                 continue
             sizes = [
                 len(p.data)

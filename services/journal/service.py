@@ -13,7 +13,6 @@ so that the ledgerstore applies at once. It also keeps the bookie registered in 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from services.journal.core import (
 )
 from services.journal.journal import Journal, QueueFull
 from shared import wire
+from shared.aio import wait_event
 from shared.digest import DigestMismatch
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
@@ -409,10 +409,7 @@ class JournalService:
                 log.warning("bookie registration failed, will retry", extra={"err": str(exc)})
                 registered = False
             # A state change (read-only or back) is registered at once, not at the next beat.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._state_changed.wait(), settings.metadata.bookie_heartbeat_ms / 1000
-                )
+            await wait_event(self._state_changed, settings.metadata.bookie_heartbeat_ms / 1000)
 
     async def unregister(self) -> None:
         client = MetadataClient(self.rt.nc, self.rt.subjects, timeout_s=UNREGISTER_TIMEOUT_S)

@@ -12,7 +12,6 @@ the journal (`journal.checkpoint`) as its LastLogMark.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from dataclasses import asdict
@@ -23,6 +22,7 @@ from services.journal.cookie import Cookie, read_disk_cookie
 from services.journal.core import JournalFormatError, JournalPosition
 from services.ledgerstore.store import LedgerStore
 from shared import wire
+from shared.aio import wait_event
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
@@ -99,8 +99,7 @@ class LedgerstoreService:
         """Apply what the journal commits, promptly on its notification, else by polling."""
         poll_s = self.settings.journal_poll_interval_ms / 1000
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._journal_committed.wait(), poll_s)
+            await wait_event(self._journal_committed, poll_s)
             self._journal_committed.clear()
             self._check_limbo()
             await self.store.catch_up()

@@ -13,7 +13,6 @@ as a whole, never skipped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -22,6 +21,7 @@ from nats.aio.client import Client as NatsClient
 from services.metadata import core
 from services.metadata.core import OutboxRecord
 from services.metadata.store import MetadataStore, OutboxReader, StoreError
+from shared.aio import wait_event
 from shared.events import Event
 from shared.subjects import Subjects
 
@@ -89,8 +89,7 @@ class OutboxPublisher:
             self._wake.clear()
             records = await reader.fetch(self._batch_size)
             if not records:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+                await wait_event(self._wake, self._poll_interval_s)
                 continue
             await self._publish_until_acknowledged(reader.instance_id, records)
             await reader.mark_published(records)
