@@ -6,6 +6,7 @@ Everything here is IO and bookkeeping of futures; every protocol decision is the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -186,6 +187,7 @@ class WriterHandle:
         self._sends: set[asyncio.Task[None]] = set()
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed: asyncio.Future[LedgerMetadata] | None = None
+        self._pump_scheduled = False
 
     @property
     def ledger_id(self) -> int:
@@ -202,9 +204,21 @@ class WriterHandle:
         first, last = self.core.add(payloads, now)
         request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future())
         self._requests.append(request)
-        self.pump()
+        self._schedule_pump()
         lac = await request.future
         return first, last, lac
+
+    def _schedule_pump(self) -> None:
+        """Pump once at the end of this turn of the event loop: the appends and bookie
+        replies of one turn then go out as one add message per bookie instead of one
+        each (the core batches what is queued when its commands are taken)."""
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
+        self.pump()
 
     def pump(self) -> None:
         """Carry out the core's commands. Never awaits: runs to the end in one go."""
@@ -281,7 +295,7 @@ class WriterHandle:
         except BookieUnreachable as exc:
             event = AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
         self.core.step(event)
-        self.pump()
+        self._schedule_pump()
 
     def _complete(self, command: CompleteAdds) -> None:
         now = self._ledgers.clock()
@@ -734,18 +748,36 @@ class Ledgers:
         metadata = await self._authorized(ledger_id, password)
         timeout_ms = min(max(timeout_ms, 0), self.settings.gateway.long_poll_max_timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            lac = await self._current_lac(metadata)
-            remaining_s = deadline - time.monotonic()
-            if after is None or lac > after or remaining_s <= 0:
-                return lac
-            handle = self._live_writer(ledger_id)
-            if handle is not None:
-                await handle.wait_changed(remaining_s)
-            elif metadata.state is LedgerState.CLOSED:
-                return lac  # a closed ledger's LAC never moves
-            else:
-                await asyncio.sleep(min(LAC_POLL_INTERVAL_S, remaining_s))
+        latest = [metadata]
+        watcher: asyncio.Task[None] | None = None
+        try:
+            while True:
+                current = latest[0]  # the watcher may replace it meanwhile
+                lac = await self._current_lac(current)
+                remaining_s = deadline - time.monotonic()
+                if after is None or lac > after or remaining_s <= 0:
+                    return lac
+                handle = self._live_writer(ledger_id)
+                if handle is not None:
+                    await handle.wait_changed(remaining_s)
+                elif current.state is LedgerState.CLOSED:
+                    return lac  # a closed ledger's LAC never moves
+                else:
+                    # Another writer's ledger: poll its bookies, and follow its metadata so
+                    # that an ensemble change or a close during the poll is seen at once.
+                    watcher = watcher or asyncio.create_task(self._follow(ledger_id, latest))
+                    await asyncio.sleep(min(LAC_POLL_INTERVAL_S, remaining_s))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _follow(self, ledger_id: int, latest: list[LedgerMetadata]) -> None:
+        """Keep latest[0] the ledger's newest metadata (metadata change notifications)."""
+        with contextlib.suppress(MetadataError):
+            async for metadata in self.meta.watch_ledger(ledger_id):
+                if metadata is not None and metadata.version > latest[0].version:
+                    latest[0] = metadata
 
     # -- reads --------------------------------------------------------------------------------
 

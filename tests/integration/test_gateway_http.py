@@ -477,3 +477,30 @@ async def test_a_range_longer_than_a_page_is_streamed_whole(stack: Stack) -> Non
     assert body["lac"] == len(payloads) - 1
     assert [base64.b64decode(e["data"]) for e in body["entries"]] == payloads[3:]
     assert [e["entry_id"] for e in body["entries"]] == list(range(3, len(payloads)))
+
+
+async def test_a_long_poll_on_another_gateway_sees_the_close_at_once(stack: Stack) -> None:
+    """The reader's gateway follows the ledger's metadata (change notifications): the
+    writer's close ends the poll with the last entry, with no wait for its timeout."""
+    http = stack.http
+    lid = (await create(http))["ledger_id"]
+    await append_batch(http, lid, [b"a", b"b", b"c"])
+    other = gateway_settings(stack.settings, explicit_lac_interval_ms=600_000)
+    await stack.start("gateway-3", "gateway", other)
+    try:
+        port = other.gateway.http_port
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http2:
+            params = {"after": 2, "timeout_ms": 30_000}
+            poll = asyncio.create_task(
+                http2.get(f"/v1/ledgers/{lid}/lac", params=params, headers=PW)
+            )
+            await asyncio.sleep(0.5)  # the poll is under way, following the metadata
+            started = time.monotonic()
+            await append_raw(http, lid, b"d")
+            closed = await http.post(f"/v1/ledgers/{lid}/close", headers=PW)
+            assert closed.json()["last_entry_id"] == 3
+            response = await asyncio.wait_for(poll, 30)
+            assert response.json() == {"lac": 3}
+            assert time.monotonic() - started < 10, "the close was not noticed"
+    finally:
+        await stack.stop("gateway-3")
