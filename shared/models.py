@@ -309,6 +309,7 @@ class MetaErrorCode(StrEnum):
     NO_SUCH_LEDGER = "NO_SUCH_LEDGER"
     LEDGER_EXISTS = "LEDGER_EXISTS"
     BAD_VERSION = "BAD_VERSION"  # the CAS lost; `current` holds the stored metadata
+    LEDGER_CLOSED = "LEDGER_CLOSED"  # the update would change what a close fixed for good
     NO_SUCH_COOKIE = "NO_SUCH_COOKIE"
     UNAVAILABLE = "UNAVAILABLE"  # PostgreSQL unreachable: the outcome is unknown, re-read
     INTERNAL = "INTERNAL"

@@ -107,6 +107,8 @@ def metadata_error(exc: MetadataError, ledger_id: int | None = None) -> QuireErr
             return QuireError(ApiCodes.INVALID_ARGUMENT, exc.message)
         case MetaErrorCode.UNAVAILABLE:
             return QuireError(ApiCodes.UNAVAILABLE, exc.message)
+        case MetaErrorCode.LEDGER_CLOSED:
+            return QuireError(ApiCodes.LEDGER_CLOSED, exc.message)
     return QuireError(ApiCodes.INTERNAL, f"metadata service: {exc.code}: {exc.message}")
 
 

@@ -111,6 +111,21 @@ def check_update(request: UpdateLedgerRequest) -> None:
         check_segments(request.segments)
 
 
+def closed_ledger_violation(stored: LedgerMetadata, request: UpdateLedgerRequest) -> str | None:
+    """Why this update may not apply to a CLOSED ledger, or None. A closed ledger's last
+    entry and length never change and it never reopens; its segments may (re-replication
+    replaces the bookies of a closed ledger, as BookKeeper's does)."""
+    if stored.state is not LedgerState.CLOSED:
+        return None
+    if request.state not in (None, LedgerState.CLOSED):
+        return f"ledger {stored.ledger_id} is closed: it cannot become {request.state.value}"
+    if request.last_entry_id not in (None, stored.last_entry_id):
+        return f"ledger {stored.ledger_id} is closed at entry {stored.last_entry_id}"
+    if request.length not in (None, stored.length):
+        return f"ledger {stored.ledger_id} is closed with length {stored.length}"
+    return None
+
+
 def check_segments(segments: Sequence[Segment]) -> None:
     """The shape BookKeeper's ensembles map has: starts at entry 0, keys strictly
     increasing, no bookie twice in one ensemble."""

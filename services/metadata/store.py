@@ -102,6 +102,13 @@ class CookieBadVersion(StoreError):
         self.current = current
 
 
+class LedgerClosedError(StoreError):
+    """The update would change what a closed ledger fixed for good (state, last entry,
+    length)."""
+
+    code = MetaErrorCode.LEDGER_CLOSED
+
+
 class NoSuchCookie(StoreError):
     code = MetaErrorCode.NO_SUCH_COOKIE
 
@@ -511,6 +518,9 @@ class PostgresMetadataStore:
         if current is None:
             raise NoSuchLedger(f"no ledger {request.ledger_id}")
         stored = ledger_from_row(current)
+        violation = core.closed_ledger_violation(stored, request)
+        if stored.version == request.expected_version and violation:
+            raise LedgerClosedError(violation)
         raise BadVersion(
             f"ledger {request.ledger_id} is at version {stored.version}, "
             f"not {request.expected_version}",
@@ -836,6 +846,9 @@ class InMemoryMetadataStore:
                 f"not {request.expected_version}",
                 current,
             )
+        violation = core.closed_ledger_violation(current, request)
+        if violation:
+            raise LedgerClosedError(violation)
         changes: dict[str, Any] = {"version": current.version + 1}
         for name in ("state", "last_entry_id", "length", "segments"):
             value = getattr(request, name)
@@ -1180,6 +1193,12 @@ SQL_CAS_LEDGER = f"""
 WITH old AS (
     SELECT ledger_id, state, segments FROM ledgers
     WHERE ledger_id = %(id)s AND version = %(expected)s
+        -- A closed ledger never reopens; its last entry and length never change.
+        AND (state <> 'CLOSED' OR (
+            COALESCE(%(state)s::text, 'CLOSED') = 'CLOSED'
+            AND (%(last_entry_id)s::bigint IS NULL
+                 OR %(last_entry_id)s::bigint IS NOT DISTINCT FROM last_entry_id)
+            AND (%(length)s::bigint IS NULL OR %(length)s::bigint = length)))
     FOR UPDATE
 ), upd AS (
     UPDATE ledgers l SET

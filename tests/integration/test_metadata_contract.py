@@ -14,6 +14,7 @@ from services.metadata.store import (
     BadVersion,
     CookieBadVersion,
     InMemoryMetadataStore,
+    LedgerClosedError,
     LedgerExists,
     MetadataStore,
     NoSuchCookie,
@@ -502,3 +503,54 @@ async def test_one_outbox_reader_at_a_time(store: MetadataStore) -> None:
             assert second is None
     async with store.outbox() as third:
         assert third is not None
+
+
+async def test_a_closed_ledger_never_reopens_nor_changes_its_end(store: MetadataStore) -> None:
+    ledger = await store.create_ledger(create_request(), 0)
+    closed = (
+        await store.update_ledger(
+            UpdateLedgerRequest(
+                ledger_id=ledger.ledger_id,
+                expected_version=ledger.version,
+                state=LedgerState.CLOSED,
+                last_entry_id=9,
+                length=100,
+            ),
+            1,
+        )
+    ).metadata
+    refused = [
+        {"state": LedgerState.OPEN},
+        {"state": LedgerState.IN_RECOVERY},
+        {"last_entry_id": 10},
+        {"length": 101},
+        {"state": LedgerState.CLOSED, "last_entry_id": 8},
+    ]
+    for changes in refused:
+        request = UpdateLedgerRequest(
+            ledger_id=closed.ledger_id, expected_version=closed.version, **changes
+        )
+        with pytest.raises(LedgerClosedError):
+            await store.update_ledger(request, 2)
+    assert await store.get_ledger(closed.ledger_id) == closed
+    # Re-replication may still move its replicas; closing again with the same end is a no-op.
+    moved = [Segment(first_entry_id=0, bookies=["bookie-4", "bookie-2", "bookie-3"])]
+    again = await store.update_ledger(
+        UpdateLedgerRequest(
+            ledger_id=closed.ledger_id,
+            expected_version=closed.version,
+            state=LedgerState.CLOSED,
+            last_entry_id=9,
+            segments=moved,
+        ),
+        3,
+    )
+    assert again.metadata.segments == moved and again.metadata.last_entry_id == 9
+    # A stale version still answers BadVersion, not LedgerClosed.
+    with pytest.raises(BadVersion):
+        await store.update_ledger(
+            UpdateLedgerRequest(
+                ledger_id=closed.ledger_id, expected_version=closed.version, length=5
+            ),
+            4,
+        )
