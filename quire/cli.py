@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from quire.bench import command as bench_commands
 from quire.commands import autorecovery as autorecovery_commands
 from quire.commands import bookie as bookie_commands
 from quire.commands import ledger as ledger_commands
@@ -59,6 +60,7 @@ app.add_typer(ledger_commands.app, name="ledger")
 app.add_typer(bookie_commands.app, name="bookie")
 app.add_typer(autorecovery_commands.app, name="autorecovery")
 app.add_typer(shell_commands.app, name="shell")
+app.add_typer(bench_commands.app, name="bench")
 
 
 def main() -> None:

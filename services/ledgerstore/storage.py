@@ -118,9 +118,9 @@ class EntryLogger:
         """Write (ledger, entry, frame)s; their locations, in order."""
         locations: list[EntryLocation] = []
         chunk: list[bytes] = []
+        pending = 0  # bytes in `chunk`: kept as a running sum (a flush holds thousands)
         for ledger_id, entry_id, frame in entries:
             data = encode_entry(ledger_id, entry_id, frame)
-            pending = sum(len(c) for c in chunk)
             if (
                 self.size + pending > ENTRYLOG_HEADER_SIZE
                 and self.size + pending + len(data) > self.limit_bytes
@@ -133,6 +133,7 @@ class EntryLogger:
                 EntryLocation(self.log_id, self.size + pending, len(frame), self.dir_index)
             )
             chunk.append(data)
+            pending += len(data)
         self._write(chunk)
         return locations
 

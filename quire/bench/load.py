@@ -1,0 +1,206 @@
+"""The load: W writers over L ledgers, each keeping up to `in_flight` appends outstanding
+(a bounded pipelining window), at a target rate or as fast as acknowledgements come back.
+
+Latency is measured per append, from its (scheduled, under a rate) start to its
+acknowledgement, into a log-bucketed histogram, and per second for the plot. Appends that
+start during the warm-up are not counted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from quire.bench.histogram import Histogram
+from quire.bench.targets import Append, Target
+
+# The timeline keeps one histogram per interval; bounded by the duration.
+TIMELINE_INTERVAL_S = 1.0
+TIMELINE_MAX_POINTS = 3_600
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    entry_size: int = 1024
+    ledgers: int = 1
+    writers: int = 1
+    in_flight: int = 1
+    batch: int = 1  # entries per append call
+    rate: float | None = None  # entries/s over all writers; None = as fast as possible
+    duration_s: float = 30.0
+    warmup_s: float = 5.0
+
+
+@dataclass
+class TimelinePoint:
+    second: float  # since the measurement began
+    entries: int
+    latency: Histogram
+
+
+@dataclass
+class LoadResult:
+    target: str
+    entries: int
+    bytes: int
+    elapsed_s: float
+    latency: Histogram  # per append, microseconds
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    @property
+    def entries_per_s(self) -> float:
+        return self.entries / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.elapsed_s / 1e6 if self.elapsed_s else 0.0
+
+    def summary(self) -> dict[str, float]:
+        ms = 1000.0
+        return {
+            "entries_per_s": round(self.entries_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 3),
+            "p50_ms": self.latency.percentile(0.50) / ms,
+            "p99_ms": self.latency.percentile(0.99) / ms,
+            "p999_ms": self.latency.percentile(0.999) / ms,
+            "max_ms": self.latency.max_us / ms,
+            "mean_ms": round(self.latency.mean_us / ms, 3),
+            "appends": self.latency.count,
+            "entries": self.entries,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "errors": self.errors,
+        }
+
+
+class _Recorder:
+    """Counts what finished after the warm-up, overall and per timeline interval."""
+
+    def __init__(self, measure_from: float, entry_size: int, batch: int) -> None:
+        self.measure_from = measure_from
+        self.entry_size = entry_size
+        self.batch = batch
+        self.latency = Histogram()
+        self.timeline: list[TimelinePoint] = []
+        self.entries = 0
+        self.done_total = 0  # including the warm-up (for the progress bar)
+        self.errors = 0
+        self.first_error: str | None = None
+
+    def record(self, started: float, finished: float) -> None:
+        self.done_total += self.batch
+        if started < self.measure_from:
+            return
+        latency_us = int((finished - started) * 1_000_000)
+        self.latency.record(latency_us)
+        self.entries += self.batch
+        index = int((finished - self.measure_from) / TIMELINE_INTERVAL_S)
+        if index >= TIMELINE_MAX_POINTS:
+            return
+        while len(self.timeline) <= index:
+            self.timeline.append(
+                TimelinePoint(len(self.timeline) * TIMELINE_INTERVAL_S, 0, Histogram())
+            )
+        point = self.timeline[index]
+        point.entries += self.batch
+        point.latency.record(latency_us)
+
+    def failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+
+
+async def _writer(
+    append: Append,
+    spec: LoadSpec,
+    recorder: _Recorder,
+    stop_at: float,
+    interval_s: float | None,
+    start: float,
+) -> None:
+    """One writer: `in_flight` slots each appending in a loop; under a rate, the slots
+    share one schedule (each append has a start time; latency counts from it, so a
+    stall shows as latency instead of hiding as a lower rate: no coordinated omission)."""
+    payload = os.urandom(spec.entry_size)
+    payloads = [payload] * spec.batch
+    clock = time.perf_counter
+    next_start = [start]
+
+    async def slot() -> None:
+        while True:
+            if interval_s is None:
+                started = clock()
+            else:
+                started = next_start[0]
+                next_start[0] += interval_s
+                delay = started - clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            if started >= stop_at:
+                return
+            try:
+                await append(payloads)
+            except Exception as exc:  # counted and shown; the run goes on
+                recorder.failed(exc)
+                await asyncio.sleep(0.01)
+                continue
+            recorder.record(started, clock())
+
+    await asyncio.gather(*(slot() for _ in range(spec.in_flight)))
+
+
+async def run_load(
+    target: Target,
+    spec: LoadSpec,
+    progress: Callable[[float, int, int], None] | None = None,
+) -> LoadResult:
+    """Create the ledgers, run the writers for warm-up + duration, return what they did.
+    `progress(elapsed_s, entries_done, errors)` is called about 10 times a second."""
+    appends = [await target.ledger(i) for i in range(spec.ledgers)]
+    loop_start = time.perf_counter()
+    measure_from = loop_start + spec.warmup_s
+    stop_at = measure_from + spec.duration_s
+    recorder = _Recorder(measure_from, spec.entry_size, spec.batch)
+    interval_s = None
+    if spec.rate:
+        per_writer_appends_per_s = spec.rate / spec.batch / spec.writers
+        interval_s = 1.0 / per_writer_appends_per_s
+    writers = [
+        asyncio.create_task(
+            _writer(
+                appends[i % spec.ledgers],
+                spec,
+                recorder,
+                stop_at,
+                interval_s,
+                loop_start + (interval_s or 0) * i / spec.writers,
+            )
+        )
+        for i in range(spec.writers)
+    ]
+    all_done = asyncio.gather(*writers)
+    try:
+        while not all_done.done():
+            await asyncio.wait([all_done], timeout=0.1)
+            if progress is not None:
+                progress(time.perf_counter() - loop_start, recorder.done_total, recorder.errors)
+        all_done.result()
+    finally:
+        for task in writers:
+            task.cancel()
+    # Appends still in flight at stop_at end after it; the elapsed time covers them.
+    elapsed = max(time.perf_counter(), stop_at) - measure_from
+    return LoadResult(
+        target=target.name,
+        entries=recorder.entries,
+        bytes=recorder.entries * spec.entry_size,
+        elapsed_s=elapsed,
+        latency=recorder.latency,
+        timeline=recorder.timeline,
+        errors=recorder.errors,
+        first_error=recorder.first_error,
+    )

@@ -1,0 +1,229 @@
+"""What `quire bench` writes to: Quire through the in-process client core (the gateway's
+`Ledgers` driver over NATS), over HTTP or gRPC; or a JetStream stream for the comparison.
+
+A target opens, makes "ledgers" (a JetStream subject stands for one), and gives for each an
+`append(payloads)` coroutine that returns once the payloads are acknowledged durable."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+
+from quire.infra import ManagedProcess, start_nats_cluster
+from shared.config import QuireSettings
+
+Append = Callable[[Sequence[bytes]], Awaitable[None]]
+PASSWORD = "quire-bench"
+JETSTREAM_READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Quorum:
+    ensemble: int
+    write_quorum: int
+    ack_quorum: int
+
+
+class Target(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    async def open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def ledger(self, index: int) -> Append:
+        """A new ledger (or stream subject) to write to; its append coroutine."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+
+class InProcessTarget(Target):
+    """The gateway's client core in this process, against the cluster's bookies and
+    metadata service over NATS: no HTTP, no gateway process in the path."""
+
+    name = "quire"
+
+    def __init__(self, settings: QuireSettings, quorum: Quorum) -> None:
+        self.settings = settings
+        self.quorum = quorum
+        self.ledgers = None
+        self._nc = None
+        self._ticker: asyncio.Task | None = None
+
+    async def open(self) -> None:
+        from services.gateway.bookie_client import BookieClient
+        from services.gateway.ledgers import Ledgers
+        from services.gateway.metrics import GatewayMetrics
+        from shared.metaclient import MetadataClient
+        from shared.service import connect_nats
+        from shared.subjects import Subjects
+
+        settings = self.settings
+        self._nc = await connect_nats(settings, name="quire-bench")
+        subjects = Subjects(settings.subject_prefix)
+        meta = MetadataClient(self._nc, subjects, timeout_s=settings.request_timeout_ms / 1000)
+        bookies = BookieClient(
+            self._nc,
+            subjects,
+            add_timeout_ms=settings.gateway.add_bookie_timeout_ms,
+            read_timeout_ms=settings.gateway.read_entry_timeout_ms,
+        )
+        self.ledgers = Ledgers(self._nc, settings, meta, bookies, None, GatewayMetrics())
+        self._ticker = asyncio.create_task(self.ledgers.run_ticker())
+
+    async def create(self) -> int:
+        assert self.ledgers is not None
+        created = await self.ledgers.create(
+            ensemble_size=self.quorum.ensemble,
+            write_quorum=self.quorum.write_quorum,
+            ack_quorum=self.quorum.ack_quorum,
+            digest="crc32c",
+            password=PASSWORD.encode(),
+            metadata={"app": "quire-bench"},
+        )
+        return created.ledger_id
+
+    async def ledger(self, index: int) -> Append:
+        ledger_id = await self.create()
+        assert self.ledgers is not None
+        handle = self.ledgers.writers[ledger_id]
+
+        async def append(payloads: Sequence[bytes]) -> None:
+            await handle.append(payloads)
+
+        return append
+
+    async def aclose(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self.ledgers is not None:
+            await self.ledgers.stop()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+
+
+class ClientTarget(Target):
+    """Through the gateway with quire.client (HTTP or gRPC)."""
+
+    name = "quire"
+
+    def __init__(self, via: str, address: str, quorum: Quorum) -> None:
+        self.via = via
+        self.address = address
+        self.quorum = quorum
+        self.client = None
+
+    async def open(self) -> None:
+        from quire.client import GrpcClient, HttpClient
+
+        if self.via == "http":
+            self.client = HttpClient(self.address)
+        else:
+            self.client = GrpcClient(self.address)
+
+    async def ledger(self, index: int) -> Append:
+        assert self.client is not None
+        client = self.client
+        created = await client.create(
+            password=PASSWORD,
+            ensemble_size=self.quorum.ensemble,
+            write_quorum=self.quorum.write_quorum,
+            ack_quorum=self.quorum.ack_quorum,
+            metadata={"app": "quire-bench"},
+        )
+        ledger_id = created.ledger_id
+
+        async def append(payloads: Sequence[bytes]) -> None:
+            await client.append(ledger_id, PASSWORD, payloads)
+
+        return append
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+
+# -- JetStream ---------------------------------------------------------------------------------
+
+
+class JetStreamTarget(Target):
+    """A replicas-3 file stream on a local 3-node cluster; each "ledger" is a subject of it.
+    Appends are acknowledged publishes (publish_async: the fastest nats-py path)."""
+
+    name = "jetstream"
+    STREAM = "QUIRE_BENCH"
+
+    def __init__(self, directory: Path, replicas: int = 3) -> None:
+        self.directory = directory
+        self.replicas = replicas
+        self.servers: list[ManagedProcess] = []
+        self._nc = None
+        self._js = None
+
+    async def open(self) -> None:
+        from nats.js.api import StorageType, StreamConfig
+
+        self.servers = await asyncio.to_thread(start_nats_cluster, self.directory)
+        self._nc = await nats.connect(
+            servers=[s.url for s in self.servers], name="quire-bench", max_reconnect_attempts=-1
+        )
+        # Publishes the stream may have pending: far more than any window we run with.
+        self._js = self._nc.jetstream(publish_async_max_pending=1_000_000)
+        config = StreamConfig(
+            name=self.STREAM,
+            subjects=["quirebench.>"],
+            num_replicas=self.replicas,
+            storage=StorageType.FILE,
+        )
+        # The cluster elects a meta leader a few seconds after its routes connect.
+        deadline = time.monotonic() + JETSTREAM_READY_TIMEOUT_S
+        while True:
+            try:
+                await self._js.add_stream(config)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25 + random.random() * 0.25)
+        # Wait until the stream's own leader is elected and acknowledges a publish.
+        while True:
+            try:
+                await self._js.publish("quirebench.ready", b"", timeout=2.0)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
+
+    async def ledger(self, index: int) -> Append:
+        js = self._js
+        assert js is not None
+        subject = f"quirebench.{index}"
+
+        async def append(payloads: Sequence[bytes]) -> None:
+            futures = [await js.publish_async(subject, payload) for payload in payloads]
+            for future in futures:
+                ack = await future
+                if getattr(ack, "error", None):
+                    raise RuntimeError(f"JetStream publish failed: {ack}")
+
+        return append
+
+    async def aclose(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+        for server in reversed(self.servers):
+            await asyncio.to_thread(server.stop)
