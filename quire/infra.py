@@ -123,9 +123,12 @@ def start_nats(
     host: str = "127.0.0.1",
     name: str = "nats",
     credentials: tuple[str, str] | None = None,
+    nkey: str | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> ManagedProcess:
-    """nats-server with JetStream, its store and log under `directory`; with
-    `credentials` (user, password), clients must authenticate."""
+    """nats-server with JetStream, its store and log under `directory`. With `credentials`
+    (user, password) or `nkey` (a user's public nkey) clients must authenticate; with `tls`
+    (certificate file, key file) they must speak TLS."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
@@ -136,7 +139,9 @@ def start_nats(
         f'listen: "{host}:{port}"\n'
         f"max_payload: {NATS_MAX_PAYLOAD}\n"
         f'jetstream {{\n  store_dir: "{directory / "jetstream"}"\n}}\n'
-        + (_authorization(*credentials) if credentials else ""),
+        + (_authorization(*credentials) if credentials else "")
+        + (_nkey_authorization(nkey) if nkey else "")
+        + (_tls_block(*tls) if tls else ""),
     )
     log_path = directory / "nats.log"
     with open(log_path, "ab") as log_file:
@@ -217,6 +222,17 @@ def write_private(path: Path, text: str) -> None:
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+def _nkey_authorization(public_key: str) -> str:
+    return f"authorization {{\n  users = [ {{ nkey: {json.dumps(public_key)} }} ]\n}}\n"
+
+
+def _tls_block(cert_file: Path, key_file: Path) -> str:
+    return (
+        f"tls {{\n  cert_file: {json.dumps(str(cert_file))}\n"
+        f"  key_file: {json.dumps(str(key_file))}\n}}\n"
+    )
 
 
 def _authorization(user: str, password: str) -> str:

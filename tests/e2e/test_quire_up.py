@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 
@@ -20,6 +19,7 @@ import nats
 import pytest
 
 from tests.support.cluster import QuireUp, pid_alive, wait_gone
+from tests.support.natsproto import nats_handshake
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -174,17 +174,6 @@ def test_every_service_answers_discovery(cluster: QuireUp) -> None:
     assert names.count("quire-ledgerstore") == 4
     for kind in ("metadata", "auditor", "replicator", "gateway"):
         assert f"quire-{kind}" in names
-
-
-def nats_handshake(url: str, connect: dict) -> tuple[dict, bytes]:
-    """Speak the NATS protocol by hand (nats-py leaks its socket on a refused connect):
-    the server's INFO, and its answer to CONNECT + PING."""
-    host, port = url.removeprefix("nats://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        info = json.loads(sock.recv(65536).decode().removeprefix("INFO ").strip())
-        sock.sendall(b"CONNECT " + json.dumps({"verbose": False, **connect}).encode() + b"\r\n")
-        sock.sendall(b"PING\r\n")
-        return info, sock.recv(65536)
 
 
 def test_nats_refuses_clients_without_the_generated_credentials(cluster: QuireUp) -> None:
