@@ -6,7 +6,6 @@ The metadata service serves exactly these on `<prefix>.meta.<op>`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -54,6 +53,7 @@ from shared.models import (
     UnderreplicatedLedger,
     UpdateLedgerRequest,
 )
+from shared.requests import request as nats_request
 from shared.subjects import Subjects
 
 METADATA_OPS: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
@@ -105,10 +105,6 @@ _REPLY_MODELS: dict[str, type[_Reply[Any]]] = {
 WATCH_PENDING_MSGS_LIMIT = 1024
 
 
-NO_RESPONDERS_RETRIES = 5
-NO_RESPONDERS_BACKOFF_S = 0.02
-
-
 def _unavailable(exc: Exception) -> MetadataError:
     return MetadataError(
         MetaError(code=MetaErrorCode.UNAVAILABLE, message=f"metadata service: {exc!r}")
@@ -135,19 +131,12 @@ class MetadataClient:
         body = (
             request.model_dump_json() if isinstance(request, BaseModel) else json.dumps(request)
         ).encode()
-        subject = self._subjects.meta(op)
-        for attempt in range(NO_RESPONDERS_RETRIES + 1):
-            try:
-                msg = await self._nc.request(subject, body, timeout=self._timeout_s)
-                break
-            except NoRespondersError as exc:
-                # Nobody took the request, so nothing happened: safe to ask again, briefly
-                # (an instance that is starting or restarting appears within moments).
-                if attempt == NO_RESPONDERS_RETRIES:
-                    raise _unavailable(exc) from exc
-                await asyncio.sleep(NO_RESPONDERS_BACKOFF_S * (attempt + 1))
-            except NatsTimeoutError as exc:
-                raise _unavailable(exc) from exc
+        try:
+            msg = await nats_request(
+                self._nc, self._subjects.meta(op), body, timeout_s=self._timeout_s
+            )
+        except (NoRespondersError, NatsTimeoutError) as exc:
+            raise _unavailable(exc) from exc
         reply = _REPLY_MODELS[op].model_validate_json(msg.data)
         if not reply.ok:
             assert reply.error is not None

@@ -11,6 +11,7 @@ import json
 from nats.aio.client import Client as NatsClient
 
 from shared import wire
+from shared.requests import request
 from shared.status import BookieStatus
 from shared.subjects import Subjects
 from shared.telemetry import inject_headers
@@ -46,7 +47,9 @@ class BookieClient:
     async def _request(self, bookie_id: str, op: str, body: bytes, timeout_s: float) -> bytes:
         subject = self._subjects.bookie(bookie_id, op)
         try:
-            msg = await self._nc.request(subject, body, timeout=timeout_s, headers=inject_headers())
+            msg = await request(
+                self._nc, subject, body, timeout_s=timeout_s, headers=inject_headers()
+            )
         except TimeoutError as exc:  # nats.errors.TimeoutError is one
             raise BookieUnreachable(
                 f"{op} to {bookie_id}: timed out after {timeout_s} s", timed_out=True

@@ -21,6 +21,7 @@ from services.journal.journal import journal_files
 from shared import wire
 from shared.config import QuireSettings
 from shared.digest import DigestManager, master_key
+from shared.requests import request
 from shared.status import BookieStatus
 from shared.subjects import Subjects
 from tests.support.inprocess import running_service
@@ -44,9 +45,8 @@ class Bookie:
         self.subjects = Subjects(settings.subject_prefix)
 
     async def call(self, op: str, data: bytes, timeout: float = 10.0) -> bytes:
-        msg = await self.nc.request(
-            self.subjects.bookie(self.settings.bookie_id, op), data, timeout=timeout
-        )
+        subject = self.subjects.bookie(self.settings.bookie_id, op)
+        msg = await request(self.nc, subject, data, timeout_s=timeout)
         return msg.data
 
     async def add(

@@ -1,0 +1,36 @@
+"""NATS request/reply with the one retry that is always safe.
+
+"No responders" means nobody took the request, so nothing happened: asking again a few
+times, briefly, is safe. It happens for real while a service starts or restarts (its
+subscription is moments away), and now and then right after a subscription was flushed
+(seen on this NATS server). Timeouts are not retried: the outcome is unknown."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+
+NO_RESPONDERS_RETRIES = 5
+NO_RESPONDERS_BACKOFF_S = 0.02
+
+
+async def request(
+    nc: NatsClient,
+    subject: str,
+    data: bytes,
+    *,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+    retries: int = NO_RESPONDERS_RETRIES,
+) -> Msg:
+    for attempt in range(retries + 1):
+        try:
+            return await nc.request(subject, data, timeout=timeout_s, headers=headers)
+        except NoRespondersError:
+            if attempt == retries:
+                raise
+            await asyncio.sleep(NO_RESPONDERS_BACKOFF_S * (attempt + 1))
+    raise AssertionError("unreachable")
