@@ -19,6 +19,9 @@ from shared.telemetry import inject_headers
 # Room for the wire framing around the items of one request.
 REQUEST_OVERHEAD_BYTES = 4096
 MICRO_ERROR_HEADER = "Nats-Service-Error"
+# A bookie that has no responder is most likely dead: ask again only briefly (60 ms), so
+# that its replacement is not held up, yet a bookie that is just starting is not replaced.
+NO_RESPONDERS_RETRIES = 2
 
 
 class BookieUnreachable(Exception):
@@ -48,7 +51,12 @@ class BookieClient:
         subject = self._subjects.bookie(bookie_id, op)
         try:
             msg = await request(
-                self._nc, subject, body, timeout_s=timeout_s, headers=inject_headers()
+                self._nc,
+                subject,
+                body,
+                timeout_s=timeout_s,
+                headers=inject_headers(),
+                retries=NO_RESPONDERS_RETRIES,
             )
         except TimeoutError as exc:  # nats.errors.TimeoutError is one
             raise BookieUnreachable(

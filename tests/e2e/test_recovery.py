@@ -124,6 +124,14 @@ def test_kill_9_of_an_ensemble_bookie_while_appending(cluster: QuireUp) -> None:
         kill_bookie(cluster, victim)
         killed_at = len(appender.acked)
         appender.wait_for(killed_at + 50)  # appends go on
+        # The dead bookie is replaced by a new segment (soon, not at a fixed count of
+        # appends: with Qa=2 of Qw=3 the adds complete meanwhile).
+        deadline = time.monotonic() + 30
+        meta = client.get(f"/v1/ledgers/{lid}").json()
+        while len(meta["segments"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            meta = client.get(f"/v1/ledgers/{lid}").json()
+        appender.wait_for(len(appender.acked) + 20)  # and go on after the change
         appender.stop_flag.set()
         appender.join(timeout=60)
         meta = client.get(f"/v1/ledgers/{lid}").json()
