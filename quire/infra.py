@@ -143,19 +143,9 @@ def start_nats(
         + (_nkey_authorization(nkey) if nkey else "")
         + (_tls_block(*tls) if tls else ""),
     )
-    log_path = directory / "nats.log"
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [str(nats_server_binary()), "-c", str(config)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
-    managed = ManagedProcess(name, "nats", proc, url=f"nats://{host}:{port}", log_path=log_path)
+    managed = _launch_nats(config, name, f"nats://{host}:{port}")
     try:
-        wait_for_port(host, port, 20, proc, what="nats-server")
+        wait_for_port(host, port, 20, managed.proc, what="nats-server")
     except InfraError:
         managed.stop()
         raise
@@ -188,25 +178,7 @@ def start_nats_cluster(directory: Path, nodes: int = 3) -> list[ManagedProcess]:
                 f'cluster {{\n  name: "quire-bench"\n  listen: "127.0.0.1:{route_port}"\n'
                 f"  routes: [{routes}]\n}}\n",
             )
-            log_path = node_dir / "nats.log"
-            with open(log_path, "ab") as log_file:
-                proc = subprocess.Popen(
-                    [str(nats_server_binary()), "-c", str(config)],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent(),
-                )
-            servers.append(
-                ManagedProcess(
-                    f"bench-n{i + 1}",
-                    "nats",
-                    proc,
-                    url=f"nats://127.0.0.1:{port}",
-                    log_path=log_path,
-                )
-            )
+            servers.append(_launch_nats(config, f"bench-n{i + 1}", f"nats://127.0.0.1:{port}"))
         for server, port in zip(servers, client_ports, strict=True):
             wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
     except BaseException:
@@ -214,6 +186,21 @@ def start_nats_cluster(directory: Path, nodes: int = 3) -> list[ManagedProcess]:
             server.stop()
         raise
     return servers
+
+
+def _launch_nats(config: Path, name: str, url: str) -> ManagedProcess:
+    """nats-server with `config`, its log beside it, ended with its parent."""
+    log_path = config.parent / "nats.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [str(nats_server_binary()), "-c", str(config)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
+    return ManagedProcess(name, "nats", proc, url=url, log_path=log_path)
 
 
 def write_private(path: Path, text: str) -> None:
