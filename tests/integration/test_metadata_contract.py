@@ -34,22 +34,12 @@ from shared.models import (
     SetClusterSettingsRequest,
     UpdateLedgerRequest,
 )
-
-ENSEMBLE = ["bookie-1", "bookie-2", "bookie-3"]
+from tests.support.metadata import ENSEMBLE
+from tests.support.metadata import create_request as base_request
 
 
 def create_request(ledger_id: int | None = None, **extra) -> CreateLedgerRequest:
-    return CreateLedgerRequest(
-        ledger_id=ledger_id,
-        ensemble_size=3,
-        write_quorum=3,
-        ack_quorum=2,
-        digest="crc32c",
-        ensemble=ENSEMBLE,
-        password_salt="salt",
-        password_hash="hash",
-        **extra,
-    )
+    return base_request(ledger_id, password_salt="salt", password_hash="hash", **extra)
 
 
 @pytest.fixture(params=["postgres", "memory"])

@@ -18,22 +18,10 @@ from services.metadata.store import PostgresMetadataStore
 from shared.config import QuireSettings
 from shared.events import ensure_event_stream
 from shared.metaclient import MetadataClient
-from shared.models import CreateLedgerRequest, LedgerState, Segment, UpdateLedgerRequest
+from shared.models import LedgerState, Segment, UpdateLedgerRequest
 from shared.subjects import Subjects
 from tests.support.inprocess import running_service, wait_until_serving
-
-ENSEMBLE = ["bookie-1", "bookie-2", "bookie-3"]
-
-
-def create_request(ledger_id: int | None = None) -> CreateLedgerRequest:
-    return CreateLedgerRequest(
-        ledger_id=ledger_id,
-        ensemble_size=3,
-        write_quorum=3,
-        ack_quorum=2,
-        digest="crc32c",
-        ensemble=ENSEMBLE,
-    )
+from tests.support.metadata import ENSEMBLE, create_request
 
 
 @pytest.fixture

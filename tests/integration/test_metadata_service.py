@@ -13,7 +13,6 @@ from shared.config import QuireSettings
 from shared.metaclient import METADATA_OPS, MetadataClient, MetadataError
 from shared.models import (
     BookieState,
-    CreateLedgerRequest,
     LedgerState,
     MetaErrorCode,
     MetaReply,
@@ -22,8 +21,8 @@ from shared.models import (
 )
 from shared.subjects import Subjects
 from tests.support.inprocess import running_service, wait_until_serving
+from tests.support.metadata import ENSEMBLE, create_request
 
-ENSEMBLE = ["bookie-1", "bookie-2", "bookie-3"]
 LEASE_MS = 300
 
 
@@ -55,12 +54,6 @@ async def events(meta_settings: QuireSettings, nc) -> AsyncIterator[list[dict]]:
     sub = await nc.subscribe(Subjects(meta_settings.subject_prefix).events_wildcard, cb=collect)
     yield received
     await sub.unsubscribe()
-
-
-def create_request(**extra) -> CreateLedgerRequest:
-    return CreateLedgerRequest(
-        ensemble_size=3, write_quorum=3, ack_quorum=2, digest="crc32c", ensemble=ENSEMBLE, **extra
-    )
 
 
 async def wait_for(predicate, timeout_s: float = 5.0) -> None:

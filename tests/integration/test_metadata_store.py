@@ -20,20 +20,8 @@ from services.metadata.store import (
     StoreUnavailable,
     conninfo_from_url,
 )
-from shared.models import CreateLedgerRequest, UpdateLedgerRequest
-
-ENSEMBLE = ["bookie-1", "bookie-2", "bookie-3"]
-
-
-def create_request(ledger_id: int | None = None) -> CreateLedgerRequest:
-    return CreateLedgerRequest(
-        ledger_id=ledger_id,
-        ensemble_size=3,
-        write_quorum=3,
-        ack_quorum=2,
-        digest="crc32c",
-        ensemble=ENSEMBLE,
-    )
+from shared.models import UpdateLedgerRequest
+from tests.support.metadata import create_request
 
 
 async def open_store(url: str, timeout_s: float = 5.0) -> PostgresMetadataStore:
