@@ -19,9 +19,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def cluster(cluster_dir) -> Iterator[QuireUp]:
     parent = cluster_dir("cli")
     up = QuireUp(parent / "quire-data", bookies=3)
-    up.start()
-    yield up
-    up.stop()
+    with up.running():
+        yield up
 
 
 def quire(

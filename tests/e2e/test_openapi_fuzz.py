@@ -26,9 +26,8 @@ EXCLUDED = "positive_data_acceptance,not_a_server_error"
 def cluster(cluster_dir) -> Iterator[QuireUp]:
     parent = cluster_dir("fuzz")
     up = QuireUp(parent / "quire-data", bookies=3)
-    up.start()
-    yield up
-    up.stop()
+    with up.running():
+        yield up
 
 
 def test_schemathesis_finds_nothing(cluster: QuireUp, tmp_path: Path) -> None:

@@ -54,14 +54,8 @@ def cluster(cluster_dir) -> Iterator[QuireUp]:
             "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": "500",
         },
     )
-    up.start()
-    yield up
-    if up.proc and up.proc.poll() is None:
-        up.stop()
-    if (data_dir / "cluster.json").exists():
-        for pid in up.pids():
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    with up.running():
+        yield up
 
 
 # Everything the tests have had acknowledged: ledger id -> {entry id: bytes}.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.cluster import QuireUp, pid_alive
+from tests.support.cluster import QuireUp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,14 +34,8 @@ def cluster(cluster_dir) -> Iterator[QuireUp]:
             "QUIRE_GATEWAY__ADD_BOOKIE_TIMEOUT_MS": "2000",
         },
     )
-    up.start()
-    yield up
-    if up.proc and up.proc.poll() is None:
-        up.stop()
-    if (data_dir / "cluster.json").exists():
-        for pid in up.pids():
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    with up.running():
+        yield up
 
 
 def create(client: httpx.Client) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +95,21 @@ class QuireUp:
                 self.ready_line = line.rstrip("\n")
                 return
         raise AssertionError(f"quire up did not become ready:\n{self.stderr()}")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[QuireUp]:
+        """Started, then stopped as a user would (SIGTERM); whatever a test left running
+        (it may have killed `quire up` itself) is killed."""
+        self.start()
+        try:
+            yield self
+        finally:
+            if self.proc and self.proc.poll() is None:
+                self.stop()
+            if (self.data_dir / "cluster.json").exists():
+                for pid in self.pids():
+                    if pid_alive(pid):
+                        os.kill(pid, signal.SIGKILL)
 
     def stderr(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path else ""
