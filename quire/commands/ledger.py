@@ -219,6 +219,10 @@ def tail(
     run(gateway, data_dir, work)
 
 
+def closed(output: Output, ledger_id: int, last_entry_id: int) -> None:
+    emit(output, {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": last_entry_id})
+
+
 @app.command()
 def close(
     ledger_id: LedgerId,
@@ -228,8 +232,7 @@ def close(
     output: OutputOption = Output.TABLE,
 ) -> None:
     """Close a ledger: no appends after it."""
-    last = run(gateway, data_dir, lambda c: c.close(ledger_id, password))
-    emit(output, {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": last})
+    closed(output, ledger_id, run(gateway, data_dir, lambda c: c.close(ledger_id, password)))
 
 
 @app.command()
@@ -241,8 +244,7 @@ def recover(
     output: OutputOption = Output.TABLE,
 ) -> None:
     """Fence the ledger on its bookies, recover its last entry, close it."""
-    last = run(gateway, data_dir, lambda c: c.recover(ledger_id, password))
-    emit(output, {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": last})
+    closed(output, ledger_id, run(gateway, data_dir, lambda c: c.recover(ledger_id, password)))
 
 
 @app.command()
