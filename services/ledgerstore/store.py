@@ -38,6 +38,7 @@ from services.ledgerstore.storage import (
     EntryLogger,
     JournalTailer,
     LogEnds,
+    TailRead,
     TailStatus,
 )
 from shared import wire
@@ -194,14 +195,19 @@ class LedgerStore:
         async with self._apply_lock:
             if self.damaged:
                 return False
-            target = await asyncio.to_thread(self.tailer.end_position)
             self.stats.ledgerstore_catch_up += 1
-            for _ in range(CATCH_UP_MAX_READS):
+            target: JournalPosition | None = None
+            for reads in range(CATCH_UP_MAX_READS):
                 # Bounded: at most one journal read (tailer chunk) beyond the limit.
                 if self._write_cache.size_bytes >= self.settings.write_cache_max_size_bytes:
                     return None
                 try:
-                    tail = await asyncio.to_thread(self.tailer.read)
+                    if reads == 0:
+                        # One thread hop for the usual catch-up: where the journal ends
+                        # now (taken first: the goal), then the records up to there.
+                        target, tail = await asyncio.to_thread(self._end_and_read)
+                    else:
+                        tail = await asyncio.to_thread(self.tailer.read)
                 except OSError as exc:
                     self._note_stall(f"reading the journal: {exc!r}")
                     return False
@@ -238,20 +244,26 @@ class LedgerStore:
                     return True
             return False
 
+    def _end_and_read(self) -> tuple[JournalPosition | None, TailRead]:
+        return self.tailer.end_position(), self.tailer.read()
+
     def _note_stall(self, reason: str) -> None:
         if reason != self._stalled_reason:
             log.error("ledgerstore cannot read past a journal record", extra={"reason": reason})
         self._stalled_reason = reason
 
     def _apply(self, records: list[ScannedRecord]) -> None:
+        cache, ledgers, dirty = self._write_cache, self.ledgers, self._dirty_ledgers
+        entries = 0
         for scanned in records:
             record = scanned.record
-            if isinstance(record, EntryRecord):
-                self._write_cache.put(record.ledger_id, record.entry_id, record.frame)
-                self.stats.ledgerstore_add_entry += 1
-            touched = apply_to_ledgers(self.ledgers, record)
+            if type(record) is EntryRecord:
+                cache.put(record.ledger_id, record.entry_id, record.frame)
+                entries += 1
+            touched = apply_to_ledgers(ledgers, record)
             if touched is not None:
-                self._dirty_ledgers.add(touched)
+                dirty.add(touched)
+        self.stats.ledgerstore_add_entry += entries
         self.stats.write_cache_size_bytes = self._write_cache.size_bytes
         self.stats.write_cache_count = len(self._write_cache)
 
