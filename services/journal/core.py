@@ -202,6 +202,13 @@ def _body(record: Record) -> tuple[RecordKind, bytes]:
 
 
 def encode_record(record: Record) -> bytes:
+    if type(record) is EntryRecord:
+        return _encode_entry_record(record)
+    return encode_record_generic(record)
+
+
+def encode_record_generic(record: Record) -> bytes:
+    """Any record through `_body` (entries take a faster path with the same bytes)."""
     kind, body = _body(record)
     if isinstance(record, EntryRecord | MasterKeyRecord) and len(record.master_key) != 20:
         raise ValueError("master key must be 20 bytes")
@@ -211,13 +218,41 @@ def encode_record(record: Record) -> bytes:
     return b"".join((size, struct.pack(">I", crc), kind_byte, body))
 
 
+_ENTRY_DIGEST_KIND = _KIND.pack(RecordKind.ENTRY_DIGEST)
+
+
+def _encode_entry_record(record: EntryRecord) -> bytes:
+    """`encode_record` of an entry, the hot path of every add: the same bytes as through
+    `_body`, with no copy of the frame before the final join."""
+    if len(record.master_key) != MASTER_KEY_SIZE:
+        raise ValueError("master key must be 20 bytes")
+    head = _DIGEST_CODE.pack(record.digest_code) + record.master_key
+    frame = record.frame
+    size = _SIZE.pack(1 + len(head) + len(frame))
+    crc = _crc32c.crc32c(
+        frame, _crc32c.crc32c(head, _crc32c.crc32c(_ENTRY_DIGEST_KIND, _crc32c.crc32c(size)))
+    )
+    return b"".join((size, _SIZE.pack(crc), _ENTRY_DIGEST_KIND, head, frame))
+
+
 def _fixed(fmt: struct.Struct, body: memoryview, kind: RecordKind) -> tuple:
     if len(body) != fmt.size:
         raise JournalFormatError(f"{kind.name} record body of {len(body)} bytes")
     return fmt.unpack(body)
 
 
+_ENTRY_DIGEST_VALUE = int(RecordKind.ENTRY_DIGEST)
+_ENTRY_MIN_BODY = 1 + MASTER_KEY_SIZE + HEADER_SIZE
+
+
 def decode_body(kind_value: int, body: memoryview) -> Record:
+    if kind_value == _ENTRY_DIGEST_VALUE and len(body) >= _ENTRY_MIN_BODY:
+        # Every add's record (the bookie's hot path): no enum lookup, no re-slicing.
+        frame = bytes(body[1 + MASTER_KEY_SIZE :])
+        ledger_id, entry_id, lac, _length = parse_header(frame)
+        return EntryRecord(
+            bytes(body[1 : 1 + MASTER_KEY_SIZE]), frame, ledger_id, entry_id, lac, body[0]
+        )
     try:
         kind = RecordKind(kind_value)
     except ValueError as exc:

@@ -94,16 +94,16 @@ class JournalService:
         except Exception as exc:
             log.debug("committed notification not sent", extra={"err": repr(exc)})
 
-    def _submit(self, records: list[Record]) -> list[asyncio.Future] | None:
+    def _submit(self, records: list[Record]) -> asyncio.Future | None:
         """Queue admitted records and apply them to the live state; None if the queue is
-        full (nothing queued then)."""
+        full (nothing queued then). The future: all of them are durable."""
         try:
-            futures = self.journal.submit(records, time.monotonic() * 1000)
+            future = self.journal.submit(records, time.monotonic() * 1000)
         except QueueFull:
             return None
         for record in records:
             self.journal.live.apply(record)
-        return futures
+        return future
 
     # -- add ------------------------------------------------------------------------------
 
@@ -119,24 +119,24 @@ class JournalService:
             results = [self._refuse(item, BookieStatus.READ_ONLY) for item in items]
             await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
             return
-        results, futures = self._admit_adds(items)
-        if futures:
-            # Commits are in queue order and this batch was queued in one synchronous
-            # step: once its last record is durable, all of them are (no gather per add).
-            await futures[-1]
+        results, durable = self._admit_adds(items)
+        if durable is not None:
+            await durable
         await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
 
     def _admit_adds(
         self, items: list[wire.AddItem]
-    ) -> tuple[list[wire.AddResult], list[asyncio.Future]]:
+    ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
         """Check every item against the ledger rules and queue the good ones, all in one
-        synchronous step (so the checks see the adds that arrived before)."""
+        synchronous step (so the checks see the adds that arrived before, and each item
+        sees the ones before it). The future (None if nothing was queued): every queued
+        item is durable."""
         live, stats = self.journal.live, self.journal.stats
         results: list[wire.AddResult] = []
-        futures: list[asyncio.Future] = []
         if not self.journal.room_for(len(items)):
             results = [self._refuse(item, BookieStatus.TOO_MANY_REQUESTS) for item in items]
-            return results, futures
+            return results, None
+        admitted: list[Record] = []
         for item in items:
             try:
                 record = EntryRecord.of(
@@ -153,13 +153,15 @@ class JournalService:
                 continue
             status = live.check_add(record.ledger_id, record.master_key, item.flags)
             if status is BookieStatus.OK:
-                queued = self._submit([record])
-                assert queued is not None  # room_for checked the whole batch
-                futures.extend(queued)
+                live.apply(record)
+                admitted.append(record)
             else:
                 stats.rejected(status.name)
             results.append(wire.AddResult(record.ledger_id, record.entry_id, status))
-        return results, futures
+        if not admitted:
+            return results, None
+        # room_for checked the whole batch: this cannot be refused.
+        return results, self.journal.submit(admitted, time.monotonic() * 1000)
 
     def _refuse(self, item: wire.AddItem, status: BookieStatus) -> wire.AddResult:
         ledger_id, entry_id = _ids(item.frame)
@@ -262,10 +264,10 @@ class JournalService:
         records: list[Record] = [record]
         if self.journal.live.needs_master_key(ledger_id):
             records.insert(0, MasterKeyRecord(ledger_id, master_key))
-        futures = self._submit(records)
-        if futures is None:
+        durable = self._submit(records)
+        if durable is None:
             return BookieStatus.TOO_MANY_REQUESTS
-        await asyncio.gather(*futures)
+        await durable
         return BookieStatus.OK
 
     # -- checkpoint and stats -------------------------------------------------------------

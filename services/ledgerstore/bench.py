@@ -71,7 +71,7 @@ async def journal_adds(directory: Path, seconds: float, writers: int, size: int)
             frame = digest.sign(ledger_id, entry_id, entry_id - 1, size, payload)
             started = time.perf_counter()
             record = EntryRecord.of(KEY, frame, wire.DIGEST_CODES[digest.digest_type])
-            await asyncio.gather(*journal.submit([record], now_ms=started * 1000))
+            await journal.submit([record], now_ms=started * 1000)
             latencies.append((time.perf_counter() - started) * 1000)
             entry_id += 1
 

@@ -4,6 +4,7 @@ lastMark, group-commit planning, and the bookie's per-ledger rules."""
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from services.journal.core import (
     encode_file_header,
     encode_last_mark,
     encode_record,
+    encode_record_generic,
     encode_snapshot,
     is_torn_tail,
     journal_file_name,
@@ -68,6 +70,14 @@ def test_every_record_kind_round_trips(record) -> None:
     assert scan.stop is ScanStop.END
     assert [s.record for s in scan.records] == [record]
     assert (scan.records[0].start, scan.records[0].end) == (100, 100 + len(data))
+
+
+@pytest.mark.parametrize("digest_code", [0, 1, 2, 3])
+def test_entry_fast_path_writes_the_same_bytes_as_the_generic_encoder(digest_code) -> None:
+    record = replace(entry(5, 7, 6, b"x" * 1000), digest_code=digest_code)
+    assert encode_record(record) == encode_record_generic(record)
+    with pytest.raises(ValueError, match="master key"):
+        encode_record(replace(record, master_key=b"short"))
 
 
 def test_entry_record_takes_ids_and_lac_from_the_frame() -> None:

@@ -124,8 +124,10 @@ async def test_writer_commits_in_groups_and_queue_is_bounded(tmp_path: Path) -> 
     journal = Journal(tmp_path, settings(queue_size=5), fatal=pytest.fail)
     await journal.open()
     assert journal_files(tmp_path) == [1]
-    futures = journal.submit([entry(1, e) for e in range(3)], now_ms=0)
-    futures += journal.submit([entry(1, 3), entry(1, 4)], now_ms=0)
+    futures = [
+        journal.submit([entry(1, e) for e in range(3)], now_ms=0),
+        journal.submit([entry(1, 3), entry(1, 4)], now_ms=0),
+    ]
     with pytest.raises(QueueFull):
         journal.submit([entry(1, 5)], now_ms=0)
     writer = asyncio.create_task(journal.run_writer())
@@ -138,13 +140,26 @@ async def test_writer_commits_in_groups_and_queue_is_bounded(tmp_path: Path) -> 
     await journal.close()
 
 
+async def test_a_submit_split_over_commits_is_durable_only_after_its_last(tmp_path: Path) -> None:
+    # Two records per group commit: one submit of five spans three commits.
+    journal = Journal(tmp_path, settings(buffered_entries_threshold=2), fatal=pytest.fail)
+    await journal.open()
+    durable = journal.submit([entry(1, e) for e in range(5)], now_ms=0)
+    writer = asyncio.create_task(journal.run_writer())
+    position = await durable
+    assert journal.stats.journal_sync == 3
+    assert position == journal.durable_position  # the third commit's, not the first's
+    assert journal.durable.get(1).last_entry_id == 4
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+    await journal.close()
+
+
 async def test_checkpoint_deletes_old_files_and_replay_keeps_the_facts(tmp_path: Path) -> None:
     journal = Journal(tmp_path, settings(), fatal=pytest.fail)
     await journal.open()
     writer = asyncio.create_task(journal.run_writer())
-    await asyncio.gather(
-        *journal.submit([MasterKeyRecord(9, KEY), FenceRecord(9), entry(1, 0)], now_ms=0)
-    )
+    await journal.submit([MasterKeyRecord(9, KEY), FenceRecord(9), entry(1, 0)], now_ms=0)
     await journal.close()
     writer.cancel()
     await asyncio.gather(writer, return_exceptions=True)
@@ -152,7 +167,7 @@ async def test_checkpoint_deletes_old_files_and_replay_keeps_the_facts(tmp_path:
     journal = Journal(tmp_path, settings(), fatal=pytest.fail)  # restart: file 2
     await journal.open()
     writer = asyncio.create_task(journal.run_writer())
-    position = (await asyncio.gather(*journal.submit([entry(1, 1)], now_ms=0)))[0]
+    position = await journal.submit([entry(1, 1)], now_ms=0)
     assert position.file_id == 2
     mark, deleted = await journal.checkpoint(JournalPosition(99, 0))  # clamped to durable
     assert mark == position and deleted == [1]
