@@ -11,29 +11,48 @@ Key = tuple[int, int]  # (ledger id, entry id)
 
 class WriteCache:
     """Entries waiting for the next flush. The store keeps two (BookKeeper's double
-    buffer): applies go into the active one while the other is being flushed."""
+    buffer): applies go into the active one while the other is being flushed.
+
+    Kept per ledger, in arrival order: a ledger's entries come from the journal nearly
+    always in ascending order, so a flush sorts the ledgers and only the rare ledger whose
+    entries came out of order (a recovery re-write, say), instead of every entry."""
 
     def __init__(self) -> None:
-        self._entries: dict[Key, bytes] = {}
+        self._ledgers: dict[int, dict[int, bytes]] = {}
+        self._out_of_order: set[int] = set()
+        self._count = 0
         self.size_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     def put(self, ledger_id: int, entry_id: int, frame: bytes) -> None:
-        old = self._entries.get((ledger_id, entry_id))
+        entries = self._ledgers.get(ledger_id)
+        if entries is None:
+            entries = self._ledgers[ledger_id] = {}
+        old = entries.get(entry_id)
         if old is not None:
             self.size_bytes -= len(old)
-        self._entries[(ledger_id, entry_id)] = frame
+            self._count -= 1
+        elif entries and entry_id < next(reversed(entries)):
+            self._out_of_order.add(ledger_id)
+        entries[entry_id] = frame
+        self._count += 1
         self.size_bytes += len(frame)
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
-        return self._entries.get((ledger_id, entry_id))
+        entries = self._ledgers.get(ledger_id)
+        return entries.get(entry_id) if entries is not None else None
 
     def sorted_entries(self) -> list[tuple[int, int, bytes]]:
         """Sorted by ledger, then entry: a ledger's entries land next to each other in the
         entry log, so a read-ahead reads them with one IO."""
-        return [(ledger, entry, frame) for (ledger, entry), frame in sorted(self._entries.items())]
+        out: list[tuple[int, int, bytes]] = []
+        for ledger_id in sorted(self._ledgers):
+            entries = self._ledgers[ledger_id]
+            ids = sorted(entries) if ledger_id in self._out_of_order else entries
+            out.extend((ledger_id, entry_id, entries[entry_id]) for entry_id in ids)
+        return out
 
 
 class ReadCache:

@@ -133,16 +133,21 @@ class LedgerInfo:
 
 def apply_to_ledgers(ledgers: dict[int, LedgerInfo], record: Record) -> int | None:
     """Apply a journal record's ledger facts; returns the ledger id it touched."""
+    if type(record) is EntryRecord:  # nearly every record: no pattern matching for it
+        info = ledgers.get(record.ledger_id)
+        if info is None:
+            info = ledgers[record.ledger_id] = LedgerInfo()
+        entry_id = record.entry_id
+        if entry_id > info.last_entry_id:
+            info.last_entry_id = entry_id
+        if record.lac > info.lac:
+            info.lac = record.lac
+        if info.first_entry_id < 0 or entry_id < info.first_entry_id:
+            info.first_entry_id = entry_id
+        if record.digest_code:
+            info.digest_code = record.digest_code
+        return record.ledger_id
     match record:
-        case EntryRecord():
-            info = ledgers.setdefault(record.ledger_id, LedgerInfo())
-            info.last_entry_id = max(info.last_entry_id, record.entry_id)
-            info.lac = max(info.lac, record.lac)
-            if info.first_entry_id < 0 or record.entry_id < info.first_entry_id:
-                info.first_entry_id = record.entry_id
-            if record.digest_code:
-                info.digest_code = record.digest_code
-            return record.ledger_id
         case LacRecord():
             info = ledgers.setdefault(record.ledger_id, LedgerInfo())
             info.lac = max(info.lac, record.lac)

@@ -19,6 +19,7 @@ from services.journal.core import (
     encode_record,
     journal_file_name,
 )
+from services.ledgerstore.cache import WriteCache
 from services.ledgerstore.core import (
     ENTRY_HEAD_SIZE,
     ENTRYLOG_HEADER_SIZE,
@@ -247,3 +248,15 @@ def test_tailer_reports_damage_and_gaps(tmp_path: Path) -> None:
     (tmp_path / journal_file_name(1)).unlink()
     assert gone.read().status is TailStatus.DAMAGED  # deleted below our position
     tailer.close()
+
+
+def test_write_cache_flushes_sorted_by_ledger_then_entry_whatever_the_arrival_order() -> None:
+    cache = WriteCache()
+    arrivals = [(9, 0), (2, 0), (9, 1), (2, 1), (2, 5), (2, 3), (9, 2), (2, 4), (1, 7)]
+    for ledger_id, entry_id in arrivals:
+        cache.put(ledger_id, entry_id, f"{ledger_id}:{entry_id}".encode())
+    cache.put(2, 3, b"2:3 again")  # a re-apply replaces, it is not a second entry
+    assert [(ledger, entry) for ledger, entry, _ in cache.sorted_entries()] == sorted(arrivals)
+    assert len(cache) == len(arrivals)
+    assert cache.get(2, 3) == b"2:3 again" and cache.get(3, 0) is None
+    assert cache.size_bytes == sum(len(frame) for _, _, frame in cache.sorted_entries())
