@@ -132,6 +132,9 @@ class GatewaySettings(BaseModel):
     recovery_timeout_ms: int = Field(default=30_000, ge=100)
     # How long a recovery waits before asking again the bookies that gave no usable answer.
     recovery_retry_interval_ms: int = Field(default=200, ge=1)
+    # recoveryReadBatchSize: entries a recovery reads at once past the LAC (one batched read
+    # per bookie); 1 reads them one by one.
+    recovery_read_batch_size: int = Field(default=64, ge=1, le=1024)
     # readEntryTimeoutSec: a bookie read not answered by then moves to the next replica.
     read_entry_timeout_ms: int = Field(default=2_000, ge=10)
     # The longest a LAC long poll may wait.

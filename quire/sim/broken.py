@@ -7,6 +7,8 @@ from quire.sim.model import Faults
 from services.gateway.core import LedgerWriter
 from services.gateway.recovery import LedgerRecovery
 from shared.quorum import AckSet, QuorumSpec
+from shared.status import BookieStatus
+from shared.wire import ReadResult
 
 
 class EarlyAckWriter(LedgerWriter):
@@ -27,6 +29,7 @@ class UnfencedRecovery(LedgerRecovery):
         self.phase = "fence"
         self._fenced = self.metadata
         self.max_lac = self.metadata.segments[-1].first_entry_id - 1
+        self._fenced_ids = set(self.metadata.segments[-1].bookies)
         self._start_read()
 
 
@@ -34,18 +37,8 @@ class UnknownIsAbsentRecovery(LedgerRecovery):
     """Counts any answer but a good copy as "the bookie does not have it" (UNKNOWN and
     errors included)."""
 
-    def _on_read(self, event) -> None:
-        probe = self._probe
-        if probe is not None and event.bookie_id in probe.outstanding:
-            before = set(probe.unsure)
-            super()._on_read(event)
-            if self._probe is probe:
-                probe.absent |= probe.unsure - before
-                needed = self.quorum.write_quorum - self.quorum.ack_quorum + 1
-                if len(probe.absent) >= needed:
-                    self._on_absent(probe)
-            return
-        super()._on_read(event)
+    def _counts_as_absent(self, entry_id: int, bookie_id: str, result: ReadResult | None) -> bool:
+        return result is None or result.status is not BookieStatus.OK
 
 
 # Name -> the run overrides that break one rule (`python -m quire.sim --break NAME`).

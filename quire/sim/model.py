@@ -98,6 +98,8 @@ class Faults:
     down_ms: tuple[int, int] = (30, 600)
     restart_unsure_ms: tuple[int, int] = (20, 200)
     sync_ms: tuple[int, int] = (1, 4)
+    # A bookie answers only a prefix of a batched read (its reply must fit one message).
+    partial_read: float = 0.0
     meta_conflict: float = 0.1  # a foreign CAS lands just before ours
     meta_answer_lost: float = 0.05  # ours lands, its answer is lost (re-read)
     no_responders: float = 0.5  # a request to a down bookie fails at once (else times out)
@@ -127,6 +129,7 @@ class SimConfig:
     random_faults: bool = True
     writer_class: type[LedgerWriter] = LedgerWriter
     recovery_class: type[LedgerRecovery] = LedgerRecovery
+    recovery_read_batch_size: int = 64  # entries a recovery reads at once
     max_events: int = 200_000
 
 
@@ -249,7 +252,11 @@ class SimBookie:
 
     def _read(self, command: SendReads) -> BookieReadReply:
         results = []
-        for item in command.items:
+        items = command.items
+        partial = self.world.faults.partial_read
+        if partial and len(items) > 1 and self.world.rng.random() < partial:
+            items = items[: self.world.rng.randint(1, len(items) - 1)]
+        for item in items:
             key = (item.ledger_id, item.entry_id)
             frame = self.entries.get(key)
             lagging = self.world.now_ms < self.unsure_until_ms
@@ -506,6 +513,7 @@ class RecoveryClient(Client):
             retry_interval_ms=20,
             recovery_timeout_ms=3_000,
             add_entry_timeout_ms=self.world.config.add_entry_timeout_ms,
+            read_batch_size=self.world.config.recovery_read_batch_size,
         )
         self.world.log(f"{self.name} start recovery at v{metadata.version}")
         self.run()

@@ -53,6 +53,9 @@ def config_for_seed(seed: int, **overrides) -> SimConfig:
         readers=rng.randint(0, 1),
         faults=faults,
     )
+    # Drawn last, so that the draws above (and the runs they describe) stay as they were.
+    faults.partial_read = rng.choice([0.0, 0.2])
+    config.recovery_read_batch_size = rng.choice([1, 2, 3, 8, 64])
     return replace(config, **overrides)
 
 

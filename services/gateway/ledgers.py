@@ -651,6 +651,7 @@ class Ledgers:
             recovery_timeout_ms=gateway.recovery_timeout_ms,
             add_entry_timeout_ms=gateway.add_entry_timeout_ms,
             max_send_bytes=self.bookies.max_send_bytes,
+            read_batch_size=gateway.recovery_read_batch_size,
         )
         try:
             result = await self._run_recovery(core, password)

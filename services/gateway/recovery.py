@@ -12,6 +12,9 @@ The protocol, in order:
    fence); the first entry that Qw - Qa + 1 bookies say they do not have (NO_ENTRY or
    NO_LEDGER: UNKNOWN never counts) is past the end. An acknowledged entry reached Qa
    bookies, so at most Qw - Qa of its write set can lack it: it is never past the end.
+   As BookKeeper's recoveryReadBatchSize, a window of `read_batch_size` entries is read
+   at once (one SendReads per bookie for all of them); entries are re-written strictly in
+   order, and nothing at or past the first absent entry is re-written, whatever was found.
 4. close: once the re-writes reached their ack quorum, CAS CLOSED at the last entry found.
    A recovery that finds the ledger CLOSED by another recovery adopts that close, so that
    concurrent recoveries all return the same last entry.
@@ -43,7 +46,7 @@ from services.gateway.core import (
     UpdateLedger,
     WritableBookies,
 )
-from shared.digest import DigestManager, DigestMismatch
+from shared.digest import DigestManager, DigestMismatch, EntryFrame
 from shared.models import LedgerMetadata, LedgerState, UpdateLedgerRequest
 from shared.quorum import write_set
 from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
@@ -120,6 +123,12 @@ class _EntryProbe:
     outstanding: set[str] = field(default_factory=set)
     absent: set[str] = field(default_factory=set)
     unsure: set[str] = field(default_factory=set)  # errors, UNKNOWN, corrupt, no answer
+    found: EntryFrame | None = None  # a verified good copy
+    missing: bool = False  # Qw - Qa + 1 bookies of its write set do not have it
+
+    @property
+    def decided(self) -> bool:
+        return self.found is not None or self.missing
 
 
 class LedgerRecovery:
@@ -137,7 +146,9 @@ class LedgerRecovery:
         recovery_timeout_ms: int = 30_000,
         add_entry_timeout_ms: int = 10_000,
         max_send_bytes: int = 1024 * 1024,
+        read_batch_size: int = 64,
     ) -> None:
+        assert read_batch_size >= 1
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
         self.quorum = metadata.quorum
@@ -148,6 +159,9 @@ class LedgerRecovery:
         self.recovery_timeout_ms = recovery_timeout_ms
         self.add_entry_timeout_ms = add_entry_timeout_ms
         self.max_send_bytes = max_send_bytes
+        self.read_batch_size = read_batch_size
+        # Re-writes not yet acknowledged beyond which no new entry is read (back-pressure).
+        self.max_pending_rewrites = 2 * read_batch_size
         self.phase = "mark"
         self.result: LedgerMetadata | None = None
         self.error: QuireError | None = None
@@ -158,9 +172,15 @@ class LedgerRecovery:
         self._commands: list[RecoveryCommand] = []
         self._fence_lacs: dict[int, int] = {}  # ensemble index -> the LAC its fence answered
         self._fence_outstanding: set[int] = set()
+        self._fenced_ids: set[str] = set()  # the bookies that answered the fence OK
         self._fenced: LedgerMetadata | None = None  # the metadata whose ensemble was fenced
-        self._probe: _EntryProbe | None = None
-        self._length_probe = False  # the current probe only learns the ledger length
+        # The read window: entries being read, or read and waiting for their turn to be
+        # re-written (in entry order). At most read_batch_size, from _next_rewrite on.
+        self._probes: dict[int, _EntryProbe] = {}
+        self._next_probe = 0  # the next entry to start reading
+        self._next_rewrite = 0  # the lowest entry not yet handed to the writer
+        self._end: int | None = None  # the lowest entry found missing: past the end
+        self._outbox: dict[str, list[int]] = {}  # bookie -> entries to ask it, in order
         self._length = 0
         self.writer: LedgerWriter | None = None
         self.recovered_entries = 0
@@ -225,9 +245,12 @@ class LedgerRecovery:
         if isinstance(event, FenceReply):
             if event.status is BookieStatus.OK:
                 self._fence_lacs[index] = event.lac
+                self._fenced_ids.add(event.bookie_id)
             elif event.status is BookieStatus.UNAUTHORIZED:
                 self._fail(ApiCodes.UNAUTHORIZED, f"bookie {event.bookie_id} refused the key")
                 return
+        if self.phase != "fence":
+            return  # a late fence (reading already): it only makes that bookie's "no" count
         if self._covered(set(self._fence_lacs)):
             segment_start = self._fenced.segments[-1].first_entry_id
             # Every entry before the last segment was confirmed before it was created.
@@ -249,11 +272,13 @@ class LedgerRecovery:
     def _start_read(self) -> None:
         self.phase = "read"
         if self.max_lac >= 0:
-            self._length_probe = True
-            self._probe_entry(self.max_lac)
+            # The entry at the LAC is read first only for the ledger length (needed when
+            # nothing follows it); the writer starts once it is decided.
+            self._next_probe = self._next_rewrite = self.max_lac
         else:
             self._start_writer()
-            self._probe_entry(0)
+            self._next_probe = self._next_rewrite = 0
+        self._fill_window()
 
     def _start_writer(self) -> None:
         assert self._fenced is not None
@@ -271,81 +296,135 @@ class LedgerRecovery:
             now_ms=self._now_ms,
         )
 
+    def _fill_window(self) -> None:
+        """Start reading entries up to read_batch_size past the next one to re-write,
+        never past the end once known, and not while too many re-writes are unanswered."""
+        if self.phase != "read":
+            return
+        limit = self._next_rewrite + self.read_batch_size
+        if self._end is not None:
+            limit = min(limit, self._end)
+        writer = self.writer
+        while self._next_probe < limit and (
+            writer is None or writer.pending_count < self.max_pending_rewrites
+        ):
+            self._probe_entry(self._next_probe)
+            self._next_probe += 1
+
     def _probe_entry(self, entry_id: int) -> None:
         assert self._fenced is not None
         bookies = self._fenced.segment_for(entry_id).bookies
         replicas = tuple(bookies[i] for i in write_set(entry_id, self.quorum))
-        self._probe = _EntryProbe(entry_id, replicas)
-        self._ask(self._probe, replicas)
+        probe = _EntryProbe(entry_id, replicas)
+        self._probes[entry_id] = probe
+        self._ask(probe, replicas)
 
     def _ask(self, probe: _EntryProbe, bookie_ids: tuple[str, ...]) -> None:
         for bookie_id in bookie_ids:
             probe.outstanding.add(bookie_id)
             probe.unsure.discard(bookie_id)
-            self._commands.append(SendReads(bookie_id, (ReadItem(self.ledger_id, probe.entry_id),)))
+            self._outbox.setdefault(bookie_id, []).append(probe.entry_id)
 
     def _on_read(self, event: BookieReadReply | ReadSendFailed) -> None:
-        probe = self._probe
-        if probe is None or probe.entry_id not in event.entry_ids:
-            return  # a late answer about an entry already decided
         bookie_id = event.bookie_id
-        if bookie_id not in probe.outstanding:
-            return
+        if isinstance(event, ReadSendFailed) or event.status is not BookieStatus.OK:
+            for entry_id in event.entry_ids:
+                self._on_answer(entry_id, bookie_id, None)
+        else:
+            asked = set(event.entry_ids)
+            answered = {
+                r.entry_id: r
+                for r in event.results
+                if r.ledger_id == self.ledger_id and r.entry_id in asked
+            }
+            for entry_id in event.entry_ids:
+                result = answered.get(entry_id)
+                if result is None and answered:
+                    self._ask_again(entry_id, bookie_id)
+                else:
+                    self._on_answer(entry_id, bookie_id, result)
+        self._advance()
+
+    def _ask_again(self, entry_id: int, bookie_id: str) -> None:
+        """A partial answer (the reply had to fit one message): ask that bookie again."""
+        probe = self._probes.get(entry_id)
+        if probe is not None and not probe.decided and bookie_id in probe.outstanding:
+            self._outbox.setdefault(bookie_id, []).append(entry_id)
+
+    def _on_answer(self, entry_id: int, bookie_id: str, result: ReadResult | None) -> None:
+        """One bookie's answer about one entry; None: no usable answer."""
+        probe = self._probes.get(entry_id)
+        if probe is None or probe.decided or bookie_id not in probe.outstanding:
+            return  # a late answer about an entry already decided, or past the end
         probe.outstanding.discard(bookie_id)
-        result = None
-        if isinstance(event, BookieReadReply) and event.status is BookieStatus.OK:
-            result = next(
-                (
-                    r
-                    for r in event.results
-                    if r.ledger_id == self.ledger_id and r.entry_id == probe.entry_id
-                ),
-                None,
-            )
-        if result is None:
-            probe.unsure.add(bookie_id)
-        elif result.status is BookieStatus.OK:
-            if self._on_found(probe, bookie_id, result):
+        if result is not None and result.status is BookieStatus.OK:
+            try:
+                probe.found = self._digest.verify(result.frame, self.ledger_id, entry_id)
                 return
-        elif result.status in _ABSENT:
+            except DigestMismatch as exc:
+                self._commands.append(ReplicaCorrupt(bookie_id, entry_id, str(exc)))
+                probe.unsure.add(bookie_id)
+        elif self._counts_as_absent(entry_id, bookie_id, result):
             probe.absent.add(bookie_id)
         else:
-            probe.unsure.add(bookie_id)  # UNKNOWN_LEDGER_STATE, IO_ERROR: never "absent"
+            # UNKNOWN_LEDGER_STATE, IO_ERROR: never "absent"; nor an unfenced bookie's "no".
+            probe.unsure.add(bookie_id)
         needed = self.quorum.write_quorum - self.quorum.ack_quorum + 1
         if len(probe.absent) >= needed:
-            self._on_absent(probe)
-        elif not probe.outstanding:
+            self._on_missing(probe)
+        elif not probe.outstanding and not self._retry_at_ms:
             self._retry_at_ms = self._now_ms + self.retry_interval_ms
 
-    def _on_found(self, probe: _EntryProbe, bookie_id: str, result: ReadResult) -> bool:
-        try:
-            entry = self._digest.verify(result.frame, self.ledger_id, probe.entry_id)
-        except DigestMismatch as exc:
-            self._commands.append(ReplicaCorrupt(bookie_id, probe.entry_id, str(exc)))
-            probe.unsure.add(bookie_id)
+    def _counts_as_absent(self, entry_id: int, bookie_id: str, result: ReadResult | None) -> bool:
+        """The bookie says it does not have the entry (it answered, and knows), and it is
+        fenced, so it never will: an unfenced one may still take the old writer's add (one
+        resent after an ensemble change the writer made before the fence). BookKeeper gets
+        the same from its recovery reads, which fence the bookies they read from."""
+        if result is None or result.status not in _ABSENT:
             return False
-        if self._length_probe:
-            self._length_probe = False
-            self._length = entry.length
-            self._start_writer()
-            self._probe_entry(probe.entry_id + 1)
-            return True
-        assert self.writer is not None
-        self.writer.add_recovered(entry.entry_id, entry.payload, entry.length, self._now_ms)
-        self.recovered_entries += 1
-        self._probe_entry(probe.entry_id + 1)
-        return True
+        return entry_id == self.max_lac or bookie_id in self._fenced_ids
 
-    def _on_absent(self, probe: _EntryProbe) -> None:
-        self._probe = None
-        if self._length_probe:
+    def _on_missing(self, probe: _EntryProbe) -> None:
+        probe.missing = True
+        if probe.entry_id == self.max_lac:
             # The entry at the fenced LAC was confirmed: it cannot be missing on this many
             # bookies unless storage lost it. Go on, the length stays unknown (0).
-            self._length_probe = False
-            self._start_writer()
-            self._probe_entry(probe.entry_id + 1)
             return
+        if self._end is None or probe.entry_id < self._end:
+            self._end = probe.entry_id
+            # Past the end: whatever is found there was never acknowledged; not re-written.
+            for entry_id in [e for e in self._probes if e > probe.entry_id]:
+                del self._probes[entry_id]
+
+    def _advance(self) -> None:
+        """Hand the decided entries at the head of the window to the writer, in order;
+        close once every entry below the end was handed over."""
+        if self.phase != "read":
+            return
+        while True:
+            if self._end is not None and self.writer is not None:
+                if self._next_rewrite >= self._end:
+                    self._start_close()
+                    return
+            probe = self._probes.get(self._next_rewrite)
+            if probe is None or not probe.decided:
+                break
+            del self._probes[probe.entry_id]
+            self._next_rewrite += 1
+            if self.writer is None:  # the entry at the fenced LAC: only its length
+                self._length = probe.found.length if probe.found is not None else 0
+                self._start_writer()
+                continue
+            assert probe.found is not None, "a missing entry below the end"
+            entry = probe.found
+            self.writer.add_recovered(entry.entry_id, entry.payload, entry.length, self._now_ms)
+            self.recovered_entries += 1
+        self._fill_window()
+
+    def _start_close(self) -> None:
         self.phase = "close"
+        self._probes.clear()
+        self._outbox.clear()
         assert self.writer is not None
         self.writer.start_close()
 
@@ -359,7 +438,7 @@ class LedgerRecovery:
             case LedgerUpdated() | LedgerUpdateFailed() if self.phase in ("mark", "mark-retry"):
                 self._on_marked(event)
             case FenceReply() | FenceSendFailed():
-                if self.phase == "fence":
+                if self.phase in ("fence", "read"):
                     self._on_fence(event)
             case BookieReadReply() | ReadSendFailed():
                 if self.phase == "read":
@@ -373,6 +452,7 @@ class LedgerRecovery:
             ):
                 if self.writer is not None:
                     self.writer.step(event)
+                    self._fill_window()  # acknowledged re-writes make room
             case _:
                 raise AssertionError(f"unknown event {event!r}")
         self._collect_writer()
@@ -401,9 +481,12 @@ class LedgerRecovery:
             self._start()
         elif self.phase == "fence":
             self._send_fences()
-        elif self.phase == "read" and self._probe is not None and not self._probe.outstanding:
-            again = tuple(b for b in self._probe.replicas if b not in self._probe.absent)
-            self._ask(self._probe, again)
+        elif self.phase == "read":
+            stalled = [p for p in self._probes.values() if not p.decided and not p.outstanding]
+            for probe in stalled:
+                self._ask(probe, tuple(b for b in probe.replicas if b not in probe.absent))
+            if stalled:
+                self._send_fences()  # the bookies not fenced yet: their "no" may count then
 
     def _collect_writer(self) -> None:
         writer = self.writer
@@ -424,6 +507,7 @@ class LedgerRecovery:
 
     def _finish(self, metadata: LedgerMetadata) -> None:
         self.phase = "done"
+        self._outbox.clear()
         self.result = metadata
         self.metadata = metadata
         self._commands.append(RecoveryDone(metadata))
@@ -432,12 +516,26 @@ class LedgerRecovery:
         if self.done:
             return
         self.phase = "failed"
+        self._outbox.clear()
         self.error = QuireError(api, detail)
         if self.writer is not None:
             self.writer.abort(api, detail)
             self.writer.take_commands()
         self._commands.append(RecoveryFailed(api, detail))
 
+    def _still_asking(self, entry_id: int, bookie_id: str) -> bool:
+        """Not decided (nor dropped past the end) since it was put in the outbox."""
+        probe = self._probes.get(entry_id)
+        return probe is not None and not probe.decided and bookie_id in probe.outstanding
+
     def take_commands(self) -> list[RecoveryCommand]:
+        sends: list[RecoveryCommand] = []
+        for bookie_id, asked in self._outbox.items():
+            entry_ids = [e for e in asked if self._still_asking(e, bookie_id)]
+            for start in range(0, len(entry_ids), self.read_batch_size):
+                chunk = entry_ids[start : start + self.read_batch_size]
+                items = tuple(ReadItem(self.ledger_id, e) for e in chunk)
+                sends.append(SendReads(bookie_id, items))
+        self._outbox.clear()
         commands, self._commands = self._commands, []
-        return commands
+        return [*sends, *commands]
