@@ -4,6 +4,7 @@ and the replicator. Pure: no IO, no clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,23 @@ class QuorumSpec:
 
 def write_set(entry_id: int, spec: QuorumSpec) -> tuple[int, ...]:
     """Ensemble indexes that store `entry_id`: (e + i) mod E for i in [0, Qw)."""
-    return tuple((entry_id + i) % spec.ensemble_size for i in range(spec.write_quorum))
+    size = spec.ensemble_size
+    return _write_set(entry_id % size, size, spec.write_quorum)
+
+
+# Every add computes its write set several times (send, each ack, the ack set): there are
+# only E of them per quorum shape, so they are computed once.
+_WRITE_SETS_CACHED = 4096
+
+
+@lru_cache(maxsize=_WRITE_SETS_CACHED)
+def _write_set(first: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
+    return tuple((first + i) % ensemble_size for i in range(write_quorum))
+
+
+@lru_cache(maxsize=_WRITE_SETS_CACHED)
+def _write_set_members(first: int, ensemble_size: int, write_quorum: int) -> frozenset[int]:
+    return frozenset(_write_set(first, ensemble_size, write_quorum))
 
 
 def read_order(entry_id: int, spec: QuorumSpec) -> tuple[int, ...]:
@@ -36,7 +53,8 @@ class AckSet:
     __slots__ = ("_ack_quorum", "_acked", "_write_set")
 
     def __init__(self, entry_id: int, spec: QuorumSpec) -> None:
-        self._write_set = frozenset(write_set(entry_id, spec))
+        size = spec.ensemble_size
+        self._write_set = _write_set_members(entry_id % size, size, spec.write_quorum)
         self._ack_quorum = spec.ack_quorum
         self._acked: set[int] = set()
 

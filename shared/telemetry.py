@@ -32,12 +32,14 @@ def tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
 
 
-def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
+def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str] | None:
     """NATS headers carrying the current span's `traceparent` (lowercase, as NATS is
-    case-sensitive)."""
+    case-sensitive); None when there is nothing to carry. An empty dict would still make
+    nats-py send a header block, which every receiver then parses: on the add path that
+    is one header parse per request per bookie for nothing."""
     carrier: dict[str, str] = dict(headers or {})
     propagate.inject(carrier)
-    return carrier
+    return carrier or None
 
 
 def extract_context(headers: dict[str, str] | None):  # -> opentelemetry Context
