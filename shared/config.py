@@ -146,6 +146,9 @@ class GatewaySettings(BaseModel):
     max_requests_in_flight_per_client: int = Field(default=1024, ge=1)
     # Adds in flight per ledger before appends wait (back-pressure).
     max_pending_adds_per_ledger: int = Field(default=10_000, ge=1)
+    # Add requests a writer keeps unanswered per bookie; adds queued meanwhile go out
+    # together in one request when an answer comes (batches form as load grows).
+    max_add_requests_per_bookie: int = Field(default=2, ge=1, le=1024)
     # /readyz answers 200 only once this many writable bookies are registered.
     ready_min_writable_bookies: int = Field(default=1, ge=0)
 

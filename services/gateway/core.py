@@ -774,14 +774,14 @@ class LedgerWriter:
         sends: list[WriterCommand] = [
             send
             for bookie_id, queued in self._outbox.items()
-            for send in _chunk_adds(bookie_id, queued, self.max_send_bytes)
+            for send in chunk_adds(bookie_id, queued, self.max_send_bytes)
         ]
         self._outbox.clear()
         commands, self._commands = self._commands, []
         return [*sends, *commands]
 
 
-def _chunk_adds(
+def chunk_adds(
     bookie_id: str, queued: list[tuple[int, AddItem]], max_send_bytes: int
 ) -> Iterable[SendAdds]:
     """Split one bookie's queue into sends under max_send_bytes (one oversized item alone)."""

@@ -45,6 +45,7 @@ from services.gateway.core import (
     UpdateLedger,
     WritableBookies,
     choose_ensemble,
+    chunk_adds,
     lac_from_replies,
 )
 from services.gateway.recovery import (
@@ -190,6 +191,10 @@ class WriterHandle:
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed: asyncio.Future[LedgerMetadata] | None = None
         self._pump_scheduled = False
+        # Flow control per bookie: add requests awaiting an answer, and the sends held
+        # back meanwhile (merged into one request when an answer comes).
+        self._requests_in_flight: dict[str, int] = {}
+        self._held: dict[str, list[SendAdds]] = {}
 
     @property
     def ledger_id(self) -> int:
@@ -227,7 +232,7 @@ class WriterHandle:
         for command in self.core.take_commands():
             match command:
                 case SendAdds():
-                    self._spawn(self._send(command))
+                    self._send_or_hold(command)
                 case CompleteAdds():
                     self._complete(command)
                 case FailAdds():
@@ -287,6 +292,32 @@ class WriterHandle:
                 ApiCodes.TIMEOUT, f"close of ledger {self.ledger_id} did not finish"
             ) from exc
 
+    def _send_or_hold(self, command: SendAdds) -> None:
+        """Send at once while the bookie has fewer than max_add_requests_per_bookie add
+        requests unanswered; else hold it until one is answered. Under a trickle of
+        appends (a rate, not a burst) every append would otherwise be a message of its
+        own to each bookie, and the per-message cost (client, NATS, three journals)
+        saturated the machine at half the entries/s that batches reach; held sends go
+        out together, so batches form by themselves as load grows, with no added wait
+        when a bookie is idle. The core keeps its own add timeouts meanwhile."""
+        limit = self._ledgers.settings.gateway.max_add_requests_per_bookie
+        bookie_id = command.bookie_id
+        if self._requests_in_flight.get(bookie_id, 0) >= limit:
+            self._held.setdefault(bookie_id, []).append(command)
+            return
+        self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
+        self._spawn(self._send(command))
+
+    def _release_held(self, bookie_id: str) -> None:
+        """An answer came from the bookie: what was held for it goes out, merged."""
+        held = self._held.pop(bookie_id, None)
+        if not held:
+            return
+        queued = [pair for send in held for pair in zip(send.entry_ids, send.items, strict=True)]
+        for send in chunk_adds(bookie_id, queued, self.core.max_send_bytes):
+            self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
+            self._spawn(self._send(send))
+
     async def _send(self, command: SendAdds) -> None:
         # A replaced bookie's late answer is harmless: the core maps answers by bookie.
         try:
@@ -296,6 +327,9 @@ class WriterHandle:
             )
         except BookieUnreachable as exc:
             event = AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
+        finally:
+            self._requests_in_flight[command.bookie_id] -= 1
+        self._release_held(command.bookie_id)
         self.core.step(event)
         self._schedule_pump()
 
@@ -369,6 +403,7 @@ class Ledgers:
         self.bookies = bookies
         self.events = events
         self.metrics = metrics
+        self._adds_ok = metrics.adds.labels("ok")  # counted on every acknowledgement
         self.clock = clock
         self._rng = rng or random.Random(os.urandom(16))
         self.writers: dict[int, WriterHandle] = {}
@@ -393,7 +428,7 @@ class Ledgers:
 
     def record_acks(self, ledger_id: int, first: int, last: int, latency_ms: float) -> None:
         count = last - first + 1
-        self.metrics.adds.labels("ok").inc(count)
+        self._adds_ok.inc(count)
         self.metrics.add_latency.observe(latency_ms / 1000)
         window = self._acks.setdefault(ledger_id, _AckWindow(first_entry_id=first))
         window.count += count
