@@ -51,9 +51,10 @@ class LedgerstoreSettings(BaseModel):
     flush_interval_ms: int = Field(default=1000, ge=10)
     # How often it looks at the journal for new records when no notification came.
     journal_poll_interval_ms: int = Field(default=200, ge=1)
-    # Commit notifications are coalesced: at most one catch-up of the journal per this
-    # interval (0: one per notification). Not on the add path (adds are acknowledged by
-    # the journal); a read of an entry not applied yet catches up at once.
+    # The journal tells the ledgerstore what it committed at most once per this interval
+    # (0: after every group commit), and the ledgerstore then applies it all at once. Not
+    # on the add path (the journal answers adds); a read of an entry not applied yet
+    # catches up at once.
     journal_apply_interval_ms: float = Field(default=20.0, ge=0, le=10_000)
     # ledgerDirectories: where entry logs live; a ledger's entries go to directory
     # (ledger id modulo their count). Relative paths are under the bookie's dir; absolute

@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -332,7 +332,8 @@ class _Pending:
     future: asyncio.Future[JournalPosition] | None
 
 
-CommitListener = Callable[[JournalPosition], Awaitable[None]]
+# Told each durable position after a group commit; synchronous, must not block.
+CommitListener = Callable[[JournalPosition], None]
 
 
 class _WriterThread:
@@ -549,7 +550,7 @@ class Journal:
             if future is not None and not future.done():
                 future.set_result(position)
         if self._on_commit is not None:
-            await self._on_commit(position)
+            self._on_commit(position)
 
     def _write(self, data: bytes) -> None:
         with self._io_lock:

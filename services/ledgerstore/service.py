@@ -96,20 +96,18 @@ class LedgerstoreService:
         self._journal_committed.set()
 
     async def follow_journal(self) -> None:
-        """Apply what the journal commits: after its notification, else by polling.
+        """Apply what the journal commits: on its notification, else by polling.
 
-        After a notification it waits `journal_apply_interval_ms` first, so that one
+        The journal notifies at most once per `journal_apply_interval_ms`, so one
         catch-up applies many group commits: waking on every commit (hundreds a second
         per bookie) cost a ledgerstore more CPU than its applying, on the cores the
         journals need to answer adds. Nothing waits for it: adds are answered by the
         journal, and a read of an entry not applied yet catches up itself."""
         poll_s = self.settings.journal_poll_interval_ms / 1000
-        apply_interval_s = self.settings.journal_apply_interval_ms / 1000
         loop = asyncio.get_running_loop()
         limbo_checked_s = float("-inf")
         while True:
-            if await wait_event(self._journal_committed, poll_s) and apply_interval_s:
-                await asyncio.sleep(apply_interval_s)
+            await wait_event(self._journal_committed, poll_s)
             self._journal_committed.clear()
             if loop.time() - limbo_checked_s >= poll_s:
                 limbo_checked_s = loop.time()
