@@ -49,6 +49,9 @@ class LedgerstoreSettings(BaseModel):
     # flushInterval: how often the ledgerstore checkpoints (fsyncs entry logs and index,
     # then moves the journal's LastLogMark).
     flush_interval_ms: int = Field(default=1000, ge=10)
+    # ... or sooner, once this many entry bytes wait in the write cache: a flush of
+    # megabytes at once stalled the journals' fsyncs on the same disk for tens of ms.
+    flush_threshold_bytes: int = Field(default=MIB, ge=4096)
     # How often it looks at the journal for new records when no notification came.
     journal_poll_interval_ms: int = Field(default=200, ge=1)
     # The journal tells the ledgerstore what it committed at most once per this interval

@@ -43,6 +43,7 @@ class LedgerstoreService:
             skip_invalid_journal_records=rt.settings.journal.skip_replay_journal_invalid_record,
         )
         self._journal_committed = asyncio.Event()
+        self._flush_soon = asyncio.Event()
 
     def _on_corrupt(self, ledger_id: int, entry_id: int, reason: str) -> None:
         # The auditor listens: the replica is to be repaired from another bookie.
@@ -113,6 +114,10 @@ class LedgerstoreService:
                 limbo_checked_s = loop.time()
                 self._check_limbo()
             await self.store.catch_up()
+            if self.store.unflushed_bytes >= self.settings.flush_threshold_bytes:
+                # Small flushes often: a large one stalls the journals' fsyncs on the
+                # same disk (ext4 commits the entry logs' data before their records).
+                self._flush_soon.set()
 
     def _check_limbo(self) -> None:
         """The journal may find the disk wiped only once metadata answers: follow it."""
@@ -124,14 +129,26 @@ class LedgerstoreService:
             self.store.limbo = True
 
     async def checkpoint_forever(self) -> None:
+        """Checkpoint every flush_interval_ms, or sooner once flush_threshold_bytes of
+        entries wait in the write cache."""
         interval_s = self.settings.flush_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        marked_s = loop.time()
         while True:
-            await asyncio.sleep(interval_s)
-            await self.checkpoint()
+            await wait_event(self._flush_soon, interval_s)
+            self._flush_soon.clear()
+            # The journal's LastLogMark moves once per interval at most: each move writes
+            # and fsyncs a file on the journal's disk, next to the adds' fsyncs.
+            tell_journal = loop.time() - marked_s >= interval_s
+            await self.checkpoint(tell_journal)
+            if tell_journal:
+                marked_s = loop.time()
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, tell_journal: bool = True) -> None:
+        """Flush the write cache, then (if `tell_journal`) hand the position to the
+        journal as its LastLogMark."""
         position = await self.store.checkpoint()
-        if position is None and self.store.checkpointed is None:
+        if not tell_journal or (position is None and self.store.checkpointed is None):
             return
         mark = position or self.store.checkpointed
         assert mark is not None

@@ -135,6 +135,11 @@ class LedgerStore:
         self._stalled_reason = ""
 
     @property
+    def unflushed_bytes(self) -> int:
+        """Entry bytes applied and not yet being flushed (the active write cache)."""
+        return self._write_cache.size_bytes
+
+    @property
     def logger(self) -> EntryLogger:
         """The first ledger directory's entry logger."""
         return self.loggers[0]
