@@ -30,6 +30,10 @@ class JournalSettings(BaseModel):
     # journalSyncData: fsync before acknowledging. Off means a machine crash can lose
     # acknowledged entries; a process crash cannot (the data is in the page cache).
     sync_data: bool = True
+    # journalRemovePagesFromCache: after a group commit's fsync, drop the page cache of the
+    # journal file except its last 4 MiB (which the ledgerstore is about to read). Fresh
+    # page-cache pages are expensive to write (30-50x on a VM); recycled ones are not.
+    remove_pages_from_cache: bool = True
     # journalQueueSize: adds waiting for the journal writer; beyond it, TOO_MANY_REQUESTS.
     queue_size: int = Field(default=10_000, ge=1)
     # journalMaxSizeMB: roll to a new journal file past this size.
@@ -49,6 +53,10 @@ class LedgerstoreSettings(BaseModel):
     # flushInterval: how often the ledgerstore checkpoints (fsyncs entry logs and index,
     # then moves the journal's LastLogMark).
     flush_interval_ms: int = Field(default=1000, ge=10)
+    # After each flush, drop the page cache of what was written to the entry logs (reads
+    # of flushed entries then come from the disk, in read-ahead batches), for the same
+    # reason as journal.remove_pages_from_cache.
+    remove_pages_from_cache: bool = True
     # ... or sooner, once this many entry bytes wait in the write cache: a flush of
     # megabytes at once stalled the journals' fsyncs on the same disk for tens of ms.
     flush_threshold_bytes: int = Field(default=MIB, ge=4096)

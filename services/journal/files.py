@@ -59,6 +59,14 @@ class FileLayer:
     def fsync_dir(self, directory: Path) -> None:
         disk.fsync_dir(directory)
 
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """Let the kernel drop the cached pages of a synced range (no durability effect:
+        the bytes are on disk). On this project's VM a write into a fresh page-cache page
+        costs 30-50x one into a page that was just freed; handing back what was written
+        keeps the writes on recycled pages (BookKeeper's journalRemovePagesFromCache)."""
+        if length > 0:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
     def write_atomic(self, path: Path, data: bytes) -> None:
         disk.write_atomic(path, data)
 

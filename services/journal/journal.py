@@ -64,6 +64,10 @@ from shared.disk import fail_stop
 log = logging.getLogger(__name__)
 
 LAST_MARK = "lastMark"
+# remove_pages_from_cache keeps the file's last 4 MiB cached (the ledgerstore reads what
+# was just committed) and drops the rest a MiB or more at a time.
+PAGE_CACHE_KEEP_BYTES = 4 * MIB
+PAGE_CACHE_DROP_STEP_BYTES = MIB
 SNAPSHOT = "ledgers.snapshot"
 _SYNC_LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
 
@@ -423,6 +427,7 @@ class Journal:
         self._fd = -1
         self._file_id = 0
         self._file_size = 0
+        self._cache_dropped_to = 0  # page cache of the current file handed back up to here
         self._max_file_bytes = settings.max_size_mb * MIB
         self._io_lock = threading.Lock()  # a write in a thread vs. close at shutdown
         self._writer_thread = _WriterThread()
@@ -533,7 +538,7 @@ class Journal:
             await self._writer_thread.run(self._create_file, self._file_id + 1)
         started = time.perf_counter()
         try:
-            await self._writer_thread.run(self._write, data)
+            await self._writer_thread.run(self._write, data, self._file_size + len(data))
         except OSError as exc:
             self._fatal(f"journal write/fsync of {journal_file_name(self._file_id)}: {exc!r}")
             raise
@@ -552,11 +557,24 @@ class Journal:
         if self._on_commit is not None:
             self._on_commit(position)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, end: int) -> None:
+        """Write a group commit that ends the file at `end`, fsync it (writer thread)."""
         with self._io_lock:
             self.files.write(self._fd, data)
             if self.settings.sync_data:
                 self.files.fdatasync(self._fd)
+                self._drop_cache(end)
+
+    def _drop_cache(self, end: int) -> None:
+        """Hand back the synced pages of the current file but its last
+        PAGE_CACHE_KEEP_BYTES (the ledgerstore reads them next), a step at a time."""
+        upto = end - PAGE_CACHE_KEEP_BYTES
+        if not self.settings.remove_pages_from_cache or upto - self._cache_dropped_to < (
+            PAGE_CACHE_DROP_STEP_BYTES
+        ):
+            return
+        self.files.drop_cache(self._fd, self._cache_dropped_to, upto - self._cache_dropped_to)
+        self._cache_dropped_to = upto
 
     def _create_file(self, file_id: int) -> None:
         """Start journal file `file_id` (blocking): header, fsync, directory fsync."""
@@ -571,6 +589,7 @@ class Journal:
                 self.files.close(self._fd)
                 self.stats.journal_rolls += 1
             self._fd, self._file_id, self._file_size = fd, file_id, FILE_HEADER_SIZE
+            self._cache_dropped_to = 0
 
     # -- LastLogMark ----------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ class EntryLogger:
         self.log_id = 0
         self.size = 0
         self._fd = -1
+        self._cache_dropped_to = 0  # page cache of the current log handed back up to here
         self._read_fds: OrderedDict[int, int] = OrderedDict()
         self._read_lock = threading.Lock()
 
@@ -103,6 +104,7 @@ class EntryLogger:
         self.files.truncate(path, size)
         self._fd = self.files.open_append(path)
         self.log_id, self.size = log_id, size
+        self._cache_dropped_to = size
 
     def _create(self, log_id: int) -> None:
         path = self.directory / entry_log_name(log_id)
@@ -113,6 +115,7 @@ class EntryLogger:
             self._fd = -1
         fd = self.files.create(path, encode_entry_log_header(log_id))
         self._fd, self.log_id, self.size = fd, log_id, ENTRYLOG_HEADER_SIZE
+        self._cache_dropped_to = 0
 
     def append(self, entries: Iterable[tuple[int, int, bytes]]) -> list[EntryLocation]:
         """Write (ledger, entry, frame)s; their locations, in order."""
@@ -142,9 +145,16 @@ class EntryLogger:
         self.files.write(self._fd, data)
         self.size += len(data)
 
-    def sync(self) -> tuple[int, int]:
-        """fsync the current log; the (log_id, size) now durable."""
+    def sync(self, drop_cache: bool = False) -> tuple[int, int]:
+        """fsync the current log; the (log_id, size) now durable. `drop_cache`: then hand
+        back the page cache of what was written since the last time (see
+        FileLayer.drop_cache)."""
         self.files.fdatasync(self._fd)
+        if drop_cache:
+            self.files.drop_cache(
+                self._fd, self._cache_dropped_to, self.size - self._cache_dropped_to
+            )
+            self._cache_dropped_to = self.size
         return self.log_id, self.size
 
     def read_span(self, log_id: int, offset: int, size: int) -> bytes:

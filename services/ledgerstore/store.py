@@ -328,7 +328,8 @@ class LedgerStore:
             placed = self.loggers[index].append(entries)
             for (ledger_id, entry_id, _), location in zip(entries, placed, strict=True):
                 locations[(ledger_id, entry_id)] = location
-        log_ends = {index: logger.sync() for index, logger in enumerate(self.loggers)}
+        drop = self.settings.remove_pages_from_cache
+        log_ends = {index: logger.sync(drop) for index, logger in enumerate(self.loggers)}
         return locations, log_ends
 
     def _flushed(self, flushing: WriteCache, latency_ms: float) -> None:
