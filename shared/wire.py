@@ -114,11 +114,15 @@ def _check_version(data: bytes) -> None:
         raise WireError(f"unknown wire version {data[0]}")
 
 
+_STATUSES: dict[int, BookieStatus] = {status.value: status for status in BookieStatus}
+
+
 def _status(value: int) -> BookieStatus:
-    try:
-        return BookieStatus(value)
-    except ValueError as exc:
-        raise WireError(f"unknown bookie status {value}") from exc
+    # A dict, not BookieStatus(value): an enum call per entry of every reply adds up.
+    status = _STATUSES.get(value)
+    if status is None:
+        raise WireError(f"unknown bookie status {value}")
+    return status
 
 
 def _unpack(fmt: struct.Struct, data: bytes | memoryview, offset: int) -> tuple:
@@ -167,12 +171,14 @@ def encode_add_reply(status: BookieStatus, results: list[AddResult]) -> bytes:
 def decode_add_reply(data: bytes) -> tuple[BookieStatus, list[AddResult]]:
     _check_version(data)
     _, status, count = _unpack(_REPLY_HEAD, data, 0)
-    offset = _REPLY_HEAD.size
-    results = []
-    for _ in range(count):
-        ledger_id, entry_id, st = _unpack(_ADD_RESULT, data, offset)
-        offset += _ADD_RESULT.size
-        results.append(AddResult(ledger_id, entry_id, _status(st)))
+    start = _REPLY_HEAD.size
+    end = start + count * _ADD_RESULT.size
+    if end > len(data):
+        raise WireError("message truncated")
+    results = [
+        AddResult(ledger_id, entry_id, _status(st))
+        for ledger_id, entry_id, st in _ADD_RESULT.iter_unpack(memoryview(data)[start:end])
+    ]
     return _status(status), results
 
 

@@ -50,6 +50,19 @@ def test_small_messages_round_trip() -> None:
 
 
 GOOD_ADD = wire.encode_add_request([wire.AddItem(0, KEY, frame(1, 0))])
+GOOD_ADD_REPLY = wire.encode_add_reply(
+    BookieStatus.OK,
+    [wire.AddResult(1, 0, BookieStatus.OK), wire.AddResult(1, 1, BookieStatus.FENCED)],
+)
+
+
+def test_add_reply_round_trips() -> None:
+    status, results = wire.decode_add_reply(GOOD_ADD_REPLY)
+    assert status is BookieStatus.OK
+    assert results == [
+        wire.AddResult(1, 0, BookieStatus.OK),
+        wire.AddResult(1, 1, BookieStatus.FENCED),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -65,6 +78,8 @@ GOOD_ADD = wire.encode_add_request([wire.AddItem(0, KEY, frame(1, 0))])
         (wire.decode_fence_request, b"\x01" + b"\x00" * 8),
         (wire.decode_write_lac_request, b"\x01"),
         (wire.decode_add_reply, wire.encode_add_reply(BookieStatus.OK, [])[:2]),
+        (wire.decode_add_reply, GOOD_ADD_REPLY[:-1]),  # a result cut short
+        (wire.decode_add_reply, GOOD_ADD_REPLY[:-2] + b"\x00\x07"),  # unknown status 7
         (wire.decode_status_reply, b"\x01\x00\x07"),  # unknown status 7
     ],
 )
