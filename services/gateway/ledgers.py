@@ -304,8 +304,14 @@ class WriterHandle:
         bookie_id = command.bookie_id
         if self._requests_in_flight.get(bookie_id, 0) >= limit:
             self._held.setdefault(bookie_id, []).append(command)
+            self._ledgers.metrics.add_sends_held.inc()
             return
+        self._send_now(command)
+
+    def _send_now(self, command: SendAdds) -> None:
+        bookie_id = command.bookie_id
         self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
+        self._ledgers.metrics.add_requests.inc()
         self._spawn(self._send(command))
 
     def _release_held(self, bookie_id: str) -> None:
@@ -315,8 +321,7 @@ class WriterHandle:
             return
         queued = [pair for send in held for pair in zip(send.entry_ids, send.items, strict=True)]
         for send in chunk_adds(bookie_id, queued, self.core.max_send_bytes):
-            self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
-            self._spawn(self._send(send))
+            self._send_now(send)
 
     async def _send(self, command: SendAdds) -> None:
         # A replaced bookie's late answer is harmless: the core maps answers by bookie.

@@ -50,6 +50,17 @@ class GatewayMetrics:
             "Adds sent and not yet acknowledged, all ledgers",
             registry=self.registry,
         )
+        self.add_requests = Counter(
+            "quire_gateway_add_requests",
+            "Add requests sent to bookies (entries per request = adds x Qw / this)",
+            registry=self.registry,
+        )
+        self.add_sends_held = Counter(
+            "quire_gateway_add_sends_held",
+            "Sends held back while their bookie had max_add_requests_per_bookie add "
+            "requests unanswered (sent merged when one is answered)",
+            registry=self.registry,
+        )
         self.ensemble_changes = Counter(
             "quire_gateway_ensemble_changes",
             "Segments added because a bookie of the ensemble failed",

@@ -43,13 +43,20 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
             results = await asyncio.wait_for(asyncio.gather(*appends), 30)
             await nc.flush()
             await sub.unsubscribe()
+            registry = target.ledgers.metrics.registry
+            held = registry.get_sample_value("quire_gateway_add_sends_held_total")
+            sent = registry.get_sample_value("quire_gateway_add_requests_total")
         finally:
             await target.aclose()
     # Every append is acknowledged, in order, whatever was held and merged.
     assert [(first, last) for first, last, _ in results] == [(i, i) for i in range(TRICKLE + 1)]
+    # The metric counts every request sent, to the three bookies (bookie-1 is one of them).
+    assert sent >= len(requests) and sent <= 3 * len(requests) + 3
     if merged:
         # The first append's request was unanswered through the whole trickle (a bookie
         # round trip is far longer than these loop turns): the rest went out together.
         assert len(requests) <= 5, len(requests)
+        assert held >= TRICKLE
     else:
         assert len(requests) > TRICKLE // 2, len(requests)
+        assert held == 0
