@@ -253,10 +253,11 @@ class WriterHandle:
                         self._closed.set_exception(QuireError(command.api, command.detail))
         self._ledgers.metrics.pending_adds.set(self._ledgers.pending_adds())
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
+        return task
 
     async def _update(self, command: UpdateLedger) -> None:
         self.core.step(await self._ledgers.cas(command))
@@ -312,12 +313,20 @@ class WriterHandle:
         bookie_id = command.bookie_id
         self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
         self._ledgers.metrics.add_requests.inc()
-        self._spawn(self._send(command))
+        task = self._spawn(self._send(command))
+        # A done callback, not a `finally` in _send: it also runs for a task cancelled
+        # before it started, so a bookie's count can never stay up and hold its sends.
+        task.add_done_callback(lambda _: self._answered(bookie_id))
+
+    def _answered(self, bookie_id: str) -> None:
+        self._requests_in_flight[bookie_id] -= 1
+        self._release_held(bookie_id)
 
     def _release_held(self, bookie_id: str) -> None:
-        """An answer came from the bookie: what was held for it goes out, merged."""
+        """An answer came from the bookie: what was held for it goes out, merged (unless
+        the handle broke meanwhile: its adds have failed, nothing more goes out)."""
         held = self._held.pop(bookie_id, None)
-        if not held:
+        if not held or self.core.broken is not None:
             return
         queued = [pair for send in held for pair in zip(send.entry_ids, send.items, strict=True)]
         for send in chunk_adds(bookie_id, queued, self.core.max_send_bytes):
@@ -332,9 +341,6 @@ class WriterHandle:
             )
         except BookieUnreachable as exc:
             event = AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
-        finally:
-            self._requests_in_flight[command.bookie_id] -= 1
-        self._release_held(command.bookie_id)
         self.core.step(event)
         self._schedule_pump()
 
