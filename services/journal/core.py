@@ -226,13 +226,12 @@ def _encode_entry_record(record: EntryRecord) -> bytes:
     `_body`, with no copy of the frame before the final join."""
     if len(record.master_key) != MASTER_KEY_SIZE:
         raise ValueError("master key must be 20 bytes")
-    head = _DIGEST_CODE.pack(record.digest_code) + record.master_key
     frame = record.frame
-    size = _SIZE.pack(1 + len(head) + len(frame))
-    crc = _crc32c.crc32c(
-        frame, _crc32c.crc32c(head, _crc32c.crc32c(_ENTRY_DIGEST_KIND, _crc32c.crc32c(size)))
-    )
-    return b"".join((size, _SIZE.pack(crc), _ENTRY_DIGEST_KIND, head, frame))
+    size = _SIZE.pack(2 + MASTER_KEY_SIZE + len(frame))
+    # The kind, the digest code and the key: everything of the body before the frame.
+    head = _ENTRY_DIGEST_KIND + _DIGEST_CODE.pack(record.digest_code) + record.master_key
+    crc = _crc32c.crc32c(frame, _crc32c.crc32c(size + head))
+    return b"".join((size, _SIZE.pack(crc), head, frame))
 
 
 def _fixed(fmt: struct.Struct, body: memoryview, kind: RecordKind) -> tuple:
@@ -565,11 +564,14 @@ class BookieLedgerState:
         return facts is None or facts.master_key == NO_KEY
 
     def apply(self, record: Record) -> None:
+        if type(record) is EntryRecord:  # every add, twice (live, then durable): no match
+            facts = self._facts(record.ledger_id, record.master_key)
+            if record.entry_id > facts.last_entry_id:
+                facts.last_entry_id = record.entry_id
+            if record.lac > facts.lac:
+                facts.lac = record.lac
+            return
         match record:
-            case EntryRecord():
-                facts = self._facts(record.ledger_id, record.master_key)
-                facts.last_entry_id = max(facts.last_entry_id, record.entry_id)
-                facts.lac = max(facts.lac, record.lac)
             case MasterKeyRecord():
                 self._facts(record.ledger_id, record.master_key)
             case FenceRecord():
