@@ -6,8 +6,9 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     write_lac           journal an explicit LAC
     journal.checkpoint  (from the ledgerstore) JSON {"file", "offset"}: move the LastLogMark
     journal.stats       JSON counters (BookKeeper's journal metric names)
-After each group commit it publishes `journal.committed` ({"file", "offset"}, core NATS)
-so that the ledgerstore applies at once. It also keeps the bookie registered in metadata.
+After group commits it publishes `journal.committed` ({"file", "offset"}, core NATS), at
+most once per `ledgerstore.journal_apply_interval_ms`, so that the ledgerstore applies them
+together. It also keeps the bookie registered in metadata.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     read               batch of (ledger, entry) -> stored frames (NO_ENTRY if absent)
     read_lac           a ledger's LAC and last stored entry (NO_LEDGER if unknown)
     ledgerstore.stats  JSON counters
-Background: apply the journal when it announces a commit (`journal.committed`) or every
-`journal_poll_interval_ms`; checkpoint every `flush_interval_ms` and hand the position to
-the journal (`journal.checkpoint`) as its LastLogMark.
+Background: apply the journal when it announces commits (`journal.committed`, at most
+once per `journal_apply_interval_ms`) or every `journal_poll_interval_ms`; checkpoint
+every `flush_interval_ms` or once `flush_threshold_bytes` are cached, and hand the
+position to the journal (`journal.checkpoint`) as its LastLogMark at most once per
+`flush_interval_ms`.
 """
 
 from __future__ import annotations
