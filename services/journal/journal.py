@@ -525,7 +525,7 @@ class Journal:
             ]
             count = batch_length(self.policy, sizes)
             batch = [self._pending.popleft() for _ in range(count)]
-            self._pending_bytes -= sum(len(p.data) for p in batch)
+            self._pending_bytes -= sum(sizes[:count])  # batch_length took them from sizes
             self.stats.journal_queue_size = len(self._pending)
             await self._commit(batch)
 
