@@ -12,6 +12,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +27,7 @@ from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.auth import TokenAuth
 from services.gateway.ledgers import Ledgers
 from services.gateway.limits import check_entry_size, check_payloads
+from services.gateway.paging import read_pages
 from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID, LedgerMetadata, LedgerState
@@ -310,17 +312,19 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         last = check_id(request.to_entry_id, "to_entry_id")
         if last < first:
             raise invalid(f"to_entry_id {last} is before from_entry_id {first}")
-        page = self._settings.max_batch_entries
-        password = password_of(context)
-        while first <= last:
-            entries, lac = await self._ledgers.read_range(
-                ledger_id, password, first, min(last, first + page - 1), request.unconfirmed
-            )
-            for entry_id, data in entries:
-                yield pb.Entry(entry_id=entry_id, data=data, lac=lac)
-            if len(entries) < min(page, last - first + 1):
-                return  # capped at the LAC, or the end of what exists (unconfirmed)
-            first += len(entries)
+        pages = read_pages(
+            self._ledgers,
+            ledger_id,
+            password_of(context),
+            first,
+            last,
+            unconfirmed=request.unconfirmed,
+            page_entries=self._settings.max_batch_entries,
+        )
+        async with aclosing(pages):
+            async for page in pages:
+                for entry_id, data in page.entries:
+                    yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
 
     async def Tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.Entry]:
         async for entry in self._stream(context, lambda: self._tail(request, context)):
@@ -331,16 +335,22 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         ledger_id = check_id(request.ledger_id, "ledger_id")
         following = check_id(request.from_entry_id, "from_entry_id")
         password = password_of(context)
-        page = self._settings.max_batch_entries
         while True:
             lac = await self._ledgers.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
             if lac >= following:
-                entries, lac = await self._ledgers.read_range(
-                    ledger_id, password, following, min(lac, following + page - 1)
+                pages = read_pages(
+                    self._ledgers,
+                    ledger_id,
+                    password,
+                    following,
+                    lac,
+                    page_entries=self._settings.max_batch_entries,
                 )
-                for entry_id, data in entries:
-                    yield pb.Entry(entry_id=entry_id, data=data, lac=lac)
-                following += len(entries)
+                async with aclosing(pages):
+                    async for page in pages:
+                        for entry_id, data in page.entries:
+                            yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
+                        following += len(page.entries)
                 continue
             metadata = await self._ledgers.get(ledger_id)
             if metadata.state is LedgerState.CLOSED and following > (metadata.last_entry_id or -1):

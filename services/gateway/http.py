@@ -11,6 +11,7 @@ import binascii
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Path, Query, Request, Response
@@ -28,6 +29,7 @@ from services.gateway.auth import BearerAuthMiddleware, TokenAuth
 from services.gateway.ledgers import Ledgers
 from services.gateway.limits import check_batch_size, check_entry_size
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.paging import read_pages
 from services.gateway.problems import (
     PROBLEM_MEDIA_TYPE,
     Problem,
@@ -116,6 +118,11 @@ async def read_body(request: Request, limit_bytes: int, what: str) -> bytes:
 
 def entry_json(entry_id: int, payload: bytes) -> dict[str, Any]:
     return {"entry_id": entry_id, "data": base64.b64encode(payload).decode()}
+
+
+def entries_json(entries: list[tuple[int, bytes]]) -> bytes:
+    """A page's entries as the comma-separated items of a JSON array."""
+    return b",".join(json.dumps(entry_json(e, p)).encode() for e, p in entries)
 
 
 def parse_batch(body: bytes, settings: GatewaySettings) -> list[bytes]:
@@ -282,38 +289,37 @@ def create_app(
         """Entries first..last, capped at the LAC unless `unconfirmed`. A range longer than
         one page (max_batch_entries) is streamed page by page, never held whole; an error
         after the first page cuts the stream (the JSON is then incomplete)."""
-        page = settings.max_batch_entries
         if last is not None and not first - 1 <= last < first + settings.max_read_entries:
             raise QuireError(
                 ApiCodes.INVALID_ARGUMENT,
                 f"a range holds 0 to {settings.max_read_entries} entries; "
                 f"got from={first} to={last}",
             )
-        secret = password_bytes(password)
-        head_last = None if last is None else min(last, first + page - 1)
-        entries, lac = await ledgers.read_range(ledger_id, secret, first, head_last, unconfirmed)
-        end = last if unconfirmed else (lac if last is None else min(last, lac))
-        if last is None or len(entries) < page or entries[-1][0] >= end:
-            return {"entries": [entry_json(e, p) for e, p in entries], "lac": lac}
+        pages = read_pages(
+            ledgers,
+            ledger_id,
+            password_bytes(password),
+            first,
+            last,
+            unconfirmed=unconfirmed,
+            page_entries=settings.max_batch_entries,
+        )
+        # The first page is read before answering, so that its errors get their status.
+        head = await anext(pages)
+        if head.final:
+            await pages.aclose()
+            return {"entries": [entry_json(e, p) for e, p in head.entries], "lac": head.lac}
 
-        async def pages() -> AsyncIterator[bytes]:
-            yield b'{"entries": ['
-            batch, sent = entries, 0
-            while True:
-                for entry_id, payload in batch:
-                    yield (b"," if sent else b"") + json.dumps(
-                        entry_json(entry_id, payload)
-                    ).encode()
-                    sent += 1
-                following = batch[-1][0] + 1 if batch else end + 1
-                if not batch or following > end or len(batch) < page:
-                    break
-                batch, _ = await ledgers.read_range(
-                    ledger_id, secret, following, min(end, following + page - 1), unconfirmed
-                )
-            yield f'], "lac": {lac}}}'.encode()
+        async def stream() -> AsyncIterator[bytes]:
+            async with aclosing(pages):
+                yield b'{"entries": [' + entries_json(head.entries)  # not final: not empty
+                async for page in pages:
+                    if page.entries:
+                        yield b"," + entries_json(page.entries)
+                # The range ends at the LAC the first page saw (paging.py), so that is the LAC.
+                yield f'], "lac": {head.lac}}}'.encode()
 
-        return StreamingResponse(pages(), media_type="application/json")
+        return StreamingResponse(stream(), media_type="application/json")
 
     @app.get(
         "/v1/ledgers/{ledger_id}/entries/{entry_id}",
