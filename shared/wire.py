@@ -53,7 +53,6 @@ def digest_code_of(flags: int) -> int:
     return (flags >> DIGEST_CODE_SHIFT) & 0x0F
 
 
-_U8 = struct.Struct(">B")
 _COUNT = struct.Struct(">BI")
 _REPLY_HEAD = struct.Struct(">BHI")
 _ADD_ITEM = struct.Struct(f">B{MASTER_KEY_SIZE}sI")
@@ -287,7 +286,3 @@ def decode_status_reply(data: bytes) -> BookieStatus:
     if len(data) != _STATUS_REPLY.size:
         raise WireError("status reply has the wrong length")
     return _status(_STATUS_REPLY.unpack(data)[1])
-
-
-def peek_version(data: bytes) -> int:
-    return _U8.unpack_from(data, 0)[0] if data else -1
