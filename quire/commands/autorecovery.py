@@ -1,4 +1,8 @@
-"""`quire autorecovery ...`: the under-replication queue, the auditor, the switch."""
+"""`quire autorecovery ...`: the under-replication queue, the auditor, the stored switch.
+
+`status` prints what the gateway answers: the switch as stored, and whether ledgers are
+re-replicated (`ledger_replication_active`, with the gateway's reason); the CLI adds no
+claim of its own."""
 
 from __future__ import annotations
 
@@ -17,19 +21,23 @@ from quire.commands.common import (
 )
 
 app = typer.Typer(
-    help="Auto-recovery: status, the auditor, under-replicated ledgers.", no_args_is_help=True
+    help="Auto-recovery: the stored switch, the auditor, under-replicated ledgers.",
+    no_args_is_help=True,
 )
 
 
 @app.command()
 def status(
-    enable: Annotated[bool, typer.Option("--enable", help="Turn auto-recovery on.")] = False,
-    disable: Annotated[bool, typer.Option("--disable", help="Turn it off.")] = False,
+    enable: Annotated[
+        bool, typer.Option("--enable", help="Store the auto-recovery switch as on.")
+    ] = False,
+    disable: Annotated[bool, typer.Option("--disable", help="Store it as off.")] = False,
     gateway: GatewayOption = None,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
-    """Whether auto-recovery runs (and --enable / --disable it), with the lost-bookie delay."""
+    """The stored auto-recovery switch (set it with --enable / --disable), whether ledgers
+    are re-replicated and why, and the stored lost-bookie delay."""
 
     async def work(client) -> dict:
         if enable or disable:
@@ -40,6 +48,8 @@ def status(
         delay = await client.get_json("/api/v1/autorecovery/lost_bookie_recovery_delay")
         return {
             "enabled": state["enabled"],
+            "ledger_replication_active": state["ledgerReplicationActive"],
+            "detail": state["detail"],
             "lost_bookie_recovery_delay_s": delay["lostBookieRecoveryDelay"],
         }
 
@@ -69,7 +79,7 @@ def list_under_replicated(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
-    """Ledgers waiting for re-replication and their missing bookies."""
+    """Ledgers marked under-replicated and their missing bookies."""
     params = {"missingreplica": missing_replica} if missing_replica else {}
     body = run(
         gateway,

@@ -255,6 +255,7 @@ def delete(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
-    """Delete a ledger (its space is reclaimed by garbage collection)."""
+    """Delete a ledger: its metadata goes at once; its entries stay on the bookies' disks
+    (no garbage collection runs)."""
     run(gateway, data_dir, lambda c: c.delete(ledger_id, password))
     emit(output, {"ledger_id": ledger_id, "deleted": True})

@@ -1,6 +1,7 @@
 """The auditor: watches the bookie registry and reports bookies that are lost (their lease
-lapsed), turn read-only, or come back. Marking their ledgers under-replicated comes with
-the auto-recovery work.
+lapsed), turn read-only, or come back (a log line and a `bookie.*` event). That is all it
+does: it marks no ledger under-replicated and reads neither the auto-recovery switch nor
+lostBookieRecoveryDelay, and segments that name a lost bookie keep naming it.
 
 Several auditors may run; only the elected one audits (BookKeeper's AuditorElector). It
 holds a lease in the metadata store and renews it every third of its length; it counts

@@ -5,6 +5,10 @@
 Where BookKeeper answers about "this bookie" (the HTTP server runs inside a bookie), the
 gateway serves every bookie and takes `bookie_id`. Entry reads and deletes need the
 ledger password (`Quire-Ledger-Password`), as everywhere else in the API.
+
+No service re-replicates ledgers, so the auto-recovery answers keep BookKeeper's fields
+but never say that replication happens: `enabled` is the stored switch as the operator set
+it, `ledgerReplicationActive` and cluster_info's `ledgerReplicationEnabled` are false.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import base64
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway.ledgers import Ledgers, metadata_error
 from services.gateway.problems import error_responses
@@ -29,6 +34,35 @@ BookieIdQuery = Annotated[
     str, Query(pattern=r"^[A-Za-z0-9_-]+$", max_length=128, description="The bookie id")
 ]
 Password = Annotated[str | None, Header(alias=PASSWORD_HEADER, description="Ledger password")]
+
+# Whether under-replicated ledgers get re-replicated. They do not: the auditor reports lost
+# bookies but marks no ledger under-replicated, and the replicator claims and copies
+# nothing. Whatever the stored switch says, the answers below report this.
+LEDGER_REPLICATION_ACTIVE = False
+LEDGER_REPLICATION_DETAIL = (
+    "No ledger is re-replicated: the auditor reports lost bookies but marks no ledger "
+    "under-replicated, and the replicator copies no fragments. `enabled` is only the "
+    "stored auto-recovery switch."
+)
+
+
+class AutoRecoveryStatus(BaseModel):
+    """BookKeeper's AutoRecoveryStatusService answer (`enabled`), and whether it means
+    anything here."""
+
+    # Every field is in every answer: the OpenAPI document says so.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+    enabled: bool = Field(
+        description="The stored auto-recovery switch (BookKeeper's autoRecoveryDaemonEnabled), "
+        "as last set."
+    )
+    ledgerReplicationActive: bool = Field(
+        default=LEDGER_REPLICATION_ACTIVE,
+        description="Whether under-replicated ledgers are re-replicated now: false whatever "
+        "`enabled` says, since no service re-replicates.",
+    )
+    detail: str = Field(default=LEDGER_REPLICATION_DETAIL, description="Why, in a sentence.")
 
 
 def create_admin_router(ledgers: Ledgers) -> APIRouter:
@@ -57,17 +91,18 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
 
     @router.get("/api/v1/bookie/cluster_info", tags=["admin"], operation_id="admin_cluster_info")
     async def cluster_info() -> dict[str, Any]:
-        """The cluster at a glance (BookKeeper's ClusterInfoService)."""
+        """The cluster at a glance (BookKeeper's ClusterInfoService). `ledgerReplicationEnabled`
+        says whether ledgers are re-replicated (false: nothing re-replicates), not the stored
+        switch, which `GET /api/v1/autorecovery/status` reports."""
         bookies = await ledgers.list_bookies()
         auditor = await call(ledgers.meta.who_is_auditor())
-        settings = await call(ledgers.meta.get_cluster_settings())
         under = await call(ledgers.meta.list_underreplicated(None, 1))
         count = {state: sum(b.state is state for b in bookies) for state in BookieState}
         return {
             "auditorElected": auditor.leader_id is not None,
             "auditorId": auditor.leader_id or "",
             "clusterUnderReplicated": bool(under.ledgers),
-            "ledgerReplicationEnabled": settings.autorecovery_enabled,
+            "ledgerReplicationEnabled": LEDGER_REPLICATION_ACTIVE,
             "totalBookiesCount": len(bookies),
             "writableBookiesCount": count[BookieState.WRITABLE],
             "readonlyBookiesCount": count[BookieState.READONLY],
@@ -194,15 +229,20 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
     @router.get(
         "/api/v1/autorecovery/status", tags=["admin"], operation_id="admin_autorecovery_status"
     )
-    async def autorecovery_status() -> dict[str, bool]:
-        return {"enabled": (await call(ledgers.meta.get_cluster_settings())).autorecovery_enabled}
+    async def autorecovery_status() -> AutoRecoveryStatus:
+        """The stored auto-recovery switch, and whether ledgers are re-replicated (they are
+        not: see `detail`)."""
+        settings = await call(ledgers.meta.get_cluster_settings())
+        return AutoRecoveryStatus(enabled=settings.autorecovery_enabled)
 
     @router.put(
         "/api/v1/autorecovery/status", tags=["admin"], operation_id="admin_set_autorecovery_status"
     )
-    async def set_autorecovery_status(enabled: bool) -> dict[str, bool]:
+    async def set_autorecovery_status(enabled: bool) -> AutoRecoveryStatus:
+        """Store the auto-recovery switch. Nothing re-replicates ledgers whatever it says;
+        the metadata service's under-replication queue hands out no claims while it is off."""
         settings = await call(ledgers.meta.set_cluster_settings(autorecovery_enabled=enabled))
-        return {"enabled": settings.autorecovery_enabled}
+        return AutoRecoveryStatus(enabled=settings.autorecovery_enabled)
 
     # -- Quire's own ----------------------------------------------------------------------
 
@@ -215,7 +255,8 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         after: Annotated[int | None, Query(ge=-1, le=MAX_LEDGER_ID)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict[str, Any]:
-        """Ledgers waiting for re-replication, their missing bookies, and who works on them."""
+        """Ledgers marked under-replicated, their missing bookies, and any worker's claim.
+        Nothing re-replicates them (see `GET /api/v1/autorecovery/status`)."""
         page = await call(ledgers.meta.list_underreplicated(after, limit))
         return {
             "ledgers": [row.model_dump(mode="json") for row in page.ledgers],

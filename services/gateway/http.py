@@ -250,6 +250,8 @@ def create_app(
         "/v1/ledgers/{ledger_id}", status_code=204, responses=ERROR_RESPONSES, tags=["ledgers"]
     )
     async def delete_ledger(ledger_id: LedgerId, password: Password = None) -> Response:
+        """Delete the ledger's metadata. Its entries stay on the bookies' disks: no garbage
+        collection runs."""
         await ledgers.delete(ledger_id, password_bytes(password))
         return Response(status_code=204)
 

@@ -10,7 +10,8 @@ At start the journal compares the three:
 - metadata has one, the disk none: the disk was wiped or replaced. The bookie starts, with
   a new cookie marked `limbo`: it answers UNKNOWN_LEDGER_STATE, never NO_ENTRY, for entries
   it may have held before (ledgers it has not seen since, and entries below the first it
-  has seen since), until re-replication has repaired them.
+  has seen since). Nothing clears `limbo`: that would take re-replicating what the disk
+  lost, which no service does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The replicator worker. It runs, registers for discovery and reports its status; claiming
-under-replicated ledgers and copying their fragments come with the auto-recovery work
-(wave 2), once the auditor marks ledgers and the metadata service keeps the queue."""
+"""The replicator worker, as far as it goes: it runs, registers for discovery and answers
+status (`replicated` is always 0). It claims no under-replicated ledger and copies no
+fragment; nothing in Quire re-replicates."""
 
 from __future__ import annotations
 

@@ -156,3 +156,25 @@ def test_shell_classic_commands(cluster: QuireUp) -> None:
     rw = as_json(quire(cluster, "shell", "listbookies", "-rw", "-o", "json"))
     assert len(rw) == 3
     assert as_json(quire(cluster, "shell", "listbookies", "-ro", "-o", "json")) == []
+
+
+def test_autorecovery_status_says_nothing_re_replicates(cluster: QuireUp) -> None:
+    """The stored switch is shown as stored, beside the fact that no ledger is
+    re-replicated whatever it says."""
+    status = as_json(quire(cluster, "autorecovery", "status", "-o", "json"))
+    assert set(status) == {
+        "enabled",
+        "ledger_replication_active",
+        "detail",
+        "lost_bookie_recovery_delay_s",
+    }
+    assert status["enabled"] is True and status["ledger_replication_active"] is False
+    assert "No ledger is re-replicated" in status["detail"]
+    try:
+        off = as_json(quire(cluster, "autorecovery", "status", "--disable", "-o", "json"))
+        assert (off["enabled"], off["ledger_replication_active"]) == (False, False)
+    finally:
+        on = as_json(quire(cluster, "autorecovery", "status", "--enable", "-o", "json"))
+    assert (on["enabled"], on["ledger_replication_active"]) == (True, False)
+    table = quire(cluster, "autorecovery", "status").stdout.decode()
+    assert "ledger_replication_active" in table and "False" in table

@@ -39,7 +39,8 @@ async def test_bookie_endpoints(stack: Stack) -> None:
     info = (await stack.http.get("/api/v1/bookie/cluster_info")).json()
     assert info["totalBookiesCount"] == 4 and info["writableBookiesCount"] == 4
     assert info["readonlyBookiesCount"] == 0 and info["unavailableBookiesCount"] == 0
-    assert info["ledgerReplicationEnabled"] is True
+    # Nothing re-replicates, so cluster_info does not say replication is enabled.
+    assert info["ledgerReplicationEnabled"] is False
     space = (await stack.http.get("/api/v1/bookie/info", params={"bookie_id": "bookie-2"})).json()
     assert 0 < space["freeSpace"] <= space["totalSpace"]
     state = (await stack.http.get("/api/v1/bookie/state?bookie_id=bookie-3")).json()
@@ -81,12 +82,22 @@ async def test_ledger_endpoints(stack: Stack) -> None:
 
 async def test_autorecovery_endpoints(stack: Stack) -> None:
     http = stack.http
-    assert (await http.get("/api/v1/autorecovery/status")).json() == {"enabled": True}
-    assert (await http.put("/api/v1/autorecovery/status?enabled=false")).json() == {
-        "enabled": False
-    }
-    assert (await http.get("/api/v1/autorecovery/status")).json() == {"enabled": False}
-    await http.put("/api/v1/autorecovery/status?enabled=true")
+    # `enabled` is the stored switch; whatever it says, no ledger is re-replicated, and
+    # the answer says that too.
+    status = (await http.get("/api/v1/autorecovery/status")).json()
+    assert set(status) == {"enabled", "ledgerReplicationActive", "detail"}
+    assert status["enabled"] is True and status["ledgerReplicationActive"] is False
+    assert "No ledger is re-replicated" in status["detail"]
+    off = (await http.put("/api/v1/autorecovery/status?enabled=false")).json()
+    assert (off["enabled"], off["ledgerReplicationActive"]) == (False, False)
+    stored = (await http.get("/api/v1/autorecovery/status")).json()
+    assert (stored["enabled"], stored["ledgerReplicationActive"]) == (False, False)
+    on = (await http.put("/api/v1/autorecovery/status?enabled=true")).json()
+    assert (on["enabled"], on["ledgerReplicationActive"]) == (True, False)
+    info = (await http.get("/api/v1/bookie/cluster_info")).json()
+    assert info["ledgerReplicationEnabled"] is False
+    schema = (await http.get("/openapi.json")).json()["components"]["schemas"]
+    assert set(schema["AutoRecoveryStatus"]["required"]) == set(status)
     delay = await http.put(
         "/api/v1/autorecovery/lost_bookie_recovery_delay", json={"delay_seconds": 30}
     )
