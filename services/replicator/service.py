@@ -1,6 +1,6 @@
 """The replicator worker, as far as it goes: it runs, registers for discovery and answers
 status (`replicated` is always 0). It claims no under-replicated ledger and copies no
-fragment; nothing in Quire re-replicates."""
+fragment: nothing in Quire re-replicates the ledgers of a lost bookie."""
 
 from __future__ import annotations
 
