@@ -31,6 +31,7 @@ simulate: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # Regenerate the gRPC code (quire/v1/) from proto/quire/v1/ledgers.proto.
 proto: $(STAMP)

@@ -1,4 +1,6 @@
-"""STYLE.md rule 7, enforced: ruff (lint and format) on everything, mypy on the pure cores."""
+"""STYLE.md rule 7, enforced: ruff (lint and format) on everything, mypy on the pure cores,
+and the house rules (services independent, shared and quire import no service, pure cores
+import no IO, clock or randomness) as import-linter contracts (.importlinter)."""
 
 import subprocess
 import sys
@@ -21,6 +23,11 @@ def test_ruff_lint() -> None:
 
 def test_ruff_format() -> None:
     done = run(str(BIN / "ruff"), "format", "--check", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_import_contracts() -> None:
+    done = run(str(BIN / "lint-imports"), "--no-cache")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
