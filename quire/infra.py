@@ -271,7 +271,8 @@ def _chown_tree(path: Path, user: str) -> None:
 # checkout, with its venv (the binaries) and its default data dir, often sits under /root,
 # mode 0700, which 'nobody' cannot enter. No permission of the user's directories is ever
 # loosened for it: the binaries are copied to a cache that 'nobody' can read, and the data
-# dir stays where the user put it and is handed over as a directory we opened.
+# dir stays where the user put it; where 'nobody' cannot walk to it, it is handed over as a
+# directory we opened.
 
 POSTGRES_CACHE_ROOT = Path("/var/tmp")  # survives a reboot, unlike a tmpfs /tmp
 
@@ -337,9 +338,10 @@ class _PostgresDir:
 def usable_postgres_install(
     install: Path, user: str | None, cache_root: Path | None = None
 ) -> Path:
-    """The install tree `install`, or, when `user` cannot use it where it is, a copy
-    of it that `user` can: `CACHE_ROOT/quire-postgres-<our uid>/pginstall-<key>/`, a
-    directory only we may write to and everyone may read (the binaries are no secret).
+    """The install tree `install`, or, when `user` cannot use it where it is, a copy of
+    it that `user` can: `<cache_root>/quire-postgres-<our uid>/pginstall-<key>/` (default
+    cache_root: /var/tmp), which only we may write to and everyone may read (the binaries
+    are no secret).
     The key is a digest of the tree's file names and sizes and of the `postgres` and
     `initdb` binaries, so the copy is reused as long as the install is the same, and a
     copy that no longer matches its source (cut short, or cleaned up in part) is replaced."""
