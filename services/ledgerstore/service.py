@@ -20,11 +20,11 @@ from dataclasses import asdict
 
 from nats.micro.request import Request
 
-from services.journal.cookie import Cookie, read_disk_cookie
-from services.journal.core import JournalFormatError, JournalPosition
 from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.aio import wait_event
+from shared.bookie.cookie import Cookie, read_disk_cookie
+from shared.bookie.journal_format import JournalFormatError, JournalPosition
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
