@@ -236,7 +236,7 @@ def bookiesanity(
 ) -> None:
     """Write test entries to the bookie, read them back and check them (through NATS, as
     the gateway would; the cluster is found from DIR/cluster.json). The entries go to a
-    ledger id above every real one; they stay on disk until garbage collection exists."""
+    ledger id above every real one; they stay on disk (the bookie deletes no entries)."""
     emit(output, asyncio.run(_sanity(data_dir, bookie_id, entries, timeout_s)))
 
 
