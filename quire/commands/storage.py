@@ -15,8 +15,19 @@ from typing import Annotated
 import typer
 
 from quire.commands.common import DEFAULT_DATA_DIR, DataDirOption, Output, OutputOption, emit, fail
-from services.journal.core import (
+from shared.bookie import index_schema as sql
+from shared.bookie.entrylog_format import (
+    ENTRY_HEAD_SIZE,
+    ENTRYLOG_HEADER_SIZE,
+    decode_entry_head,
+    entry_log_name,
+    parse_entry_log_name,
+)
+from shared.bookie.journal_dir import journal_files
+from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
+    LAST_MARK,
+    SNAPSHOT,
     BatchRecord,
     EntryRecord,
     FenceRecord,
@@ -29,14 +40,6 @@ from services.journal.core import (
     decode_snapshot,
     journal_file_name,
     scan_records,
-)
-from services.journal.journal import LAST_MARK, SNAPSHOT, journal_files
-from services.ledgerstore.core import (
-    ENTRY_HEAD_SIZE,
-    ENTRYLOG_HEADER_SIZE,
-    decode_entry_head,
-    entry_log_name,
-    parse_entry_log_name,
 )
 from shared.config import QuireSettings
 from shared.digest import DIGEST_SIZES, HEADER_SIZE
@@ -174,20 +177,16 @@ def ledger(
     """The index of one ledger on this bookie: each entry's entry log and offset (entries
     still in the write cache are not in the index yet)."""
     dirs = _settings(data_dir, bookie_id).ledger_dirs
-    path = dirs[0] / "index.sqlite"
+    path = dirs[0] / sql.INDEX_FILE
     if not path.exists():
         fail(f"no index at {path}")
-    signed = ledger_id - (1 << 64) if ledger_id >= 1 << 63 else ledger_id
+    signed = sql.to_sql_id(ledger_id)
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        facts = conn.execute(
-            "SELECT last_entry_id, lac FROM ledgers WHERE ledger_id = ?", (signed,)
-        ).fetchone()
+        facts = conn.execute(sql.SELECT_LEDGER, (signed,)).fetchone()
         rows = [
             {"entry_id": e, "entry_log": log_id, "offset": offset, "size": size, "dir": d}
             for e, log_id, offset, size, d in conn.execute(
-                "SELECT entry_id, log_id, offset, size, dir FROM entries WHERE ledger_id = ? "
-                "ORDER BY entry_id",
-                (signed,),
+                sql.SELECT_ENTRY_RANGE, (signed, 0, sql.MAX_ENTRY_ID)
             )
         ]
     if facts is None and not rows:
@@ -237,7 +236,7 @@ def bookiesanity(
 ) -> None:
     """Write test entries to the bookie, read them back and check them (through NATS, as
     the gateway would; the cluster is found from DIR/cluster.json). The entries go to a
-    ledger id above every real one; they stay on disk until garbage collection exists."""
+    ledger id above every real one; they stay on disk (the bookie deletes no entries)."""
     emit(output, asyncio.run(_sanity(data_dir, bookie_id, entries, timeout_s)))
 
 

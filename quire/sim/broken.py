@@ -1,14 +1,16 @@
-"""Deliberately broken protocol rules, to show that the simulator catches them (its power
-test). Each is a subclass of the real core with one rule bent; the core itself is untouched."""
+"""Deliberately broken protocol and bookie rules, to show that the simulator catches them
+(its power test). Each is a subclass of the real core or rule with one rule bent; the real
+one is untouched."""
 
 from __future__ import annotations
 
 from quire.sim.model import Faults
 from services.gateway.core import LedgerWriter
 from services.gateway.recovery import LedgerRecovery
+from shared.bookie.rules import BookieLedgerState
 from shared.quorum import AckSet, QuorumSpec
 from shared.status import BookieStatus
-from shared.wire import ReadResult
+from shared.wire import FLAG_RECOVERY_ADD, ReadResult
 
 
 class EarlyAckWriter(LedgerWriter):
@@ -41,6 +43,14 @@ class UnknownIsAbsentRecovery(LedgerRecovery):
         return result is None or result.status is not BookieStatus.OK
 
 
+class FenceBlindLedgerState(BookieLedgerState):
+    """A bookie that takes a normal add on a fenced ledger, as if every add were a
+    recovery add: the old writer goes on being acknowledged after recovery fenced it."""
+
+    def check_add(self, ledger_id: int, master_key: bytes, flags: int) -> BookieStatus:
+        return super().check_add(ledger_id, master_key, flags | FLAG_RECOVERY_ADD)
+
+
 # Name -> the run overrides that break one rule (`python -m quire.sim --break NAME`).
 BROKEN: dict[str, dict] = {
     "early-ack": {
@@ -50,6 +60,7 @@ BROKEN: dict[str, dict] = {
         "ack_quorum": 2,
     },
     "no-fence": {"recovery_class": UnfencedRecovery},
+    "add-after-fence": {"bookie_state_class": FenceBlindLedgerState},
     "unknown-absent": {
         "recovery_class": UnknownIsAbsentRecovery,
         "recoveries": 3,

@@ -2,12 +2,14 @@
 seeded random generator and one simulated clock, around the REAL protocol code.
 
 What is real here: the gateway's LedgerWriter, LedgerRecovery and LedgerReader
-(`services.gateway.core`, `services.gateway.recovery`) and the bookie's
-BookieLedgerState with the journal's record types (`services.journal.core`). What is
+(`services.gateway.core`, `services.gateway.recovery`) and the bookie's rules
+(`shared.bookie.rules`: add admission, the fence and write_lac records, the read answer
+for an absent entry) over BookieLedgerState and the journal's record types. What is
 simulated: the network (drop, delay and so reorder, duplicate, partition), the bookies'
-disks (a crash loses what was not yet synced; a restarted bookie's ledgerstore lags and
-must answer UNKNOWN, never NO_ENTRY, for what it has not applied), the metadata store
-(CAS on a version, with injected foreign writes and lost answers) and the clock.
+disks (a crash loses what was not yet synced; a restarted bookie's ledgerstore lags
+behind the journal for a while, and the real authority rule decides from the two
+positions what it may answer), the metadata store (CAS on a version, with injected
+foreign writes and lost answers) and the clock.
 
 Pure (it is checked like the cores): no IO, no clock, no `random` import; the caller
 passes a seeded generator. The same seed gives the same event log, byte for byte.
@@ -53,23 +55,33 @@ from services.gateway.recovery import (
     RecoveryFailed,
     SendFence,
 )
-from services.journal.core import (
-    BookieLedgerState,
+from shared.bookie.journal_format import (
+    JOURNAL_START,
     EntryRecord,
     FenceRecord,
+    JournalPosition,
     LacRecord,
-    MasterKeyRecord,
     Record,
+)
+from shared.bookie.rules import (
+    BookieLedgerState,
+    absent_status,
+    admit_adds,
+    has_authority,
+    meta_records,
 )
 from shared.digest import DigestManager, DigestType, master_key
 from shared.models import LedgerMetadata, LedgerState, Segment, UpdateLedgerRequest
 from shared.quorum import write_set
 from shared.status import BookieStatus, QuireError
-from shared.wire import AddResult, ReadResult
+from shared.wire import ReadResult
 
 LEDGER_ID = 1
 PASSWORD = b"sim-password"
 MASTER_KEY = master_key(PASSWORD)
+# A bookie's ledgerstore has checkpointed the journal up to this long before a crash: the
+# entries synced after that are not applied again until it has caught up.
+CHECKPOINT_LAG_MS = 200
 
 
 class Rng(Protocol):
@@ -129,6 +141,7 @@ class SimConfig:
     random_faults: bool = True
     writer_class: type[LedgerWriter] = LedgerWriter
     recovery_class: type[LedgerRecovery] = LedgerRecovery
+    bookie_state_class: type[BookieLedgerState] = BookieLedgerState
     recovery_read_batch_size: int = 64  # entries a recovery reads at once
     max_events: int = 200_000
 
@@ -150,22 +163,30 @@ class SimBookie:
     """A bookie as the journal and ledgerstore services behave, over a simulated disk.
 
     `live` is the journal's in-memory BookieLedgerState (checked before an add is queued);
-    `durable` is what the synced journal holds (the fence answer's LAC comes from it); reads
-    come from the synced entries only (the ledgerstore applies committed records)."""
+    `durable` is what the synced journal holds (the fence answer's LAC comes from it). The
+    synced records are numbered as journal positions (one offset per record): reads come
+    from the entries the ledgerstore has applied, which is everything synced, except after
+    a restart: then, until `unsure_until_ms`, it has applied only up to its last checkpoint
+    (`restart_position`), and the real authority rule compares that with the journal's
+    durable end."""
 
     def __init__(self, world: World, bookie_id: str) -> None:
         self.world = world
         self.bookie_id = bookie_id
         self.up = True
-        self.live = BookieLedgerState()
-        self.durable = BookieLedgerState()
+        state_class = world.config.bookie_state_class
+        self.live = state_class()
+        self.durable = state_class()
         self.entries: dict[tuple[int, int], bytes] = {}
-        self.synced_at_ms: dict[tuple[int, int], int] = {}
+        self.synced_end = JOURNAL_START  # the journal's durable end
+        self.positions: dict[tuple[int, int], JournalPosition] = {}  # after each entry
+        # (time, durable end) of the recent syncs: where a crash leaves the ledgerstore.
+        self.sync_ends: list[tuple[int, JournalPosition]] = []
+        self.restart_position = JOURNAL_START
         self.unsynced: list[Record] = []
         self.waiting: list[_Waiting] = []
         self.sync_scheduled = False
         self.unsure_until_ms = -1  # after a restart: the ledgerstore has not caught up
-        self.crashed_at_ms = -1
         self.epoch = 0  # bumps on a crash: requests of an older life get no answer
 
     # -- requests
@@ -186,28 +207,20 @@ class SimBookie:
                 raise AssertionError(f"unknown bookie request {command!r}")
 
     def _add(self, client: str, rid: int, command: SendAdds) -> None:
-        results: list[AddResult] = []
-        queued = 0
-        for item in command.items:
-            record = EntryRecord.of(item.master_key, item.frame)
-            status = self.live.check_add(record.ledger_id, record.master_key, item.flags)
-            if status is BookieStatus.OK:
-                self.live.apply(record)
-                self.unsynced.append(record)
-                queued += 1
-            results.append(AddResult(record.ledger_id, record.entry_id, status))
-        reply = BookieAddReply(self.bookie_id, command.entry_ids, BookieStatus.OK, tuple(results))
-        self._after_sync(client, rid, lambda: reply, queued)
+        admission = admit_adds(self.live, command.items)
+        self.unsynced.extend(admission.records)
+        results = tuple(admission.results)
+        reply = BookieAddReply(self.bookie_id, command.entry_ids, BookieStatus.OK, results)
+        self._after_sync(client, rid, lambda: reply, len(admission.records))
 
-    def _meta_record(self, client: str, rid: int, record: Record, fence: bool) -> None:
-        status = self.live.check_master_key(LEDGER_ID, MASTER_KEY)
+    def _meta_record(
+        self, client: str, rid: int, record: FenceRecord | LacRecord, fence: bool
+    ) -> None:
+        status, records = meta_records(self.live, LEDGER_ID, MASTER_KEY, record)
         if status is not BookieStatus.OK:
             refused = FenceReply(self.bookie_id, status) if fence else None
             self.world.reply(client, rid, self.bookie_id, refused)
             return
-        records: list[Record] = [record]
-        if self.live.needs_master_key(LEDGER_ID):
-            records.insert(0, MasterKeyRecord(LEDGER_ID, MASTER_KEY))
         for r in records:
             self.live.apply(r)
             self.unsynced.append(r)
@@ -238,17 +251,35 @@ class SimBookie:
         if epoch != self.epoch or not self.up:
             return
         self.sync_scheduled = False
+        end = self.synced_end
         for record in self.unsynced:
             self.durable.apply(record)
+            end = JournalPosition(end.file_id, end.offset + 1)
             if isinstance(record, EntryRecord):
                 key = (record.ledger_id, record.entry_id)
                 self.entries[key] = record.frame
-                self.synced_at_ms[key] = self.world.now_ms
+                self.positions[key] = end
+        self.synced_end = end
+        self._note_sync_end()
         self.world.log(f"{self.bookie_id} sync {len(self.unsynced)} records")
         self.unsynced = []
         waiting, self.waiting = self.waiting, []
         for w in waiting:
             self.world.reply(w.client, w.rid, self.bookie_id, w.reply())
+
+    def _note_sync_end(self) -> None:
+        now_ms = self.world.now_ms
+        self.sync_ends.append((now_ms, self.synced_end))
+        # Keep the last end older than the checkpoint lag and every end after it.
+        while len(self.sync_ends) > 1 and self.sync_ends[1][0] < now_ms - CHECKPOINT_LAG_MS:
+            self.sync_ends.pop(0)
+
+    def _applied(self) -> JournalPosition:
+        """How far the ledgerstore has applied the journal (it catches up on demand, as
+        the real one does, except while it restarts)."""
+        if self.world.now_ms < self.unsure_until_ms:
+            return self.restart_position
+        return self.synced_end
 
     def _read(self, command: SendReads) -> BookieReadReply:
         results = []
@@ -256,36 +287,29 @@ class SimBookie:
         partial = self.world.faults.partial_read
         if partial and len(items) > 1 and self.world.rng.random() < partial:
             items = items[: self.world.rng.randint(1, len(items) - 1)]
+        applied = self._applied()
+        authority = has_authority(applied, self.synced_end)
         for item in items:
             key = (item.ledger_id, item.entry_id)
             frame = self.entries.get(key)
-            lagging = self.world.now_ms < self.unsure_until_ms
-            if frame is not None and lagging and self.synced_at_ms[key] >= self.crashed_at_ms - 200:
-                # Synced just before the crash: the restarted ledgerstore has not applied it.
-                frame = None
-            if frame is not None:
+            if frame is not None and self.positions[key] <= applied:
                 results.append(ReadResult(item.ledger_id, item.entry_id, BookieStatus.OK, frame))
                 continue
-            if lagging:
-                status = BookieStatus.UNKNOWN_LEDGER_STATE  # the authority rule
-            elif item.ledger_id in self.durable:
-                status = BookieStatus.NO_ENTRY
-            else:
-                status = BookieStatus.NO_LEDGER
+            status = absent_status(item.ledger_id in self.durable, authority)
             results.append(ReadResult(item.ledger_id, item.entry_id, status))
         return BookieReadReply(self.bookie_id, command.entry_ids, BookieStatus.OK, tuple(results))
 
     def _read_lac(self) -> tuple[BookieStatus, int]:
         facts = self.durable.get(LEDGER_ID)
         if facts is None:
-            lagging = self.world.now_ms < self.unsure_until_ms
-            return (BookieStatus.UNKNOWN_LEDGER_STATE if lagging else BookieStatus.NO_LEDGER, -1)
+            return (absent_status(False, has_authority(self._applied(), self.synced_end)), -1)
         return (BookieStatus.OK, facts.lac)
 
     # -- faults
 
     def crash(self) -> None:
-        """kill -9: what was not synced is gone, nobody waiting gets an answer."""
+        """kill -9: what was not synced is gone, nobody waiting gets an answer; the
+        ledgerstore restarts from its checkpoint, CHECKPOINT_LAG_MS behind the journal."""
         lost = len(self.unsynced)
         self.up = False
         self.epoch += 1
@@ -293,7 +317,11 @@ class SimBookie:
         self.waiting = []
         self.sync_scheduled = False
         self.live = self.durable.copy()
-        self.crashed_at_ms = self.world.now_ms
+        cutoff_ms = self.world.now_ms - CHECKPOINT_LAG_MS
+        self.restart_position = JOURNAL_START
+        for synced_ms, end in self.sync_ends:
+            if synced_ms < cutoff_ms:
+                self.restart_position = end
         self.world.log(f"{self.bookie_id} CRASH (lost {lost} unsynced records)")
 
     def restart(self) -> None:

@@ -1,9 +1,10 @@
 """The journal's IO: files, replay, the group-commit writer, LastLogMark checkpoints.
 
-The decisions (record format, when to commit, the ledger rules) are in `core`; this
-module only moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
+The decisions are elsewhere: the record and file format in `shared.bookie.journal_format`,
+when to commit in `core`, the ledger rules in `shared.bookie.rules`; this module only
+moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
 
-    journal-NNNNNN.log   the write-ahead log (see `core` for the format)
+    journal-NNNNNN.log   the write-ahead log
     lastMark             {"file": n, "offset": m}: the ledgerstore has checkpointed up to
                          here; journal files wholly before file n are deleted
     ledgers.snapshot     the durable ledger facts (key, fenced, LAC, last entry) as of a
@@ -29,18 +30,21 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from services.journal.core import (
+from services.journal.core import GroupCommitPolicy, batch_length, plan_group_commit
+from shared.aio import wait_event
+from shared.bookie.files import OS_FILES, FileLayer
+from shared.bookie.journal_dir import journal_files
+from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
     JOURNAL_START,
-    BookieLedgerState,
+    LAST_MARK,
+    SNAPSHOT,
     EntryRecord,
-    GroupCommitPolicy,
     JournalFormatError,
     JournalPosition,
     Record,
     ScanResult,
     ScanStop,
-    batch_length,
     check_file_header,
     decode_last_mark,
     decode_snapshot,
@@ -52,23 +56,18 @@ from services.journal.core import (
     file_format_version,
     journal_file_name,
     next_valid_record,
-    parse_journal_file_name,
-    plan_group_commit,
     scan_records,
 )
-from services.journal.files import OS_FILES, FileLayer
-from shared.aio import wait_event
+from shared.bookie.rules import BookieLedgerState
 from shared.config import MIB, JournalSettings
 from shared.disk import fail_stop
 
 log = logging.getLogger(__name__)
 
-LAST_MARK = "lastMark"
 # remove_pages_from_cache keeps the file's last 4 MiB cached (the ledgerstore reads what
 # was just committed) and drops the rest a MiB or more at a time.
 PAGE_CACHE_KEEP_BYTES = 4 * MIB
 PAGE_CACHE_DROP_STEP_BYTES = MIB
-SNAPSHOT = "ledgers.snapshot"
 _SYNC_LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
 
 
@@ -82,16 +81,6 @@ class QueueFull(Exception):
 
 def die(reason: str) -> None:
     fail_stop("journal", reason)
-
-
-def journal_files(directory: Path) -> list[int]:
-    """The ids of the journal files in `directory`, ascending."""
-    ids = []
-    for path in directory.iterdir():
-        file_id = parse_journal_file_name(path.name)
-        if file_id is not None:
-            ids.append(file_id)
-    return sorted(ids)
 
 
 @dataclass

@@ -25,7 +25,11 @@ from pathlib import Path
 
 from nats.micro.request import Request
 
-from services.journal.cookie import (
+from services.journal.core import disk_read_only
+from services.journal.journal import Journal, QueueFull
+from shared import wire
+from shared.aio import wait_event
+from shared.bookie.cookie import (
     NO_INSTANCE,
     Cookie,
     CookieMismatch,
@@ -34,21 +38,15 @@ from services.journal.cookie import (
     reconcile_offline,
     write_disk_cookie,
 )
-from services.journal.core import (
+from shared.bookie.journal_format import (
     JOURNAL_START,
-    EntryRecord,
     FenceRecord,
     JournalFormatError,
     JournalPosition,
     LacRecord,
-    MasterKeyRecord,
     Record,
-    disk_read_only,
 )
-from services.journal.journal import Journal, QueueFull
-from shared import wire
-from shared.aio import wait_event
-from shared.digest import DigestMismatch
+from shared.bookie.rules import admit_adds, meta_records, refuse_adds
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import NO_VERSION, BookieState, MetaErrorCode
@@ -60,7 +58,6 @@ log = logging.getLogger(__name__)
 
 ADD_MAX_IN_FLIGHT = 1024  # add batches waiting for their group commit at once
 UNREGISTER_TIMEOUT_S = 1.0
-MAX_ENTRY_ID = 2**63 - 1
 
 
 DiskUsage = Callable[[Path], tuple[int, int]]  # a directory -> (used, total) bytes
@@ -139,7 +136,7 @@ class JournalService:
             return
         if self.read_only:
             # diskUsageThreshold passed: refuse every add, keep serving the rest.
-            results = [self._refuse(item, BookieStatus.READ_ONLY) for item in items]
+            results = self._refuse(items, BookieStatus.READ_ONLY)
             await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
             return
         results, durable = self._admit_adds(items)
@@ -150,46 +147,25 @@ class JournalService:
     def _admit_adds(
         self, items: list[wire.AddItem]
     ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
-        """Check every item against the ledger rules and queue the good ones, all in one
-        synchronous step (so the checks see the adds that arrived before, and each item
-        sees the ones before it). The future (None if nothing was queued): every queued
-        item is durable."""
-        live, stats = self.journal.live, self.journal.stats
-        results: list[wire.AddResult] = []
+        """Admit the batch by the ledger rules (`admit_adds`) and queue what they admit,
+        all in one synchronous step (so the checks see the adds that arrived before). The
+        future (None if nothing was queued): every queued item is durable."""
         if not self.journal.room_for(len(items)):
-            results = [self._refuse(item, BookieStatus.TOO_MANY_REQUESTS) for item in items]
-            return results, None
-        admitted: list[Record] = []
-        for item in items:
-            try:
-                record = EntryRecord.of(
-                    item.master_key, item.frame, wire.digest_code_of(item.flags)
-                )
-            except DigestMismatch:
-                record = None
-            if record is None or record.entry_id > MAX_ENTRY_ID:
-                # No header, or an entry id the wire's i64 cannot carry back.
-                results.append(
-                    wire.AddResult(record.ledger_id if record else 0, -1, BookieStatus.BAD_REQUEST)
-                )
-                stats.rejected(BookieStatus.BAD_REQUEST.name)
-                continue
-            status = live.check_add(record.ledger_id, record.master_key, item.flags)
-            if status is BookieStatus.OK:
-                live.apply(record)
-                admitted.append(record)
-            else:
-                stats.rejected(status.name)
-            results.append(wire.AddResult(record.ledger_id, record.entry_id, status))
-        if not admitted:
-            return results, None
+            return self._refuse(items, BookieStatus.TOO_MANY_REQUESTS), None
+        admission = admit_adds(self.journal.live, items)
+        for result in admission.results:
+            if result.status is not BookieStatus.OK:
+                self.journal.stats.rejected(result.status.name)
+        if not admission.records:
+            return admission.results, None
         # room_for checked the whole batch: this cannot be refused.
-        return results, self.journal.submit(admitted, time.monotonic() * 1000)
+        durable = self.journal.submit(admission.records, time.monotonic() * 1000)
+        return admission.results, durable
 
-    def _refuse(self, item: wire.AddItem, status: BookieStatus) -> wire.AddResult:
-        ledger_id, entry_id = _ids(item.frame)
-        self.journal.stats.rejected(status.name)
-        return wire.AddResult(ledger_id, entry_id, status)
+    def _refuse(self, items: list[wire.AddItem], status: BookieStatus) -> list[wire.AddResult]:
+        for _ in items:
+            self.journal.stats.rejected(status.name)
+        return refuse_adds(items, status)
 
     # -- disk usage -----------------------------------------------------------------------
 
@@ -277,16 +253,13 @@ class JournalService:
         await request.respond(wire.encode_status_reply(status))
 
     async def _journal_meta(
-        self, ledger_id: int, master_key: bytes, record: Record
+        self, ledger_id: int, master_key: bytes, record: FenceRecord | LacRecord
     ) -> BookieStatus:
-        """Journal a ledger fact (with the ledger's key first if it has none) and wait
-        until it is durable."""
-        status = self.journal.live.check_master_key(ledger_id, master_key)
+        """Journal a ledger fact (`meta_records`: with the ledger's key first if it has
+        none) and wait until it is durable."""
+        status, records = meta_records(self.journal.live, ledger_id, master_key, record)
         if status is not BookieStatus.OK:
             return status
-        records: list[Record] = [record]
-        if self.journal.live.needs_master_key(ledger_id):
-            records.insert(0, MasterKeyRecord(ledger_id, master_key))
         durable = self._submit(records)
         if durable is None:
             return BookieStatus.TOO_MANY_REQUESTS
@@ -444,14 +417,6 @@ class JournalService:
             await client.unregister_bookie(self.bookie_id)
         except Exception as exc:
             log.info("bookie unregister skipped", extra={"err": str(exc)})
-
-
-def _ids(frame: bytes) -> tuple[int, int]:
-    try:
-        record = EntryRecord.of(b"", frame)
-    except DigestMismatch:
-        return 0, -1
-    return record.ledger_id, record.entry_id if record.entry_id <= MAX_ENTRY_ID else -1
 
 
 async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> None:

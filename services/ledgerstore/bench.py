@@ -1,9 +1,9 @@
-"""One bookie's storage alone (journal + ledgerstore, no NATS): `python -m
-services.ledgerstore.bench` (or `quire bench-storage`).
+"""The ledgerstore alone (no NATS, no journal service): `python -m
+services.ledgerstore.bench`. Its input is a journal file written directly with the
+journal's format (`shared.bookie.journal_format`), as group commits of one entry per
+ledger; the journal's own figures are `python -m services.journal.bench`.
 
 Measures, on this machine's disk:
-- the raw rate of 4 KiB append + fdatasync (the ceiling for one-at-a-time durability);
-- journal adds/s at 1 KiB with group commit, and the fsync batch sizes it reached;
 - ledgerstore index lookups/s, cold reads/s (read cache empty, random order) and warm
   reads/s (from the read cache);
 - the index candidates: SQLite (WAL) against LMDB (if the `lmdb` package is installed),
@@ -18,82 +18,45 @@ import json
 import os
 import random
 import sqlite3
-import statistics
 import struct
 import tempfile
 import time
 from pathlib import Path
 
-from services.journal.core import EntryRecord
-from services.journal.journal import Journal
 from services.ledgerstore.store import LedgerStore
 from shared import wire
-from shared.config import JournalSettings, LedgerstoreSettings
+from shared.bookie.journal_format import (
+    EntryRecord,
+    encode_batch,
+    encode_file_header,
+    encode_record,
+    journal_file_name,
+)
+from shared.config import LedgerstoreSettings
 from shared.digest import DigestManager
 
 KEY = b"k" * 20
 
 
-def raw_fsync_rate(directory: Path, seconds: float) -> dict:
-    path = directory / "fsync.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    block = os.urandom(4096)
-    count, latencies = 0, []
-    deadline = time.perf_counter() + seconds
-    try:
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            os.write(fd, block)
-            os.fdatasync(fd)
-            latencies.append((time.perf_counter() - started) * 1000)
-            count += 1
-    finally:
-        os.close(fd)
-        path.unlink()
-    return {
-        "fdatasync_per_s": round(count / seconds),
-        "p50_ms": round(statistics.median(latencies), 3),
-    }
-
-
-async def journal_adds(directory: Path, seconds: float, writers: int, size: int) -> dict:
-    journal = Journal(directory, JournalSettings(max_backups=0))
-    await journal.open()
-    task = asyncio.create_task(journal.run_writer())
+def write_journal(directory: Path, entries: int, ledgers: int, size: int) -> None:
+    """Journal file 1 with `entries` entries of `size` bytes over `ledgers` ledgers, in
+    batches of one entry per ledger (as that many concurrent adders make them)."""
+    directory.mkdir(parents=True, exist_ok=True)
     digest = DigestManager("crc32c")
+    code = wire.DIGEST_CODES[digest.digest_type]
     payload = os.urandom(size)
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-
-    async def writer(ledger_id: int) -> None:
-        entry_id = 0
-        while time.perf_counter() < deadline:
+    with open(directory / journal_file_name(1), "wb") as f:
+        f.write(encode_file_header(1))
+        batch: list[bytes] = []
+        for n in range(entries):
+            ledger_id, entry_id = 1 + n % ledgers, n // ledgers
             frame = digest.sign(ledger_id, entry_id, entry_id - 1, size, payload)
-            started = time.perf_counter()
-            record = EntryRecord.of(KEY, frame, wire.DIGEST_CODES[digest.digest_type])
-            await journal.submit([record], now_ms=started * 1000)
-            latencies.append((time.perf_counter() - started) * 1000)
-            entry_id += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(writer(ledger) for ledger in range(1, writers + 1)))
-    elapsed = time.perf_counter() - started
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await journal.close()
-    stats = journal.stats
-    latencies.sort()
-    return {
-        "entry_size_bytes": size,
-        "writers": writers,
-        "adds_per_s": round(len(latencies) / elapsed),
-        "fsyncs_per_s": round(stats.journal_sync / elapsed),
-        "batch_entries_mean": round(stats.journal_flush_batch_records_sum / stats.journal_sync, 1),
-        "batch_entries_max": stats.journal_flush_batch_records_max,
-        "add_p50_ms": round(latencies[len(latencies) // 2], 3),
-        "add_p99_ms": round(latencies[int(len(latencies) * 0.99)], 3),
-        "entries": len(latencies),
-    }
+            batch.append(encode_record(EntryRecord.of(KEY, frame, code)))
+            if len(batch) == ledgers:
+                f.write(encode_batch(batch))
+                batch = []
+        if batch:
+            f.write(encode_batch(batch))
 
 
 async def ledgerstore_reads(bookie_dir: Path, seconds: float) -> dict:
@@ -224,12 +187,9 @@ async def run(args: argparse.Namespace) -> dict:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="quire-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     bookie_dir = base / "bookie"
+    write_journal(bookie_dir / "journal", args.entries, args.writers, args.entry_size)
     result = {
         "machine": {"cpus": os.cpu_count(), "dir": str(base)},
-        "raw_fsync_4k": raw_fsync_rate(base, args.seconds),
-        "journal": await journal_adds(
-            bookie_dir / "journal", args.seconds, args.writers, args.entry_size
-        ),
         "ledgerstore": await ledgerstore_reads(bookie_dir, args.seconds),
         "index": index_candidates(base, args.index_entries),
     }
@@ -239,7 +199,8 @@ async def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.ledgerstore.bench")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--writers", type=int, default=64, help="concurrent adders")
+    parser.add_argument("--entries", type=int, default=50_000, help="entries to read")
+    parser.add_argument("--writers", type=int, default=64, help="ledgers written at once")
     parser.add_argument("--entry-size", type=int, default=1024)
     parser.add_argument("--index-entries", type=int, default=200_000)
     parser.add_argument("--dir", help="where to write (default: a new temp dir)")

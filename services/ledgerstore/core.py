@@ -1,24 +1,19 @@
-"""The ledgerstore's pure core: entry log format, per-ledger facts, how to follow the
-journal's files, and the authority rule for "no such entry". No IO, no clock.
+"""The ledgerstore's pure core: where entries are, per-ledger facts, and how to follow
+the journal's files. No IO, no clock.
 
-An entry log (`entrylog-NNNNNN.log`, BookKeeper's interleaved EntryLogger) is a 16-byte
-header, then entries of many ledgers in arrival order:
-
-    header  magic "QELG" | version u16 | reserved u16 | log_id u64
-    entry   size u32 (16 + frame length) | ledger u64 | entry i64 | frame
-
-The index maps (ledger, entry) to (log_id, offset of the entry's size field, frame length).
+The entry log format is `shared.bookie.entrylog_format`, the index schema
+`shared.bookie.index_schema`, and the read answer for an absent entry (the authority
+rule) `shared.bookie.rules`.
 """
 
 from __future__ import annotations
 
-import re
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from services.journal.core import (
+from shared.bookie.entrylog_format import ENTRY_HEAD_SIZE
+from shared.bookie.journal_format import (
     EntryRecord,
     FenceRecord,
     JournalPosition,
@@ -27,45 +22,13 @@ from services.journal.core import (
     Record,
 )
 from shared.digest import HEADER_SIZE, DigestManager, DigestMismatch, DigestType, parse_header
-from shared.status import BookieStatus
 from shared.wire import DIGEST_TYPES
-
-FORMAT_VERSION = 1
-ENTRYLOG_MAGIC = b"QELG"
-ENTRYLOG_HEADER = struct.Struct(">4sHHQ")
-ENTRYLOG_HEADER_SIZE = ENTRYLOG_HEADER.size  # 16
-ENTRY_HEAD = struct.Struct(">IQq")  # size, ledger, entry
-ENTRY_HEAD_SIZE = ENTRY_HEAD.size  # 20
-_LOG_NAME = re.compile(r"^entrylog-(\d{6,})\.log$")
-
-
-class EntryLogFormatError(ValueError):
-    pass
-
-
-def entry_log_name(log_id: int) -> str:
-    return f"entrylog-{log_id:06d}.log"
-
-
-def parse_entry_log_name(name: str) -> int | None:
-    match = _LOG_NAME.match(name)
-    return int(match.group(1)) if match else None
-
-
-def encode_entry_log_header(log_id: int) -> bytes:
-    return ENTRYLOG_HEADER.pack(ENTRYLOG_MAGIC, FORMAT_VERSION, 0, log_id)
-
-
-def check_entry_log_header(buf: bytes, log_id: int) -> None:
-    if len(buf) < ENTRYLOG_HEADER_SIZE:
-        raise EntryLogFormatError("entry log header cut short")
-    magic, version, _, got = ENTRYLOG_HEADER.unpack_from(buf, 0)
-    if magic != ENTRYLOG_MAGIC or version != FORMAT_VERSION or got != log_id:
-        raise EntryLogFormatError(f"not entry log {log_id} (magic {magic!r}, id {got})")
 
 
 @dataclass(frozen=True, slots=True)
 class EntryLocation:
+    """An entry in the entry logs, as the index holds it."""
+
     log_id: int
     offset: int  # of the entry's size field
     size: int  # frame length
@@ -74,16 +37,6 @@ class EntryLocation:
     @property
     def frame_offset(self) -> int:
         return self.offset + ENTRY_HEAD_SIZE
-
-
-def encode_entry(ledger_id: int, entry_id: int, frame: bytes) -> bytes:
-    return ENTRY_HEAD.pack(ENTRY_HEAD_SIZE - 4 + len(frame), ledger_id, entry_id) + frame
-
-
-def decode_entry_head(buf: bytes) -> tuple[int, int, int]:
-    """(ledger_id, entry_id, frame length) from an entry's 20-byte head."""
-    size, ledger_id, entry_id = ENTRY_HEAD.unpack_from(buf, 0)
-    return ledger_id, entry_id, size - (ENTRY_HEAD_SIZE - 4)
 
 
 def frame_matches(frame: bytes, ledger_id: int, entry_id: int) -> bool:
@@ -186,24 +139,3 @@ def next_file(position: JournalPosition, file_ids: Sequence[int]) -> JournalPosi
     if not later:
         return None
     return JournalPosition(position.file_id + 1, 0)
-
-
-# -- the authority rule -------------------------------------------------------------------
-
-
-def limbo_absent_status(info: LedgerInfo | None, entry_id: int, caught_up: bool) -> BookieStatus:
-    """`absent_status` on a bookie whose disk was wiped (its cookie is in limbo): absence
-    is only claimed for entries at or after the first one it stored since the wipe; the
-    rest it may have held before, so the answer is UNKNOWN_LEDGER_STATE."""
-    if info is None or info.first_entry_id < 0 or entry_id < info.first_entry_id:
-        return BookieStatus.UNKNOWN_LEDGER_STATE
-    return absent_status(True, caught_up)
-
-
-def absent_status(ledger_known: bool, caught_up: bool) -> BookieStatus:
-    """The answer for an entry the index does not have. Recovery trusts NO_ENTRY and
-    NO_LEDGER to mean "never written here", so they need everything the journal had
-    acknowledged applied; otherwise the honest answer is UNKNOWN_LEDGER_STATE."""
-    if not caught_up:
-        return BookieStatus.UNKNOWN_LEDGER_STATE
-    return BookieStatus.NO_ENTRY if ledger_known else BookieStatus.NO_LEDGER

@@ -1,8 +1,11 @@
 """The ledgerstore service: serves reads of one bookie's entries on NATS.
 
 Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
-    read               batch of (ledger, entry) -> stored frames (NO_ENTRY if absent)
-    read_lac           a ledger's LAC and last stored entry (NO_LEDGER if unknown)
+    read               batch of (ledger, entry) -> stored frames (absent: NO_ENTRY or
+                       NO_LEDGER with authority, else UNKNOWN_LEDGER_STATE; see
+                       `shared.bookie.rules`)
+    read_lac           a ledger's LAC and last stored entry (an unknown ledger: NO_LEDGER
+                       with authority, else UNKNOWN_LEDGER_STATE)
     ledgerstore.stats  JSON counters
 Background: apply the journal when it announces commits (`journal.committed`, at most
 once per `journal_apply_interval_ms`) or every `journal_poll_interval_ms`; checkpoint
@@ -20,11 +23,11 @@ from dataclasses import asdict
 
 from nats.micro.request import Request
 
-from services.journal.cookie import Cookie, read_disk_cookie
-from services.journal.core import JournalFormatError, JournalPosition
 from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.aio import wait_event
+from shared.bookie.cookie import Cookie, read_disk_cookie
+from shared.bookie.journal_format import JournalFormatError, JournalPosition
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED

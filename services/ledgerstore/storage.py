@@ -1,7 +1,8 @@
 """The ledgerstore's files: entry logs, the SQLite index, and the journal tailer.
 
 All methods here block; the store calls them through `asyncio.to_thread` (except index
-point lookups, which are fast enough for the event loop). Formats are in `core`.
+point lookups, which are fast enough for the event loop). The formats are in
+`shared.bookie` (`entrylog_format`, `index_schema`, `journal_format`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,26 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from services.journal.core import (
+from services.ledgerstore.core import (
+    CursorAction,
+    EntryLocation,
+    LedgerInfo,
+    locate,
+    next_file,
+)
+from shared.bookie import index_schema as sql
+from shared.bookie.entrylog_format import (
+    ENTRYLOG_HEADER_SIZE,
+    EntryLogFormatError,
+    check_entry_log_header,
+    encode_entry,
+    encode_entry_log_header,
+    entry_log_name,
+    parse_entry_log_name,
+)
+from shared.bookie.files import OS_FILES, FileLayer
+from shared.bookie.journal_dir import journal_files
+from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
     MAX_RECORD_SIZE,
     JournalFormatError,
@@ -28,22 +48,6 @@ from services.journal.core import (
     journal_file_name,
     next_valid_record,
     scan_records,
-)
-from services.journal.files import OS_FILES, FileLayer
-from services.journal.journal import journal_files
-from services.ledgerstore.core import (
-    ENTRYLOG_HEADER_SIZE,
-    CursorAction,
-    EntryLocation,
-    EntryLogFormatError,
-    LedgerInfo,
-    check_entry_log_header,
-    encode_entry,
-    encode_entry_log_header,
-    entry_log_name,
-    locate,
-    next_file,
-    parse_entry_log_name,
 )
 
 log = logging.getLogger(__name__)
@@ -198,30 +202,6 @@ class EntryLogger:
 # -- the index ----------------------------------------------------------------------------
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    ledger_id INTEGER NOT NULL, entry_id INTEGER NOT NULL,
-    log_id INTEGER NOT NULL, offset INTEGER NOT NULL, size INTEGER NOT NULL,
-    dir INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (ledger_id, entry_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ledgers (
-    ledger_id INTEGER PRIMARY KEY, last_entry_id INTEGER NOT NULL, lac INTEGER NOT NULL,
-    digest INTEGER NOT NULL DEFAULT 0, first_entry INTEGER NOT NULL DEFAULT -1);
-CREATE TABLE IF NOT EXISTS checkpoint (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    journal_file INTEGER NOT NULL, journal_offset INTEGER NOT NULL,
-    log_id INTEGER NOT NULL, log_size INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS log_ends (
-    dir INTEGER PRIMARY KEY, log_id INTEGER NOT NULL, log_size INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS facts (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-# Columns added after the first release of the schema: (table, column, definition).
-_ADDED_COLUMNS = [
-    ("entries", "dir", "INTEGER NOT NULL DEFAULT 0"),
-    ("ledgers", "digest", "INTEGER NOT NULL DEFAULT 0"),
-    ("ledgers", "first_entry", "INTEGER NOT NULL DEFAULT -1"),
-]
-
 LogEnds = dict[int, tuple[int, int]]  # ledger dir index -> (log_id, size) as checkpointed
 
 
@@ -231,15 +211,6 @@ class IndexState:
     log_ends: LogEnds  # entry logs as of that checkpoint
     ledgers: dict[int, LedgerInfo] = field(default_factory=dict)
     facts: dict[str, str] = field(default_factory=dict)
-
-
-def _u64_to_i64(value: int) -> int:
-    # SQLite integers are signed 64-bit; ledger ids are u64 on the wire.
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _i64_to_u64(value: int) -> int:
-    return value + (1 << 64) if value < 0 else value
 
 
 class EntryIndex:
@@ -264,34 +235,29 @@ class EntryIndex:
     def open(self) -> IndexState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = self._connect()
-        self._writer.executescript(_SCHEMA)
-        for table, column, definition in _ADDED_COLUMNS:
+        self._writer.executescript(sql.SCHEMA)
+        for table, column, definition in sql.ADDED_COLUMNS:
             names = {row[1] for row in self._writer.execute(f"PRAGMA table_info({table})")}
             if column not in names:
                 self._writer.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         self._reader = self._connect()
-        row = self._writer.execute(
-            "SELECT journal_file, journal_offset, log_id, log_size FROM checkpoint"
-        ).fetchone()
+        row = self._writer.execute(sql.SELECT_CHECKPOINT).fetchone()
         state = IndexState(None, {})
         if row is not None:
             state.position = JournalPosition(row[0], row[1])
             state.log_ends = {0: (row[2], row[3])}
-            for dir_index, log_id, size in self._writer.execute("SELECT * FROM log_ends"):
+            for dir_index, log_id, size in self._writer.execute(sql.SELECT_LOG_ENDS):
                 state.log_ends[dir_index] = (log_id, size)
-        for ledger_id, last, lac, digest, first in self._writer.execute(
-            "SELECT ledger_id, last_entry_id, lac, digest, first_entry FROM ledgers"
-        ):
-            state.ledgers[_i64_to_u64(ledger_id)] = LedgerInfo(last, lac, digest, first)
-        state.facts = dict(self._writer.execute("SELECT key, value FROM facts"))
+        for ledger_id, last, lac, digest, first in self._writer.execute(sql.SELECT_LEDGERS):
+            state.ledgers[sql.from_sql_id(ledger_id)] = LedgerInfo(last, lac, digest, first)
+        state.facts = dict(self._writer.execute(sql.SELECT_FACTS))
         return state
 
     def lookup(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
         assert self._reader is not None
         self.lookups += 1
         row = self._reader.execute(
-            "SELECT log_id, offset, size, dir FROM entries WHERE ledger_id = ? AND entry_id = ?",
-            (_u64_to_i64(ledger_id), entry_id),
+            sql.SELECT_ENTRY, (sql.to_sql_id(ledger_id), entry_id)
         ).fetchone()
         return EntryLocation(*row) if row else None
 
@@ -302,15 +268,13 @@ class EntryIndex:
         assert self._reader is not None
         self.lookups += 1
         rows = self._reader.execute(
-            "SELECT entry_id, log_id, offset, size, dir FROM entries "
-            "WHERE ledger_id = ? AND entry_id BETWEEN ? AND ? ORDER BY entry_id",
-            (_u64_to_i64(ledger_id), first, last),
+            sql.SELECT_ENTRY_RANGE, (sql.to_sql_id(ledger_id), first, last)
         ).fetchall()
         return [(row[0], EntryLocation(*row[1:])) for row in rows]
 
     def ledger_entries(self, ledger_id: int) -> list[tuple[int, EntryLocation]]:
         """Every stored entry of a ledger (`quire shell ledger`)."""
-        return self.lookup_range(ledger_id, 0, 2**63 - 1)
+        return self.lookup_range(ledger_id, 0, sql.MAX_ENTRY_ID)
 
     def commit(
         self,
@@ -327,18 +291,17 @@ class EntryIndex:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(
-                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                sql.INSERT_ENTRY,
                 (
-                    (_u64_to_i64(ledger), e, loc.log_id, loc.offset, loc.size, loc.dir)
+                    (sql.to_sql_id(ledger), e, loc.log_id, loc.offset, loc.size, loc.dir)
                     for (ledger, e), loc in entries.items()
                 ),
             )
             conn.executemany(
-                "INSERT OR REPLACE INTO ledgers "
-                "(ledger_id, last_entry_id, lac, digest, first_entry) VALUES (?, ?, ?, ?, ?)",
+                sql.INSERT_LEDGER,
                 (
                     (
-                        _u64_to_i64(ledger),
+                        sql.to_sql_id(ledger),
                         info.last_entry_id,
                         info.lac,
                         info.digest_code,
@@ -348,15 +311,12 @@ class EntryIndex:
                 ),
             )
             first = log_ends.get(0, (0, 0))
-            conn.execute(
-                "INSERT OR REPLACE INTO checkpoint VALUES (1, ?, ?, ?, ?)",
-                (position.file_id, position.offset, *first),
-            )
+            conn.execute(sql.INSERT_CHECKPOINT, (position.file_id, position.offset, *first))
             conn.executemany(
-                "INSERT OR REPLACE INTO log_ends VALUES (?, ?, ?)",
+                sql.INSERT_LOG_END,
                 ((d, log_id, size) for d, (log_id, size) in log_ends.items()),
             )
-            conn.executemany("INSERT OR REPLACE INTO facts VALUES (?, ?)", (facts or {}).items())
+            conn.executemany(sql.INSERT_FACT, (facts or {}).items())
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

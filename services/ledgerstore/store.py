@@ -21,16 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from services.journal.core import JOURNAL_START, EntryRecord, JournalPosition, ScannedRecord
-from services.journal.files import OS_FILES, FileLayer
 from services.ledgerstore.cache import ReadCache, WriteCache
 from services.ledgerstore.core import (
     EntryLocation,
     LedgerInfo,
-    absent_status,
     apply_to_ledgers,
     ledger_dir_index,
-    limbo_absent_status,
     verify_stored,
 )
 from services.ledgerstore.storage import (
@@ -42,6 +38,10 @@ from services.ledgerstore.storage import (
     TailStatus,
 )
 from shared import wire
+from shared.bookie.files import OS_FILES, FileLayer
+from shared.bookie.index_schema import INDEX_FILE
+from shared.bookie.journal_format import JOURNAL_START, EntryRecord, JournalPosition, ScannedRecord
+from shared.bookie.rules import absent_entry_status, absent_status, has_authority
 from shared.config import LedgerstoreSettings
 from shared.disk import fail_stop
 from shared.status import BookieStatus
@@ -108,7 +108,7 @@ class LedgerStore:
             EntryLogger(directory, settings.log_size_limit_bytes, files, index)
             for index, directory in enumerate(self.ledger_dirs)
         ]
-        self.index = EntryIndex(self.ledger_dirs[0] / "index.sqlite", files)
+        self.index = EntryIndex(self.ledger_dirs[0] / INDEX_FILE, files)
         self.tailer = JournalTailer(
             bookie_dir / "journal", JOURNAL_START, skip_invalid=skip_invalid_journal_records
         )
@@ -245,7 +245,7 @@ class LedgerStore:
                 if tail.status is TailStatus.CAUGHT_UP:
                     self._stalled_reason = ""
                     return True
-                if target is not None and self.applied >= target:
+                if target is not None and has_authority(self.applied, target):
                     return True
             return False
 
@@ -368,10 +368,10 @@ class LedgerStore:
 
     async def read(self, items: list[wire.ReadItem]) -> list[wire.ReadResult]:
         found = [self._locate(i) for i in items]
-        caught_up = True
+        authority = True
         if any(f is None for f in found):
             # The authority rule: look at everything the journal has before saying "no".
-            caught_up = await self.catch_up() and self.unsure is None
+            authority = await self.catch_up() and self.unsure is None
             found = [
                 f if f is not None else self._locate(i) for i, f in zip(items, found, strict=True)
             ]
@@ -380,7 +380,7 @@ class LedgerStore:
             self.stats.ledgerstore_read_entry += 1
             if where is None:
                 self.stats.ledgerstore_read_entry_absent += 1
-                status = self._absent(item, caught_up)
+                status = self._absent(item, authority)
                 results.append(wire.ReadResult(item.ledger_id, item.entry_id, status))
             elif isinstance(where, bytes):
                 results.append(
@@ -392,10 +392,10 @@ class LedgerStore:
         self.stats.read_cache_count = len(self._read_cache)
         return results
 
-    def _absent(self, item: wire.ReadItem, caught_up: bool) -> BookieStatus:
-        if self.limbo:
-            return limbo_absent_status(self.ledgers.get(item.ledger_id), item.entry_id, caught_up)
-        return absent_status(item.ledger_id in self.ledgers, caught_up)
+    def _absent(self, item: wire.ReadItem, authority: bool) -> BookieStatus:
+        info = self.ledgers.get(item.ledger_id)
+        first_entry_id = info.first_entry_id if info is not None else None
+        return absent_entry_status(item.entry_id, first_entry_id, authority, self.limbo)
 
     async def _read_from_disk(
         self, item: wire.ReadItem, location: EntryLocation
@@ -476,19 +476,6 @@ class LedgerStore:
                 return wire.LacReply(BookieStatus.UNKNOWN_LEDGER_STATE)
             return wire.LacReply(absent_status(False, caught_up))
         return wire.LacReply(BookieStatus.OK, info.lac, info.last_entry_id)
-
-    # -- operator view --------------------------------------------------------------------
-
-    def disk_files(self) -> list[dict]:
-        """Every entry log and index file of this ledgerstore, with sizes."""
-        rows = []
-        for directory in self.ledger_dirs:
-            if not directory.exists():
-                continue
-            for path in sorted(directory.iterdir()):
-                if path.is_file():
-                    rows.append({"path": str(path), "size_bytes": path.stat().st_size})
-        return rows
 
 
 def _follows(previous: EntryLocation, location: EntryLocation) -> bool:

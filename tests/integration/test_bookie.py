@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from services.journal.core import FILE_HEADER_SIZE, EntryRecord, scan_records
-from services.journal.journal import journal_files
 from shared import wire
+from shared.bookie.journal_dir import journal_files
+from shared.bookie.journal_format import FILE_HEADER_SIZE, EntryRecord, scan_records
 from shared.config import QuireSettings
 from shared.digest import DigestManager, master_key
 from shared.requests import request

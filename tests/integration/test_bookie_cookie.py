@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from services.journal.cookie import COOKIE_FILE, Cookie, CookieMismatch, reconcile
+from shared.bookie.cookie import COOKIE_FILE, Cookie, CookieMismatch, reconcile
 from shared.config import QuireSettings
 from shared.metaclient import MetadataClient
 from shared.status import BookieStatus

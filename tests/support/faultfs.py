@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.journal.files import FileLayer
+from shared.bookie.files import FileLayer
 
 
 class Crash(BaseException):  # noqa: N818 (a simulated process death, not an error)

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from services.journal.core import (
+from services.journal.journal import (
+    Journal,
+    JournalStartupError,
+    QueueFull,
+    replay,
+)
+from shared.bookie.journal_dir import journal_files
+from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
+    SNAPSHOT,
     EntryRecord,
     FenceRecord,
     JournalPosition,
@@ -20,14 +28,6 @@ from services.journal.core import (
     encode_file_header,
     encode_record,
     journal_file_name,
-)
-from services.journal.journal import (
-    SNAPSHOT,
-    Journal,
-    JournalStartupError,
-    QueueFull,
-    journal_files,
-    replay,
 )
 from shared.config import JournalSettings
 from shared.digest import DigestManager

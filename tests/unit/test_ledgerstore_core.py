@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from services.journal.core import (
+from services.ledgerstore.cache import WriteCache
+from services.ledgerstore.core import (
+    CursorAction,
+    EntryLocation,
+    LedgerInfo,
+    apply_to_ledgers,
+    frame_matches,
+    locate,
+    next_file,
+)
+from services.ledgerstore.storage import EntryIndex, EntryLogger, JournalTailer, TailStatus
+from shared.bookie.journal_format import (
     EntryRecord,
     FenceRecord,
     JournalPosition,
@@ -19,30 +30,7 @@ from services.journal.core import (
     encode_record,
     journal_file_name,
 )
-from services.ledgerstore.cache import WriteCache
-from services.ledgerstore.core import (
-    ENTRY_HEAD_SIZE,
-    ENTRYLOG_HEADER_SIZE,
-    CursorAction,
-    EntryLocation,
-    EntryLogFormatError,
-    LedgerInfo,
-    absent_status,
-    apply_to_ledgers,
-    check_entry_log_header,
-    decode_entry_head,
-    encode_entry,
-    encode_entry_log_header,
-    entry_log_name,
-    frame_matches,
-    limbo_absent_status,
-    locate,
-    next_file,
-    parse_entry_log_name,
-)
-from services.ledgerstore.storage import EntryIndex, EntryLogger, JournalTailer, TailStatus
 from shared.digest import DigestManager
-from shared.status import BookieStatus
 
 KEY = b"k" * 20
 DIGEST = DigestManager("crc32c")
@@ -50,23 +38,6 @@ DIGEST = DigestManager("crc32c")
 
 def frame(ledger_id: int, entry_id: int, lac: int = -1, payload: bytes = b"data") -> bytes:
     return DIGEST.sign(ledger_id, entry_id, lac, len(payload), payload)
-
-
-def test_entry_encoding() -> None:
-    data = encode_entry(2**64 - 1, 7, frame(1, 2))
-    assert decode_entry_head(data[:ENTRY_HEAD_SIZE]) == (2**64 - 1, 7, len(frame(1, 2)))
-    assert data[ENTRY_HEAD_SIZE:] == frame(1, 2)
-
-
-def test_entry_log_header_and_names() -> None:
-    header = encode_entry_log_header(3)
-    assert len(header) == ENTRYLOG_HEADER_SIZE
-    check_entry_log_header(header, 3)
-    for bad, log_id in [(header, 4), (header[:8], 3), (b"JUNK" + header[4:], 3)]:
-        with pytest.raises(EntryLogFormatError):
-            check_entry_log_header(bad, log_id)
-    assert parse_entry_log_name(entry_log_name(12)) == 12
-    assert parse_entry_log_name("index.sqlite") is None
 
 
 @pytest.mark.parametrize(
@@ -99,20 +70,6 @@ def test_apply_to_ledgers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("info", "entry_id", "expected"),
-    [
-        (None, 0, BookieStatus.UNKNOWN_LEDGER_STATE),  # not seen since the wipe
-        (LedgerInfo(), 0, BookieStatus.UNKNOWN_LEDGER_STATE),  # fenced, no entry since
-        (LedgerInfo(120, 119, first_entry_id=100), 50, BookieStatus.UNKNOWN_LEDGER_STATE),
-        (LedgerInfo(120, 119, first_entry_id=100), 121, BookieStatus.NO_ENTRY),
-        (LedgerInfo(3, 2, first_entry_id=0), 4, BookieStatus.NO_ENTRY),
-    ],
-)
-def test_a_wiped_bookie_claims_absence_only_since_the_wipe(info, entry_id, expected) -> None:
-    assert limbo_absent_status(info, entry_id, caught_up=True) is expected
-
-
-@pytest.mark.parametrize(
     ("position", "files", "expected"),
     [
         (JournalPosition(1, 0), [], CursorAction.WAIT),
@@ -137,19 +94,6 @@ def test_locate(position, files, expected) -> None:
 )
 def test_next_file(position, files, expected) -> None:
     assert next_file(position, files) == expected
-
-
-@pytest.mark.parametrize(
-    ("known", "caught_up", "expected"),
-    [
-        (True, True, BookieStatus.NO_ENTRY),
-        (False, True, BookieStatus.NO_LEDGER),
-        (True, False, BookieStatus.UNKNOWN_LEDGER_STATE),
-        (False, False, BookieStatus.UNKNOWN_LEDGER_STATE),
-    ],
-)
-def test_absent_status_never_claims_absence_when_unsure(known, caught_up, expected) -> None:
-    assert absent_status(known, caught_up) is expected
 
 
 # -- file-level pieces --------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The simulator: the real protocol cores under seeded faults. A thousand seeds pass; the
 same seed gives the same transcript in any process; a broken rule is caught; the classic
-scenarios match their golden transcripts (QUIRE_UPDATE_GOLDEN=1 rewrites them)."""
+scenarios match their golden transcripts (a missing one fails; QUIRE_UPDATE_GOLDEN=1
+writes them)."""
 
 from __future__ import annotations
 
@@ -85,9 +86,11 @@ def test_scenario_transcript_matches_its_golden_file(name: str) -> None:
     result = run_config(SCENARIOS[name])
     assert result.ok, result.error
     golden = GOLDEN_DIR / f"{name}.txt"
-    if os.environ.get("QUIRE_UPDATE_GOLDEN") == "1" or not golden.exists():
+    if os.environ.get("QUIRE_UPDATE_GOLDEN") == "1":
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(result.log)
+    # A missing golden file fails: a scenario's first transcript is read before it is kept.
+    assert golden.exists(), f"no golden transcript {golden}: QUIRE_UPDATE_GOLDEN=1 writes it"
     assert result.log == golden.read_text(), (
         f"{name} changed: diff it against {golden}; QUIRE_UPDATE_GOLDEN=1 rewrites it"
     )

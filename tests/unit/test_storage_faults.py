@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from services.journal.core import (
+from services.journal.journal import Journal, JournalStartupError, replay
+from services.ledgerstore.core import verify_stored
+from services.ledgerstore.store import LedgerStore
+from shared import wire
+from shared.bookie.files import OS_FILES, FileLayer
+from shared.bookie.journal_dir import journal_files
+from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
     EntryRecord,
     encode_batch,
@@ -20,11 +26,6 @@ from services.journal.core import (
     journal_file_name,
     scan_records,
 )
-from services.journal.files import OS_FILES, FileLayer
-from services.journal.journal import Journal, JournalStartupError, journal_files, replay
-from services.ledgerstore.core import verify_stored
-from services.ledgerstore.store import LedgerStore
-from shared import wire
 from shared.config import JournalSettings, LedgerstoreSettings
 from shared.digest import DigestManager
 from shared.status import BookieStatus

@@ -21,7 +21,7 @@ import logging
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from services.journal.files import OS_FILES, FileLayer
+from shared.bookie.files import OS_FILES, FileLayer
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,18 @@
+"""The bookie as a library: its on-disk formats and its per-ledger rules.
+
+Used by the journal and ledgerstore services, the storage CLI (`quire shell readjournal|
+readlog|ledger|lastmark`) and the simulator, so that each format and rule is written once.
+
+Pure (no IO, no clock):
+    journal_format   journal records, journal files, LastLogMark, ledger-state snapshot,
+                     JournalPosition
+    entrylog_format  entry logs (BookKeeper's interleaved EntryLogger)
+    index_schema     the ledgerstore index's SQLite schema and queries
+    rules            BookieLedgerState (master key, fence, LAC, recovery adds), add
+                     admission, the fence/write_lac records, the absent/UNKNOWN read answer
+IO:
+    journal_dir      listing the journal directory
+    files            FileLayer: every write, sync, truncate of the bookie's files (the fault
+                     tests swap it)
+    cookie           the bookie's identity cookie on disk and its reconciliation
+"""

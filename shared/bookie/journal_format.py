@@ -1,0 +1,431 @@
+"""The journal's on-disk format: records, journal files, the LastLogMark and the
+ledger-state snapshot. Pure: no IO, no clock.
+
+The journal service writes these bytes; the ledgerstore (which follows the journal's
+files), the storage CLI (`quire shell readjournal|lastmark`) and the simulator read or
+build them with the same code.
+
+A journal file (`journal-NNNNNN.log`) is a 16-byte header, then records:
+
+    file header  magic "QJNL" | version u16 | reserved u16 | file_id u64
+    record       size u32 | crc u32 | kind u8 | body (size - 1 bytes)
+
+`crc` is CRC32C over the size field, the kind and the body, so a torn or flipped size
+is caught as surely as a flipped payload byte. Record kinds and their bodies:
+
+    ENTRY         master_key 20s | frame     (ledger, entry, LAC come from the frame header)
+    MASTER_KEY    ledger u64 | master_key 20s
+    FENCE         ledger u64
+    LAC           ledger u64 | lac i64       (an explicit LAC, BookKeeper's writeLac)
+    LEDGER_STATE  ledger u64 | master_key 20s | flags u8 | lac i64 | last_entry i64
+                  (only in the ledger-state snapshot written at checkpoints)
+    BATCH         count u32 | size u32       (format 2: opens each group commit; the
+                                              `size` bytes after it are its `count` records)
+    ENTRY_DIGEST  digest u8 | master_key 20s | frame   (format 2: ENTRY plus the code of
+                                              the ledger's digest type, 0 = unknown)
+
+Why BATCH: a group commit is one write then one fdatasync, and the next one starts only
+after that fsync returned. So after a crash only the LAST batch can be partly on disk,
+and its pages may land in any order (a record torn in its middle while a later record of
+it survived). A bad record followed by valid records of the same batch is therefore a
+torn tail; a bad record followed by a later valid BATCH header is damage to bytes that
+were once fsynced, and the journal refuses to start.
+
+A position is (file_id, offset): the byte offset just after a record, i.e. where the next
+record starts. Positions only grow: the journal never appends to a file it replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+import crc32c as _crc32c
+
+from shared.digest import HEADER_SIZE, MASTER_KEY_SIZE, DigestMismatch, parse_header
+
+FORMAT_VERSION = 2  # 2: group commits open with a BATCH record
+READABLE_VERSIONS = (1, 2)
+SNAPSHOT_VERSION = 1
+JOURNAL_MAGIC = b"QJNL"
+SNAPSHOT_MAGIC = b"QJSN"
+FILE_HEADER = struct.Struct(">4sHHQ")
+FILE_HEADER_SIZE = FILE_HEADER.size  # 16
+RECORD_HEAD = struct.Struct(">II")  # size, crc
+RECORD_HEAD_SIZE = RECORD_HEAD.size  # 8
+# A record is at most one entry (<= the gateway's max entry size, 5 MiB by default) plus its
+# key; anything larger in a size field is damage, not data.
+MAX_RECORD_SIZE = 64 * 1024 * 1024
+NO_KEY = b""
+ZERO_KEY = bytes(MASTER_KEY_SIZE)  # NO_KEY in a snapshot (a SHA-1 is never all zeros)
+
+_SIZE = struct.Struct(">I")
+_KIND = struct.Struct(">B")
+_LEDGER = struct.Struct(">Q")
+_MASTER_KEY = struct.Struct(f">Q{MASTER_KEY_SIZE}s")
+_LAC = struct.Struct(">Qq")
+_LEDGER_STATE = struct.Struct(f">Q{MASTER_KEY_SIZE}sBqq")
+_BATCH = struct.Struct(">II")
+_DIGEST_CODE = struct.Struct(">B")
+_SNAPSHOT_HEAD = struct.Struct(">4sHHQQI")  # magic, version, reserved, file_id, offset, count
+_FILE_NAME = re.compile(r"^journal-(\d{6,})\.log$")
+# Beside the journal files in the journal directory:
+LAST_MARK = "lastMark"  # encode_last_mark: where replay starts
+SNAPSHOT = "ledgers.snapshot"  # encode_snapshot: the ledger facts as of a position
+
+
+class JournalFormatError(ValueError):
+    """Bytes that are not a valid journal record, file header or snapshot."""
+
+
+def journal_file_name(file_id: int) -> str:
+    return f"journal-{file_id:06d}.log"
+
+
+def parse_journal_file_name(name: str) -> int | None:
+    match = _FILE_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class JournalPosition:
+    file_id: int
+    offset: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"file": self.file_id, "offset": self.offset}
+
+    @classmethod
+    def from_json(cls, data: dict) -> JournalPosition:
+        file_id, offset = data["file"], data["offset"]
+        if not (isinstance(file_id, int) and isinstance(offset, int)):
+            raise JournalFormatError(f"bad journal position {data!r}")
+        if file_id < 1 or offset < 0:
+            raise JournalFormatError(f"bad journal position {data!r}")
+        return cls(file_id, offset)
+
+
+# The very beginning of the journal: file ids start at 1.
+JOURNAL_START = JournalPosition(1, 0)
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+class RecordKind(IntEnum):
+    ENTRY = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    LAC = 4
+    LEDGER_STATE = 5
+    BATCH = 6
+    ENTRY_DIGEST = 7
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRecord:
+    master_key: bytes
+    frame: bytes
+    ledger_id: int
+    entry_id: int
+    lac: int
+    # The ledger's digest type as the add's flags carried it (shared.wire digest codes);
+    # 0: unknown, the bookie does not verify this entry's digest on reads.
+    digest_code: int = 0
+
+    @classmethod
+    def of(cls, master_key: bytes, frame: bytes, digest_code: int = 0) -> EntryRecord:
+        """An entry record; DigestMismatch if the frame has no complete header."""
+        ledger_id, entry_id, lac, _length = parse_header(frame)
+        return cls(master_key, frame, ledger_id, entry_id, lac, digest_code)
+
+
+@dataclass(frozen=True, slots=True)
+class MasterKeyRecord:
+    ledger_id: int
+    master_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRecord:
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LacRecord:
+    ledger_id: int
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStateRecord:
+    ledger_id: int
+    master_key: bytes
+    fenced: bool
+    lac: int
+    last_entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    count: int  # records in the batch after this one
+    size: int  # their bytes
+
+
+Record = EntryRecord | MasterKeyRecord | FenceRecord | LacRecord | LedgerStateRecord | BatchRecord
+
+
+def _body(record: Record) -> tuple[RecordKind, bytes]:
+    match record:
+        case EntryRecord(master_key=key, frame=frame, digest_code=code):
+            return RecordKind.ENTRY_DIGEST, _DIGEST_CODE.pack(code) + key + frame
+        case BatchRecord(count=count, size=size):
+            return RecordKind.BATCH, _BATCH.pack(count, size)
+        case MasterKeyRecord(ledger_id=ledger_id, master_key=key):
+            return RecordKind.MASTER_KEY, _MASTER_KEY.pack(ledger_id, key)
+        case FenceRecord(ledger_id=ledger_id):
+            return RecordKind.FENCE, _LEDGER.pack(ledger_id)
+        case LacRecord(ledger_id=ledger_id, lac=lac):
+            return RecordKind.LAC, _LAC.pack(ledger_id, lac)
+        case LedgerStateRecord():
+            return RecordKind.LEDGER_STATE, _LEDGER_STATE.pack(
+                record.ledger_id,
+                record.master_key,
+                int(record.fenced),
+                record.lac,
+                record.last_entry_id,
+            )
+    raise TypeError(f"not a journal record: {record!r}")
+
+
+def encode_record(record: Record) -> bytes:
+    if type(record) is EntryRecord:
+        return _encode_entry_record(record)
+    return encode_record_generic(record)
+
+
+def encode_record_generic(record: Record) -> bytes:
+    """Any record through `_body` (entries take a faster path with the same bytes)."""
+    kind, body = _body(record)
+    if isinstance(record, EntryRecord | MasterKeyRecord) and len(record.master_key) != 20:
+        raise ValueError("master key must be 20 bytes")
+    size = _SIZE.pack(1 + len(body))
+    kind_byte = _KIND.pack(kind)
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(kind_byte, _crc32c.crc32c(size)))
+    return b"".join((size, struct.pack(">I", crc), kind_byte, body))
+
+
+_ENTRY_DIGEST_KIND = _KIND.pack(RecordKind.ENTRY_DIGEST)
+
+
+def _encode_entry_record(record: EntryRecord) -> bytes:
+    """`encode_record` of an entry, the hot path of every add: the same bytes as through
+    `_body`, with no copy of the frame before the final join."""
+    if len(record.master_key) != MASTER_KEY_SIZE:
+        raise ValueError("master key must be 20 bytes")
+    frame = record.frame
+    size = _SIZE.pack(2 + MASTER_KEY_SIZE + len(frame))
+    # The kind, the digest code and the key: everything of the body before the frame.
+    head = _ENTRY_DIGEST_KIND + _DIGEST_CODE.pack(record.digest_code) + record.master_key
+    crc = _crc32c.crc32c(frame, _crc32c.crc32c(size + head))
+    return b"".join((size, _SIZE.pack(crc), head, frame))
+
+
+def _fixed(fmt: struct.Struct, body: memoryview, kind: RecordKind) -> tuple:
+    if len(body) != fmt.size:
+        raise JournalFormatError(f"{kind.name} record body of {len(body)} bytes")
+    return fmt.unpack(body)
+
+
+_ENTRY_DIGEST_VALUE = int(RecordKind.ENTRY_DIGEST)
+_ENTRY_MIN_BODY = 1 + MASTER_KEY_SIZE + HEADER_SIZE
+
+
+def decode_body(kind_value: int, body: memoryview) -> Record:
+    if kind_value == _ENTRY_DIGEST_VALUE and len(body) >= _ENTRY_MIN_BODY:
+        # Every add's record (the bookie's hot path): no enum lookup, no re-slicing.
+        frame = bytes(body[1 + MASTER_KEY_SIZE :])
+        ledger_id, entry_id, lac, _length = parse_header(frame)
+        return EntryRecord(
+            bytes(body[1 : 1 + MASTER_KEY_SIZE]), frame, ledger_id, entry_id, lac, body[0]
+        )
+    try:
+        kind = RecordKind(kind_value)
+    except ValueError as exc:
+        raise JournalFormatError(f"unknown record kind {kind_value}") from exc
+    if kind is RecordKind.ENTRY or kind is RecordKind.ENTRY_DIGEST:
+        code = 0
+        if kind is RecordKind.ENTRY_DIGEST:
+            code, body = body[0] if len(body) else 0, body[1:]
+        if len(body) < MASTER_KEY_SIZE + HEADER_SIZE:
+            raise JournalFormatError(f"entry record body of {len(body)} bytes")
+        try:
+            return EntryRecord.of(
+                bytes(body[:MASTER_KEY_SIZE]), bytes(body[MASTER_KEY_SIZE:]), code
+            )
+        except DigestMismatch as exc:
+            raise JournalFormatError(str(exc)) from exc
+    if kind is RecordKind.BATCH:
+        return BatchRecord(*_fixed(_BATCH, body, kind))
+    if kind is RecordKind.MASTER_KEY:
+        return MasterKeyRecord(*_fixed(_MASTER_KEY, body, kind))
+    if kind is RecordKind.FENCE:
+        return FenceRecord(*_fixed(_LEDGER, body, kind))
+    if kind is RecordKind.LAC:
+        return LacRecord(*_fixed(_LAC, body, kind))
+    ledger_id, key, flags, lac, last = _fixed(_LEDGER_STATE, body, kind)
+    return LedgerStateRecord(ledger_id, key, bool(flags & 1), lac, last)
+
+
+class ScanStop(Enum):
+    END = "end"  # every byte was a complete, valid record
+    INCOMPLETE = "incomplete"  # the last record runs past the end of the bytes
+    BAD = "bad"  # a record that is complete but fails its checks
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    start: int  # offset of the record's first byte
+    end: int  # offset just after it: the position once it is applied
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    records: list[ScannedRecord]
+    end: int  # offset just after the last valid record (where scanning stopped)
+    stop: ScanStop
+    reason: str = ""
+    # For INCOMPLETE: how many bytes from `end` the stopping record needs.
+    needed_bytes: int = 0
+
+
+def _try_record(buf: memoryview, at: int) -> tuple[ScanStop | None, str, int, Record | None]:
+    """(None, "", end, record) for a valid record at `at`, else the stop and why."""
+    available = len(buf) - at
+    if available < RECORD_HEAD_SIZE:
+        return ScanStop.INCOMPLETE, "record header cut short", RECORD_HEAD_SIZE, None
+    size, crc = RECORD_HEAD.unpack_from(buf, at)
+    if size < 1 or size > MAX_RECORD_SIZE:
+        return ScanStop.BAD, f"impossible record size {size}", 0, None
+    if available < RECORD_HEAD_SIZE + size:
+        return ScanStop.INCOMPLETE, "record cut short", RECORD_HEAD_SIZE + size, None
+    payload = buf[at + RECORD_HEAD_SIZE : at + RECORD_HEAD_SIZE + size]
+    if _crc32c.crc32c(payload, _crc32c.crc32c(buf[at : at + 4])) != crc:
+        return ScanStop.BAD, "checksum mismatch", 0, None
+    try:
+        record = decode_body(payload[0], payload[1:])
+    except JournalFormatError as exc:
+        return ScanStop.BAD, str(exc), 0, None
+    return None, "", at + RECORD_HEAD_SIZE + size, record
+
+
+def scan_records(
+    buf: bytes | memoryview, base_offset: int = 0, max_records: int | None = None
+) -> ScanResult:
+    """Decode the records in `buf`, which holds a file's bytes from `base_offset` on.
+    Stops at the end, at an incomplete record, at a bad one, or after `max_records`."""
+    view = memoryview(buf)
+    records: list[ScannedRecord] = []
+    at = 0
+    while at < len(view):
+        if max_records is not None and len(records) >= max_records:
+            return ScanResult(records, base_offset + at, ScanStop.END)
+        stop, reason, end_or_needed, record = _try_record(view, at)
+        if stop is not None:
+            needed = end_or_needed if stop is ScanStop.INCOMPLETE else 0
+            return ScanResult(records, base_offset + at, stop, reason, needed)
+        assert record is not None
+        records.append(ScannedRecord(base_offset + at, base_offset + end_or_needed, record))
+        at = end_or_needed
+    return ScanResult(records, base_offset + at, ScanStop.END)
+
+
+def next_valid_record(buf: bytes | memoryview, start: int, batch_only: bool = False) -> int | None:
+    """The offset of the first valid record (a BATCH record if `batch_only`) at or after
+    `start`, or None. Used to tell a tear from damage, and to resynchronise past damage
+    when the operator allows it."""
+    view = memoryview(buf)
+    for at in range(start, len(view) - RECORD_HEAD_SIZE + 1):
+        stop, _, _, record = _try_record(view, at)
+        if stop is None and (not batch_only or isinstance(record, BatchRecord)):
+            return at
+    return None
+
+
+def encode_batch(records: Sequence[bytes]) -> bytes:
+    """One group commit as written: a BATCH record, then the encoded records."""
+    body = b"".join(records)
+    return encode_record(BatchRecord(len(records), len(body))) + body
+
+
+# -- file headers -------------------------------------------------------------------------
+
+
+def encode_file_header(file_id: int, version: int = FORMAT_VERSION) -> bytes:
+    return FILE_HEADER.pack(JOURNAL_MAGIC, version, 0, file_id)
+
+
+def file_format_version(buf: bytes | memoryview) -> int:
+    """The format version in a complete file header (check it first)."""
+    return FILE_HEADER.unpack_from(buf, 0)[1]
+
+
+def check_file_header(buf: bytes | memoryview, file_id: int) -> bool:
+    """True if `buf` starts with the header of journal file `file_id`; False if it is too
+    short to tell (a file being created); JournalFormatError if it is another file."""
+    if len(buf) < FILE_HEADER_SIZE:
+        if not any(
+            bytes(buf) == encode_file_header(file_id, v)[: len(buf)] for v in READABLE_VERSIONS
+        ):
+            raise JournalFormatError("not a Quire journal file header")
+        return False
+    magic, version, _, got_id = FILE_HEADER.unpack_from(buf, 0)
+    if magic != JOURNAL_MAGIC:
+        raise JournalFormatError("not a Quire journal file (bad magic)")
+    if version not in READABLE_VERSIONS:
+        raise JournalFormatError(f"unsupported journal format version {version}")
+    if got_id != file_id:
+        raise JournalFormatError(f"header says file {got_id}, name says {file_id}")
+    return True
+
+
+# -- LastLogMark and the ledger-state snapshot --------------------------------------------
+
+
+def encode_last_mark(position: JournalPosition) -> bytes:
+    return json.dumps(position.to_json()).encode()
+
+
+def decode_last_mark(data: bytes) -> JournalPosition:
+    try:
+        return JournalPosition.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise JournalFormatError(f"bad lastMark: {exc}") from exc
+
+
+def encode_snapshot(position: JournalPosition, records: Sequence[LedgerStateRecord]) -> bytes:
+    """The durable ledger facts as of `position`: replay starts there, not at file 1."""
+    head = _SNAPSHOT_HEAD.pack(
+        SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, position.file_id, position.offset, len(records)
+    )
+    return head + b"".join(encode_record(r) for r in records)
+
+
+def decode_snapshot(data: bytes) -> tuple[JournalPosition, list[LedgerStateRecord]]:
+    if len(data) < _SNAPSHOT_HEAD.size:
+        raise JournalFormatError("snapshot shorter than its header")
+    magic, version, _, file_id, offset, count = _SNAPSHOT_HEAD.unpack_from(data, 0)
+    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+        raise JournalFormatError("not a Quire ledger-state snapshot")
+    scan = scan_records(memoryview(data)[_SNAPSHOT_HEAD.size :])
+    if scan.stop is not ScanStop.END or len(scan.records) != count:
+        raise JournalFormatError(f"damaged snapshot ({scan.reason or 'record count'})")
+    records = [s.record for s in scan.records]
+    if not all(isinstance(r, LedgerStateRecord) for r in records):
+        raise JournalFormatError("snapshot holds records other than ledger state")
+    return JournalPosition(file_id, offset), records  # type: ignore[return-value]

@@ -1,0 +1,230 @@
+"""The bookie's per-ledger rules: what it accepts and what it answers. Pure: no IO, no
+clock. The journal service (adds, fence, write_lac), the ledgerstore (reads) and the
+simulator's bookie all call these; there is no second copy.
+
+BookKeeper's Bookie.addEntry / fenceLedger / setExplicitLac:
+- the first request for a ledger sets its master key; a different key is UNAUTHORIZED;
+- a fenced ledger refuses normal adds (FENCED) but takes recovery adds;
+- LAC is the max of every piggybacked LAC and every explicit LAC;
+- "no such entry" (NO_ENTRY, NO_LEDGER) only with authority: once everything the journal
+  had acknowledged when the question came is applied; otherwise UNKNOWN_LEDGER_STATE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from shared import wire
+from shared.bookie.journal_format import (
+    NO_KEY,
+    ZERO_KEY,
+    EntryRecord,
+    FenceRecord,
+    JournalPosition,
+    LacRecord,
+    LedgerStateRecord,
+    MasterKeyRecord,
+    Record,
+)
+from shared.digest import DigestMismatch
+from shared.status import BookieStatus
+
+MAX_ENTRY_ID = 2**63 - 1  # the wire's i64 cannot carry a larger entry id back
+
+
+@dataclass(slots=True)
+class LedgerFacts:
+    master_key: bytes = NO_KEY  # NO_KEY until a fence or write_lac or add sets it
+    fenced: bool = False
+    lac: int = -1
+    last_entry_id: int = -1
+
+
+class BookieLedgerState:
+    """What a bookie knows about each ledger: master key, fenced flag, LAC, last entry.
+
+    `check_*` decide whether a request may proceed; `apply` records a fact that the journal
+    accepted. Replay applies records without checks: they were checked when written.
+    """
+
+    def __init__(self) -> None:
+        self._ledgers: dict[int, LedgerFacts] = {}
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+    def __contains__(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers
+
+    def get(self, ledger_id: int) -> LedgerFacts | None:
+        return self._ledgers.get(ledger_id)
+
+    def check_master_key(self, ledger_id: int, master_key: bytes) -> BookieStatus:
+        facts = self._ledgers.get(ledger_id)
+        if facts is None or facts.master_key == NO_KEY or facts.master_key == master_key:
+            return BookieStatus.OK
+        return BookieStatus.UNAUTHORIZED
+
+    def check_add(self, ledger_id: int, master_key: bytes, flags: int) -> BookieStatus:
+        status = self.check_master_key(ledger_id, master_key)
+        if status is not BookieStatus.OK:
+            return status
+        facts = self._ledgers.get(ledger_id)
+        if facts is not None and facts.fenced and not flags & wire.FLAG_RECOVERY_ADD:
+            return BookieStatus.FENCED
+        return BookieStatus.OK
+
+    def needs_master_key(self, ledger_id: int) -> bool:
+        """A fence or write_lac on a ledger without a key must journal the key first."""
+        facts = self._ledgers.get(ledger_id)
+        return facts is None or facts.master_key == NO_KEY
+
+    def apply(self, record: Record) -> None:
+        if type(record) is EntryRecord:  # every add, twice (live, then durable): no match
+            facts = self._facts(record.ledger_id, record.master_key)
+            if record.entry_id > facts.last_entry_id:
+                facts.last_entry_id = record.entry_id
+            if record.lac > facts.lac:
+                facts.lac = record.lac
+            return
+        match record:
+            case MasterKeyRecord():
+                self._facts(record.ledger_id, record.master_key)
+            case FenceRecord():
+                self._facts(record.ledger_id, NO_KEY).fenced = True
+            case LacRecord():
+                facts = self._facts(record.ledger_id, NO_KEY)
+                facts.lac = max(facts.lac, record.lac)
+            case LedgerStateRecord():
+                key = NO_KEY if record.master_key == ZERO_KEY else record.master_key
+                self._ledgers[record.ledger_id] = LedgerFacts(
+                    key, record.fenced, record.lac, record.last_entry_id
+                )
+
+    def _facts(self, ledger_id: int, master_key: bytes) -> LedgerFacts:
+        facts = self._ledgers.get(ledger_id)
+        if facts is None:
+            facts = self._ledgers[ledger_id] = LedgerFacts(master_key)
+        elif facts.master_key == NO_KEY:
+            facts.master_key = master_key
+        return facts
+
+    def copy(self) -> BookieLedgerState:
+        other = type(self)()  # a subclass (the simulator's broken rules) stays itself
+        other._ledgers = {k: replace(v) for k, v in self._ledgers.items()}
+        return other
+
+    def snapshot_records(self) -> list[LedgerStateRecord]:
+        return [
+            LedgerStateRecord(ledger_id, f.master_key or ZERO_KEY, f.fenced, f.lac, f.last_entry_id)
+            for ledger_id, f in sorted(self._ledgers.items())
+        ]
+
+
+# -- adds ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to each item of an add batch, and the records to journal for it."""
+
+    results: list[wire.AddResult]
+    records: list[EntryRecord]
+
+
+def admit_adds(state: BookieLedgerState, items: Sequence[wire.AddItem]) -> Admission:
+    """Check every item of an add batch against the ledger rules, in order, applying each
+    admitted record to `state` (the journal's live state) at once, so that each item sees
+    the ones before it. The caller journals `records` and answers `results` once they are
+    durable (or, if it cannot queue them, must not have called this: see `refuse_adds`)."""
+    results: list[wire.AddResult] = []
+    admitted: list[EntryRecord] = []
+    for item in items:
+        try:
+            record: EntryRecord | None = EntryRecord.of(
+                item.master_key, item.frame, wire.digest_code_of(item.flags)
+            )
+        except DigestMismatch:
+            record = None
+        if record is None or record.entry_id > MAX_ENTRY_ID:
+            # No header, or an entry id the wire's i64 cannot carry back.
+            ledger_id = record.ledger_id if record else 0
+            results.append(wire.AddResult(ledger_id, -1, BookieStatus.BAD_REQUEST))
+            continue
+        status = state.check_add(record.ledger_id, record.master_key, item.flags)
+        if status is BookieStatus.OK:
+            state.apply(record)
+            admitted.append(record)
+        results.append(wire.AddResult(record.ledger_id, record.entry_id, status))
+    return Admission(results, admitted)
+
+
+def refuse_adds(items: Sequence[wire.AddItem], status: BookieStatus) -> list[wire.AddResult]:
+    """The answer to a batch refused whole (READ_ONLY, TOO_MANY_REQUESTS): each item's
+    ids as far as its frame tells them."""
+    return [wire.AddResult(*_ids(item.frame), status) for item in items]
+
+
+def _ids(frame: bytes) -> tuple[int, int]:
+    try:
+        record = EntryRecord.of(b"", frame)
+    except DigestMismatch:
+        return 0, -1
+    return record.ledger_id, record.entry_id if record.entry_id <= MAX_ENTRY_ID else -1
+
+
+# -- fence and explicit LAC ---------------------------------------------------------------
+
+
+def meta_records(
+    state: BookieLedgerState, ledger_id: int, master_key: bytes, record: FenceRecord | LacRecord
+) -> tuple[BookieStatus, list[Record]]:
+    """A fence or write_lac: the key check, and the records to journal (the ledger's key
+    first if it has none). Nothing is applied: the caller applies them once queued."""
+    status = state.check_master_key(ledger_id, master_key)
+    if status is not BookieStatus.OK:
+        return status, []
+    if state.needs_master_key(ledger_id):
+        return status, [MasterKeyRecord(ledger_id, master_key), record]
+    return status, [record]
+
+
+# -- reads: the authority rule ------------------------------------------------------------
+
+
+def has_authority(applied: JournalPosition, acknowledged: JournalPosition) -> bool:
+    """Whether the ledgerstore may claim absence: it has applied the journal up to
+    `acknowledged`, the journal's durable end when the question came (every add answered
+    OK before the question is below it)."""
+    return applied >= acknowledged
+
+
+def absent_status(ledger_known: bool, authority: bool) -> BookieStatus:
+    """The answer for an entry the index does not have. Recovery trusts NO_ENTRY and
+    NO_LEDGER to mean "never written here", so they need authority (`has_authority`);
+    otherwise the honest answer is UNKNOWN_LEDGER_STATE."""
+    if not authority:
+        return BookieStatus.UNKNOWN_LEDGER_STATE
+    return BookieStatus.NO_ENTRY if ledger_known else BookieStatus.NO_LEDGER
+
+
+def limbo_absent_status(first_entry_id: int | None, entry_id: int, authority: bool) -> BookieStatus:
+    """`absent_status` on a bookie whose disk was wiped (its cookie is in limbo): absence
+    is only claimed for entries at or after the first one it stored since the wipe
+    (`first_entry_id`: None if the ledger is unknown, -1 if it has no entry here); the rest
+    it may have held before, so the answer is UNKNOWN_LEDGER_STATE."""
+    if first_entry_id is None or first_entry_id < 0 or entry_id < first_entry_id:
+        return BookieStatus.UNKNOWN_LEDGER_STATE
+    return absent_status(True, authority)
+
+
+def absent_entry_status(
+    entry_id: int, first_entry_id: int | None, authority: bool, limbo: bool = False
+) -> BookieStatus:
+    """The read answer for an entry the bookie does not have: `first_entry_id` is the
+    lowest entry of the ledger it has applied (None: the ledger is unknown here, -1: known
+    without entries)."""
+    if limbo:
+        return limbo_absent_status(first_entry_id, entry_id, authority)
+    return absent_status(first_entry_id is not None, authority)
