@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Bookie operations and which process of the bookie answers them.
-JOURNAL_OPS = ("add", "fence", "write_lac")
-LEDGERSTORE_OPS = ("read", "read_lac")
 # Bookie-internal: the journal tells its ledgerstore that records were committed, and the
 # ledgerstore tells its journal how far it has checkpointed.
 JOURNAL_COMMITTED = "journal.committed"

@@ -4,8 +4,8 @@ test). Each is a subclass of the real core with one rule bent; the core itself i
 from __future__ import annotations
 
 from quire.sim.model import Faults
-from services.gateway.core import LedgerWriter
-from services.gateway.recovery import LedgerRecovery
+from shared.protocol.recovery import LedgerRecovery, RecoveryPhase
+from shared.protocol.writer import LedgerWriter
 from shared.quorum import AckSet, QuorumSpec
 from shared.status import BookieStatus
 from shared.wire import ReadResult
@@ -26,7 +26,7 @@ class UnfencedRecovery(LedgerRecovery):
     had answered, so the old writer can go on being acknowledged."""
 
     def _start_fence(self) -> None:
-        self.phase = "fence"
+        self._enter(RecoveryPhase.FENCE)
         self._fenced = self.metadata
         self.max_lac = self.metadata.segments[-1].first_entry_id - 1
         self._fenced_ids = set(self.metadata.segments[-1].bookies)

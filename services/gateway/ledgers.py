@@ -21,41 +21,6 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 
 from services.gateway.bookie_client import BookieClient, BookieUnreachable
-from services.gateway.core import (
-    AddSendFailed,
-    BookieAddReply,
-    BookieReadReply,
-    CloseDone,
-    CloseFailed,
-    CompleteAdds,
-    EnsembleChanged,
-    EntryRead,
-    EntryReadFailed,
-    FailAdds,
-    LedgerReader,
-    LedgerUpdated,
-    LedgerUpdateFailed,
-    LedgerWriter,
-    ListWritableBookies,
-    ReadSendFailed,
-    ReplicaCorrupt,
-    SendAdds,
-    SendReads,
-    SendWriteLac,
-    UpdateLedger,
-    WritableBookies,
-    choose_ensemble,
-    chunk_adds,
-    lac_from_replies,
-)
-from services.gateway.recovery import (
-    FenceReply,
-    FenceSendFailed,
-    LedgerRecovery,
-    RecoveryDone,
-    RecoveryFailed,
-    SendFence,
-)
 from shared.config import QuireSettings
 from shared.digest import DigestManager, master_key
 from shared.events import EventPublisher
@@ -69,6 +34,37 @@ from shared.models import (
     ListLedgersReply,
     MetaErrorCode,
 )
+from shared.protocol.ensemble import choose_ensemble
+from shared.protocol.messages import (
+    AddSendFailed,
+    BookieAddReply,
+    BookieReadReply,
+    CloseDone,
+    CloseFailed,
+    CompleteAdds,
+    EnsembleChanged,
+    EntryRead,
+    EntryReadFailed,
+    FailAdds,
+    FenceReply,
+    FenceSendFailed,
+    LedgerUpdated,
+    LedgerUpdateFailed,
+    ListWritableBookies,
+    ReadSendFailed,
+    RecoveryDone,
+    RecoveryFailed,
+    ReplicaCorrupt,
+    SendAdds,
+    SendFence,
+    SendReads,
+    SendWriteLac,
+    UpdateLedger,
+    WritableBookies,
+)
+from shared.protocol.reader import LedgerReader, lac_from_replies
+from shared.protocol.recovery import LedgerRecovery
+from shared.protocol.writer import LedgerWriter
 from shared.status import ApiCodes, QuireError
 
 log = logging.getLogger(__name__)
@@ -191,10 +187,9 @@ class WriterHandle:
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed: asyncio.Future[LedgerMetadata] | None = None
         self._pump_scheduled = False
-        # Flow control per bookie: add requests awaiting an answer, and the sends held
-        # back meanwhile (merged into one request when an answer comes).
-        self._requests_in_flight: dict[str, int] = {}
-        self._held: dict[str, list[SendAdds]] = {}
+        # The core's flow-control counters as last reported to the metrics.
+        self._add_requests_seen = 0
+        self._add_sends_held_seen = 0
 
     @property
     def ledger_id(self) -> int:
@@ -202,10 +197,8 @@ class WriterHandle:
 
     async def append(self, payloads: Sequence[bytes]) -> tuple[int, int, int]:
         """Append and wait for the acknowledgement: (first, last, lac)."""
-        limit = self._ledgers.settings.gateway.max_pending_adds_per_ledger
-        # Back-pressure: wait while the pending adds would exceed the bound (a batch larger
-        # than the bound goes alone).
-        while self.core.pending_count and self.core.pending_count + len(payloads) > limit:
+        # Back-pressure: wait while the pending adds would exceed the core's bound.
+        while not self.core.fits(len(payloads)):
             await asyncio.shield(self._changed)
         now = self._ledgers.clock()
         first, last = self.core.add(payloads, now)
@@ -232,7 +225,7 @@ class WriterHandle:
         for command in self.core.take_commands():
             match command:
                 case SendAdds():
-                    self._send_or_hold(command)
+                    self._spawn(self._send(command))
                 case CompleteAdds():
                     self._complete(command)
                 case FailAdds():
@@ -251,7 +244,18 @@ class WriterHandle:
                 case CloseFailed():
                     if self._closed is not None and not self._closed.done():
                         self._closed.set_exception(QuireError(command.api, command.detail))
+        self._count_flow_control()
         self._ledgers.metrics.pending_adds.set(self._ledgers.pending_adds())
+
+    def _count_flow_control(self) -> None:
+        metrics = self._ledgers.metrics
+        sent, held = self.core.add_requests_sent, self.core.add_sends_held
+        if sent > self._add_requests_seen:
+            metrics.add_requests.inc(sent - self._add_requests_seen)
+            self._add_requests_seen = sent
+        if held > self._add_sends_held_seen:
+            metrics.add_sends_held.inc(held - self._add_sends_held_seen)
+            self._add_sends_held_seen = held
 
     def _spawn(self, coro) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -260,7 +264,7 @@ class WriterHandle:
         return task
 
     async def _update(self, command: UpdateLedger) -> None:
-        self.core.step(await self._ledgers.cas(command))
+        self.core.step(await self._ledgers.cas(command), self._ledgers.clock())
         self.pump()
 
     async def _list_writable(self) -> None:
@@ -269,7 +273,7 @@ class WriterHandle:
         except QuireError as exc:
             log.warning("no bookie list for an ensemble change", extra={"err": exc.detail})
             writable = []
-        self.core.step(WritableBookies(tuple(writable)))
+        self.core.step(WritableBookies(tuple(writable)), self._ledgers.clock())
         self.pump()
 
     async def _write_lac(self, command: SendWriteLac) -> None:
@@ -293,45 +297,6 @@ class WriterHandle:
                 ApiCodes.TIMEOUT, f"close of ledger {self.ledger_id} did not finish"
             ) from exc
 
-    def _send_or_hold(self, command: SendAdds) -> None:
-        """Send at once while the bookie has fewer than max_add_requests_per_bookie add
-        requests unanswered; else hold it until one is answered. Under a trickle of
-        appends (a rate, not a burst) every append would otherwise be a message of its
-        own to each bookie, and the per-message cost (client, NATS, three journals)
-        saturated the machine at half the entries/s that batches reach; held sends go
-        out together, so batches form by themselves as load grows, with no added wait
-        when a bookie is idle. The core keeps its own add timeouts meanwhile."""
-        limit = self._ledgers.settings.gateway.max_add_requests_per_bookie
-        bookie_id = command.bookie_id
-        if self._requests_in_flight.get(bookie_id, 0) >= limit:
-            self._held.setdefault(bookie_id, []).append(command)
-            self._ledgers.metrics.add_sends_held.inc()
-            return
-        self._send_now(command)
-
-    def _send_now(self, command: SendAdds) -> None:
-        bookie_id = command.bookie_id
-        self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
-        self._ledgers.metrics.add_requests.inc()
-        task = self._spawn(self._send(command))
-        # A done callback, not a `finally` in _send: it also runs for a task cancelled
-        # before it started, so a bookie's count can never stay up and hold its sends.
-        task.add_done_callback(lambda _: self._answered(bookie_id))
-
-    def _answered(self, bookie_id: str) -> None:
-        self._requests_in_flight[bookie_id] -= 1
-        self._release_held(bookie_id)
-
-    def _release_held(self, bookie_id: str) -> None:
-        """An answer came from the bookie: what was held for it goes out, merged (unless
-        the handle broke meanwhile: its adds have failed, nothing more goes out)."""
-        held = self._held.pop(bookie_id, None)
-        if not held or self.core.broken is not None:
-            return
-        queued = [pair for send in held for pair in zip(send.entry_ids, send.items, strict=True)]
-        for send in chunk_adds(bookie_id, queued, self.core.max_send_bytes):
-            self._send_now(send)
-
     async def _send(self, command: SendAdds) -> None:
         # A replaced bookie's late answer is harmless: the core maps answers by bookie.
         try:
@@ -341,7 +306,7 @@ class WriterHandle:
             )
         except BookieUnreachable as exc:
             event = AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
-        self.core.step(event)
+        self.core.step(event, self._ledgers.clock())
         self._schedule_pump()
 
     def _complete(self, command: CompleteAdds) -> None:
@@ -581,6 +546,8 @@ class Ledgers:
             max_send_bytes=self.bookies.max_send_bytes,
             rng=self._rng,
             explicit_lac_interval_ms=self.settings.gateway.explicit_lac_interval_ms,
+            max_add_requests_per_bookie=self.settings.gateway.max_add_requests_per_bookie,
+            max_pending_adds=self.settings.gateway.max_pending_adds_per_ledger,
             now_ms=self.clock(),
         )
         self.writers[created.ledger_id] = WriterHandle(core, self.bookies, self)

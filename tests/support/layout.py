@@ -10,7 +10,11 @@ CORES = [
     "shared/digest.py",
     "shared/wire.py",
     "shared/status.py",
+    "shared/protocol/messages.py",
+    "shared/protocol/ensemble.py",
+    "shared/protocol/writer.py",
+    "shared/protocol/reader.py",
+    "shared/protocol/recovery.py",
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/core.py")),
-    "services/gateway/recovery.py",
     "quire/sim/model.py",
 ]
