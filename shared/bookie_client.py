@@ -1,4 +1,4 @@
-"""Requests from a client (the gateway, the bench, the replicator) to bookies over NATS, in
+"""Requests from a client (the gateway, the bench) to bookies over NATS, in
 the binary wire codec: the `shared.protocol.transport.BookieTransport` over NATS.
 
 A thin transport: every failure to get a decodable answer (timeout, no responder, a micro

@@ -7,11 +7,14 @@
   (LedgerRecoveryOp).
 - `ensemble.choose_ensemble`: where a new ledger goes.
 - `messages`: the events the cores take and the commands they return.
+- `transport`: what a driver needs of the bookies and the metadata store (interfaces).
+- `driver`: the asyncio driver over the transports (`ProtocolClient`, `WriterHandle`), which
+  the gateway and the bench run. It is the one IO module of the package.
 
-Rules of the package (h11's and raft's):
+Rules of the cores (every module but `driver` and `transport`; h11's and raft's):
 - No IO, no clock, no randomness: time comes in as `now_ms`, randomness as a `random.Random`
-  the caller seeded. A driver does the sending: the gateway's, the bench's, the
-  simulator's (`quire.sim` runs these very classes under seeded faults).
+  the caller seeded. A driver does the sending: `driver.py`, or the simulator's
+  (`quire.sim` runs these very classes under seeded faults).
 - Input is `step(event, now_ms)` and `tick(now_ms)`; output is `take_commands()`: what the
   driver must now send, complete or fail, in order.
 - A user error raises `QuireError` at once; a broken invariant raises `AssertionError`.

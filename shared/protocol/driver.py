@@ -1,6 +1,6 @@
 """The asyncio driver of the protocol: runs the sans-IO cores (`writer`, `reader`,
 `recovery`) over a bookie transport and a metadata transport (`transport.py`). The
-gateway, the bench and the replicator all drive the cores through this one module.
+gateway and the bench drive the cores through this one module.
 
 Everything here is IO and the bookkeeping of futures; every protocol decision is the
 cores'. What the caller wants to count or announce (metrics, events) reaches it through a
