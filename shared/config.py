@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.protocol.writer import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE
+
 MIB = 1024 * 1024
 
 
@@ -160,7 +162,9 @@ class GatewaySettings(BaseModel):
     max_pending_adds_per_ledger: int = Field(default=10_000, ge=1)
     # Add requests a writer keeps unanswered per bookie; adds queued meanwhile go out
     # together in one request when an answer comes (batches form as load grows).
-    max_add_requests_per_bookie: int = Field(default=2, ge=1, le=1024)
+    max_add_requests_per_bookie: int = Field(
+        default=DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE, ge=1, le=1024
+    )
     # /readyz answers 200 only once this many writable bookies are registered.
     ready_min_writable_bookies: int = Field(default=1, ge=0)
 

@@ -34,7 +34,6 @@ from quire.bench.report import (
     write_plot,
 )
 from quire.bench.targets import (
-    PASSWORD,
     ClientTarget,
     InProcessTarget,
     JetStreamTarget,
@@ -322,7 +321,7 @@ def recovery(
     data_dir: Annotated[Path | None, typer.Option(show_default=False)] = None,
 ) -> None:
     """Time to recover (fence, read forward, close) an open ledger of N entries, through the
-    in-process client core: the writer stops without closing, another handle recovers."""
+    in-process protocol driver: the writer stops without closing, another client recovers."""
     quorum = Quorum(ensemble, write_quorum, ack_quorum)
     with cluster_access(None, data_dir, bookies, None) as access:
         machine = machine_info(access.fsync)
@@ -363,11 +362,10 @@ async def _recoveries(
     await recoverer.open()
     timings_ms = []
     try:
-        assert writer.ledgers is not None and recoverer.ledgers is not None
         payloads = [os.urandom(entry_size)] * 100
         for _ in range(runs):
             ledger_id = await writer.create()
-            handle = writer.ledgers.writers[ledger_id]
+            handle = writer.writers[ledger_id]
             window = asyncio.Semaphore(16)
 
             async def append(count: int, handle=handle, window=window) -> None:
@@ -378,14 +376,14 @@ async def _recoveries(
                 *(append(min(100, entries - start)) for start in range(0, entries, 100))
             )
             started = time.perf_counter()
-            recovered = await recoverer.ledgers.recover(ledger_id, PASSWORD.encode())
+            recovered = await recoverer.recover(ledger_id)
             timings_ms.append((time.perf_counter() - started) * 1000)
             if recovered.last_entry_id != entries - 1:
                 raise RuntimeError(
                     f"recovery of ledger {ledger_id} found last entry "
                     f"{recovered.last_entry_id}, expected {entries - 1}"
                 )
-            writer.ledgers.writers.pop(ledger_id, None)  # fenced now: the writer is done
+            writer.writers.pop(ledger_id, None)  # fenced now: the writer is done
     finally:
         await writer.aclose()
         await recoverer.aclose()

@@ -1,5 +1,5 @@
-"""What `quire bench` writes to: Quire through the in-process client core (the gateway's
-`Ledgers` driver over NATS), over HTTP or gRPC; or a JetStream stream for the comparison.
+"""What `quire bench` writes to: Quire through the in-process protocol driver
+(`shared.protocol.driver` over NATS), over HTTP or gRPC; or a JetStream stream for the comparison.
 
 A target opens, makes "ledgers" (a JetStream subject stands for one), and gives for each an
 `append(payloads)` coroutine that returns once the payloads are acknowledged durable."""
@@ -18,7 +18,14 @@ from pathlib import Path
 import nats
 
 from quire.infra import ManagedProcess, start_nats_cluster
+from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
+from shared.metaclient import MetadataClient
+from shared.models import LedgerMetadata
+from shared.protocol.driver import TICK_INTERVAL_S, ProtocolClient, WriterHandle
+from shared.service import connect_nats
+from shared.status import ApiCodes
+from shared.subjects import Subjects
 
 Append = Callable[[Sequence[bytes]], Awaitable[None]]
 PASSWORD = "quire-bench"
@@ -47,26 +54,20 @@ class Target(abc.ABC):
 
 
 class InProcessTarget(Target):
-    """The gateway's client core in this process, against the cluster's bookies and
-    metadata service over NATS: no HTTP, no gateway process in the path."""
+    """The protocol library's driver (`shared.protocol.driver`) in this process, against
+    the cluster's bookies and metadata service over NATS: no HTTP, no gateway in the path."""
 
     name = "quire"
 
     def __init__(self, settings: QuireSettings, quorum: Quorum) -> None:
         self.settings = settings
         self.quorum = quorum
-        self.ledgers = None
+        self.client: ProtocolClient | None = None
+        self.writers: dict[int, WriterHandle] = {}
         self._nc = None
         self._ticker: asyncio.Task | None = None
 
     async def open(self) -> None:
-        from services.gateway.bookie_client import BookieClient
-        from services.gateway.ledgers import Ledgers
-        from services.gateway.metrics import GatewayMetrics
-        from shared.metaclient import MetadataClient
-        from shared.service import connect_nats
-        from shared.subjects import Subjects
-
         settings = self.settings
         self._nc = await connect_nats(settings, name="quire-bench")
         subjects = Subjects(settings.subject_prefix)
@@ -77,12 +78,21 @@ class InProcessTarget(Target):
             add_timeout_ms=settings.gateway.add_bookie_timeout_ms,
             read_timeout_ms=settings.gateway.read_entry_timeout_ms,
         )
-        self.ledgers = Ledgers(self._nc, settings, meta, bookies, None, GatewayMetrics())
-        self._ticker = asyncio.create_task(self.ledgers.run_ticker())
+        self.client = ProtocolClient(bookies, meta, settings.gateway)
+        self._ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """Time passes for every writer (add timeouts, ensemble changes, explicit LAC)."""
+        assert self.client is not None
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            now = self.client.clock()
+            for handle in list(self.writers.values()):
+                handle.tick(now)
 
     async def create(self) -> int:
-        assert self.ledgers is not None
-        created = await self.ledgers.create(
+        assert self.client is not None
+        handle = await self.client.create_ledger(
             ensemble_size=self.quorum.ensemble,
             write_quorum=self.quorum.write_quorum,
             ack_quorum=self.quorum.ack_quorum,
@@ -90,12 +100,19 @@ class InProcessTarget(Target):
             password=PASSWORD.encode(),
             metadata={"app": "quire-bench"},
         )
-        return created.ledger_id
+        self.writers[handle.ledger_id] = handle
+        return handle.ledger_id
+
+    async def recover(self, ledger_id: int) -> LedgerMetadata:
+        """Fence and close the ledger (open-with-recovery); its closed metadata."""
+        assert self.client is not None
+        metadata = await self.client.meta.get_ledger(ledger_id)
+        core = await self.client.recover(metadata, PASSWORD.encode())
+        assert core.result is not None
+        return core.result
 
     async def ledger(self, index: int) -> Append:
-        ledger_id = await self.create()
-        assert self.ledgers is not None
-        handle = self.ledgers.writers[ledger_id]
+        handle = self.writers[await self.create()]
 
         async def append(payloads: Sequence[bytes]) -> None:
             await handle.append(payloads)
@@ -107,8 +124,10 @@ class InProcessTarget(Target):
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-        if self.ledgers is not None:
-            await self.ledgers.stop()
+        for handle in list(self.writers.values()):
+            await handle.drain(timeout_s=2.0)
+            handle.abort(ApiCodes.UNAVAILABLE, "the bench is stopping")
+        self.writers.clear()
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.drain()

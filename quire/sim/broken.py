@@ -5,9 +5,9 @@ one is untouched."""
 from __future__ import annotations
 
 from quire.sim.model import Faults
-from services.gateway.core import LedgerWriter
-from services.gateway.recovery import LedgerRecovery
 from shared.bookie.rules import BookieLedgerState
+from shared.protocol.recovery import LedgerRecovery, RecoveryPhase
+from shared.protocol.writer import LedgerWriter
 from shared.quorum import AckSet, QuorumSpec
 from shared.status import BookieStatus
 from shared.wire import FLAG_RECOVERY_ADD, ReadResult
@@ -28,7 +28,7 @@ class UnfencedRecovery(LedgerRecovery):
     had answered, so the old writer can go on being acknowledged."""
 
     def _start_fence(self) -> None:
-        self.phase = "fence"
+        self._enter(RecoveryPhase.FENCE)
         self._fenced = self.metadata
         self.max_lac = self.metadata.segments[-1].first_entry_id - 1
         self._fenced_ids = set(self.metadata.segments[-1].bookies)

@@ -1,8 +1,8 @@
 """The simulated world: a network, bookies, a metadata store and clients, all driven by one
 seeded random generator and one simulated clock, around the REAL protocol code.
 
-What is real here: the gateway's LedgerWriter, LedgerRecovery and LedgerReader
-(`services.gateway.core`, `services.gateway.recovery`) and the bookie's rules
+What is real here: the client protocol's LedgerWriter (with its flow control per
+bookie), LedgerRecovery and LedgerReader (`shared.protocol`) and the bookie's rules
 (`shared.bookie.rules`: add admission, the fence and write_lac records, the read answer
 for an absent entry) over BookieLedgerState and the journal's record types. What is
 simulated: the network (drop, delay and so reorder, duplicate, partition), the bookies'
@@ -22,39 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.gateway.core import (
-    AddSendFailed,
-    BookieAddReply,
-    BookieReadReply,
-    CloseDone,
-    CloseFailed,
-    CompleteAdds,
-    EnsembleChanged,
-    EntryRead,
-    EntryReadFailed,
-    FailAdds,
-    LedgerReader,
-    LedgerUpdated,
-    LedgerUpdateFailed,
-    LedgerWriter,
-    ListWritableBookies,
-    ReadSendFailed,
-    ReplicaCorrupt,
-    SendAdds,
-    SendReads,
-    SendWriteLac,
-    UpdateLedger,
-    WritableBookies,
-    lac_from_replies,
-)
-from services.gateway.recovery import (
-    FenceReply,
-    FenceSendFailed,
-    LedgerRecovery,
-    RecoveryDone,
-    RecoveryFailed,
-    SendFence,
-)
 from shared.bookie.journal_format import (
     JOURNAL_START,
     EntryRecord,
@@ -72,6 +39,36 @@ from shared.bookie.rules import (
 )
 from shared.digest import DigestManager, DigestType, master_key
 from shared.models import LedgerMetadata, LedgerState, Segment, UpdateLedgerRequest
+from shared.protocol.messages import (
+    AddSendFailed,
+    BookieAddReply,
+    BookieReadReply,
+    CloseDone,
+    CloseFailed,
+    CompleteAdds,
+    EnsembleChanged,
+    EntryRead,
+    EntryReadFailed,
+    FailAdds,
+    FenceReply,
+    FenceSendFailed,
+    LedgerUpdated,
+    LedgerUpdateFailed,
+    ListWritableBookies,
+    ReadSendFailed,
+    RecoveryDone,
+    RecoveryFailed,
+    ReplicaCorrupt,
+    SendAdds,
+    SendFence,
+    SendReads,
+    SendWriteLac,
+    UpdateLedger,
+    WritableBookies,
+)
+from shared.protocol.reader import LedgerReader, lac_from_replies
+from shared.protocol.recovery import LedgerRecovery
+from shared.protocol.writer import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE, LedgerWriter
 from shared.quorum import write_set
 from shared.status import BookieStatus, QuireError
 from shared.wire import ReadResult
@@ -143,6 +140,7 @@ class SimConfig:
     recovery_class: type[LedgerRecovery] = LedgerRecovery
     bookie_state_class: type[BookieLedgerState] = BookieLedgerState
     recovery_read_batch_size: int = 64  # entries a recovery reads at once
+    max_add_requests_per_bookie: int = DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE  # the writer's
     max_events: int = 200_000
 
 
@@ -459,6 +457,7 @@ class WriterClient(Client):
             rng=world.rng,
             explicit_lac_interval_ms=config.explicit_lac_interval_ms,
             ensemble_change_retry_ms=100,
+            max_add_requests_per_bookie=config.max_add_requests_per_bookie,
             now_ms=world.now_ms,
         )
         self.written: dict[int, bytes] = {}
@@ -481,7 +480,7 @@ class WriterClient(Client):
     def deliver(self, event: Any) -> None:
         if event is None:
             return
-        self.core.step(event)
+        self.core.step(event, self.world.now_ms)
         self.run()
 
     def tick(self) -> None:

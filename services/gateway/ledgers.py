@@ -1,94 +1,51 @@
-"""The gateway's driver: runs the sans-IO cores of `core.py` against real bookies (NATS) and
-the metadata service, and holds the writer handle of every ledger this gateway created.
-
-Everything here is IO and bookkeeping of futures; every protocol decision is the cores'."""
+"""The gateway's operations on ledgers, as the HTTP and gRPC APIs call them: the facade over
+the protocol library's driver (`shared.protocol.driver`). What stays here is the gateway's
+own: the password check, metadata errors as API codes, metrics, the acknowledgement events,
+the registry of this gateway's writer handles and the ticker that lets time pass for them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
-import os
 import random
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from services.gateway.bookie_client import BookieClient, BookieUnreachable
-from services.gateway.core import (
-    AddSendFailed,
-    BookieAddReply,
-    BookieReadReply,
-    CloseDone,
-    CloseFailed,
-    CompleteAdds,
-    EnsembleChanged,
-    EntryRead,
-    EntryReadFailed,
-    FailAdds,
-    LedgerReader,
-    LedgerUpdated,
-    LedgerUpdateFailed,
-    LedgerWriter,
-    ListWritableBookies,
-    ReadSendFailed,
-    ReplicaCorrupt,
-    SendAdds,
-    SendReads,
-    SendWriteLac,
-    UpdateLedger,
-    WritableBookies,
-    choose_ensemble,
-    chunk_adds,
-    lac_from_replies,
-)
-from services.gateway.recovery import (
-    FenceReply,
-    FenceSendFailed,
-    LedgerRecovery,
-    RecoveryDone,
-    RecoveryFailed,
-    SendFence,
-)
+from shared.bookie_client import BookieClient, BookieUnreachable
 from shared.config import QuireSettings
-from shared.digest import DigestManager, master_key
 from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import (
     BookieInfo,
-    BookieState,
-    CreateLedgerRequest,
     LedgerMetadata,
     LedgerState,
     ListLedgersReply,
     MetaErrorCode,
 )
+from shared.protocol.driver import (
+    TICK_INTERVAL_S,
+    Clock,
+    ProtocolClient,
+    ProtocolObserver,
+    WriterHandle,
+    monotonic_ms,
+    password_hash,
+)
+from shared.protocol.messages import EnsembleChanged, EntryReadFailed, ReplicaCorrupt
 from shared.status import ApiCodes, QuireError
 
 log = logging.getLogger(__name__)
 
-TICK_INTERVAL_S = 0.05
 ACK_EVENT_INTERVAL_MS = 1_000
 # Latency samples kept per ledger per event window (the count is exact beyond it).
 ACK_SAMPLES_MAX = 10_000
 LAC_POLL_INTERVAL_S = 0.05
-SALT_BYTES = 16
-
-MonotonicMs = Callable[[], int]
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-def password_hash(salt_hex: str, password: bytes) -> str:
-    return hashlib.sha256(bytes.fromhex(salt_hex) + password).hexdigest()
 
 
 def check_password(metadata: LedgerMetadata, password: bytes | None) -> None:
@@ -119,56 +76,6 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-@dataclass(frozen=True)
-class Finished:
-    """What a dispatch returns to end `drive` with `value`."""
-
-    value: Any
-
-
-async def drive(
-    core: Any,
-    dispatch: Callable[[Any], Any],
-    clock: Callable[[], int],
-    finished: Callable[[], bool] = lambda: False,
-) -> Any:
-    """Run a sans-IO core (step/tick/take_commands) until done. `dispatch` handles each
-    command: None (handled), an awaitable (IO whose result is stepped into the core), or
-    Finished(value) to return `value`; it may raise. IO still in flight is cancelled."""
-    in_flight: set[asyncio.Future] = set()
-    try:
-        while True:
-            for command in core.take_commands():
-                outcome = dispatch(command)
-                if isinstance(outcome, Finished):
-                    return outcome.value
-                if outcome is not None:
-                    in_flight.add(asyncio.ensure_future(outcome))
-            if finished():
-                return None
-            done: set[asyncio.Future] = set()
-            if in_flight:
-                done, in_flight = await asyncio.wait(
-                    in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
-                )
-            else:  # nothing to wait for but time (the core's timeouts)
-                await asyncio.sleep(TICK_INTERVAL_S)
-            for task in done:
-                core.step(task.result(), clock())
-            core.tick(clock())
-    finally:
-        for task in in_flight:
-            task.cancel()
-
-
-@dataclass
-class _AppendRequest:
-    first_entry_id: int
-    last_entry_id: int
-    started_ms: int
-    future: asyncio.Future[int]  # resolves with the LAC once every entry is acknowledged
-
-
 @dataclass
 class _AckWindow:
     """Acknowledgements of one ledger since the last entries.acknowledged event."""
@@ -179,222 +86,9 @@ class _AckWindow:
     latencies_ms: list[float] = field(default_factory=list)
 
 
-class WriterHandle:
-    """Runs one LedgerWriter: sends what it says, feeds it the answers, resolves appends."""
-
-    def __init__(self, core: LedgerWriter, bookies: BookieClient, ledgers: Ledgers) -> None:
-        self.core = core
-        self._bookies = bookies
-        self._ledgers = ledgers
-        self._requests: deque[_AppendRequest] = deque()
-        self._sends: set[asyncio.Task[None]] = set()
-        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._closed: asyncio.Future[LedgerMetadata] | None = None
-        self._pump_scheduled = False
-        # Flow control per bookie: add requests awaiting an answer, and the sends held
-        # back meanwhile (merged into one request when an answer comes).
-        self._requests_in_flight: dict[str, int] = {}
-        self._held: dict[str, list[SendAdds]] = {}
-
-    @property
-    def ledger_id(self) -> int:
-        return self.core.ledger_id
-
-    async def append(self, payloads: Sequence[bytes]) -> tuple[int, int, int]:
-        """Append and wait for the acknowledgement: (first, last, lac)."""
-        limit = self._ledgers.settings.gateway.max_pending_adds_per_ledger
-        # Back-pressure: wait while the pending adds would exceed the bound (a batch larger
-        # than the bound goes alone).
-        while self.core.pending_count and self.core.pending_count + len(payloads) > limit:
-            await asyncio.shield(self._changed)
-        now = self._ledgers.clock()
-        first, last = self.core.add(payloads, now)
-        request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future())
-        self._requests.append(request)
-        self._schedule_pump()
-        lac = await request.future
-        return first, last, lac
-
-    def _schedule_pump(self) -> None:
-        """Pump once at the end of this turn of the event loop: the appends and bookie
-        replies of one turn then go out as one add message per bookie instead of one
-        each (the core batches what is queued when its commands are taken)."""
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._scheduled_pump)
-
-    def _scheduled_pump(self) -> None:
-        self._pump_scheduled = False
-        self.pump()
-
-    def pump(self) -> None:
-        """Carry out the core's commands. Never awaits: runs to the end in one go."""
-        for command in self.core.take_commands():
-            match command:
-                case SendAdds():
-                    self._send_or_hold(command)
-                case CompleteAdds():
-                    self._complete(command)
-                case FailAdds():
-                    self._fail(command)
-                case UpdateLedger():
-                    self._spawn(self._update(command))
-                case ListWritableBookies():
-                    self._spawn(self._list_writable())
-                case SendWriteLac():
-                    self._spawn(self._write_lac(command))
-                case EnsembleChanged():
-                    self._ledgers.ensemble_changed(command)
-                case CloseDone():
-                    if self._closed is not None and not self._closed.done():
-                        self._closed.set_result(command.metadata)
-                case CloseFailed():
-                    if self._closed is not None and not self._closed.done():
-                        self._closed.set_exception(QuireError(command.api, command.detail))
-        self._ledgers.metrics.pending_adds.set(self._ledgers.pending_adds())
-
-    def _spawn(self, coro) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro)
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
-        return task
-
-    async def _update(self, command: UpdateLedger) -> None:
-        self.core.step(await self._ledgers.cas(command))
-        self.pump()
-
-    async def _list_writable(self) -> None:
-        try:
-            writable = await self._ledgers.writable_bookies()
-        except QuireError as exc:
-            log.warning("no bookie list for an ensemble change", extra={"err": exc.detail})
-            writable = []
-        self.core.step(WritableBookies(tuple(writable)))
-        self.pump()
-
-    async def _write_lac(self, command: SendWriteLac) -> None:
-        try:
-            await self._bookies.write_lac(
-                command.bookie_id, self.ledger_id, self.core.master_key, command.lac
-            )
-        except BookieUnreachable as exc:  # the next add carries the LAC anyway
-            log.debug("explicit LAC not written", extra={"err": str(exc)})
-
-    async def close(self, timeout_s: float) -> LedgerMetadata:
-        """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
-        if self._closed is None or (self._closed.done() and self._closed.exception()):
-            self._closed = asyncio.get_running_loop().create_future()
-            self.core.start_close()
-            self.pump()
-        try:
-            return await asyncio.wait_for(asyncio.shield(self._closed), timeout_s)
-        except TimeoutError as exc:
-            raise QuireError(
-                ApiCodes.TIMEOUT, f"close of ledger {self.ledger_id} did not finish"
-            ) from exc
-
-    def _send_or_hold(self, command: SendAdds) -> None:
-        """Send at once while the bookie has fewer than max_add_requests_per_bookie add
-        requests unanswered; else hold it until one is answered. Under a trickle of
-        appends (a rate, not a burst) every append would otherwise be a message of its
-        own to each bookie, and the per-message cost (client, NATS, three journals)
-        saturated the machine at half the entries/s that batches reach; held sends go
-        out together, so batches form by themselves as load grows, with no added wait
-        when a bookie is idle. The core keeps its own add timeouts meanwhile."""
-        limit = self._ledgers.settings.gateway.max_add_requests_per_bookie
-        bookie_id = command.bookie_id
-        if self._requests_in_flight.get(bookie_id, 0) >= limit:
-            self._held.setdefault(bookie_id, []).append(command)
-            self._ledgers.metrics.add_sends_held.inc()
-            return
-        self._send_now(command)
-
-    def _send_now(self, command: SendAdds) -> None:
-        bookie_id = command.bookie_id
-        self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
-        self._ledgers.metrics.add_requests.inc()
-        task = self._spawn(self._send(command))
-        # A done callback, not a `finally` in _send: it also runs for a task cancelled
-        # before it started, so a bookie's count can never stay up and hold its sends.
-        task.add_done_callback(lambda _: self._answered(bookie_id))
-
-    def _answered(self, bookie_id: str) -> None:
-        self._requests_in_flight[bookie_id] -= 1
-        self._release_held(bookie_id)
-
-    def _release_held(self, bookie_id: str) -> None:
-        """An answer came from the bookie: what was held for it goes out, merged (unless
-        the handle broke meanwhile: its adds have failed, nothing more goes out)."""
-        held = self._held.pop(bookie_id, None)
-        if not held or self.core.broken is not None:
-            return
-        queued = [pair for send in held for pair in zip(send.entry_ids, send.items, strict=True)]
-        for send in chunk_adds(bookie_id, queued, self.core.max_send_bytes):
-            self._send_now(send)
-
-    async def _send(self, command: SendAdds) -> None:
-        # A replaced bookie's late answer is harmless: the core maps answers by bookie.
-        try:
-            status, results = await self._bookies.add(command.bookie_id, list(command.items))
-            event: BookieAddReply | AddSendFailed = BookieAddReply(
-                command.bookie_id, command.entry_ids, status, tuple(results)
-            )
-        except BookieUnreachable as exc:
-            event = AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
-        self.core.step(event)
-        self._schedule_pump()
-
-    def _complete(self, command: CompleteAdds) -> None:
-        now = self._ledgers.clock()
-        while self._requests and self._requests[0].last_entry_id <= command.last_entry_id:
-            request = self._requests.popleft()
-            latency_ms = now - request.started_ms
-            self._ledgers.record_acks(
-                self.ledger_id, request.first_entry_id, request.last_entry_id, latency_ms
-            )
-            if not request.future.done():
-                request.future.set_result(command.lac)
-        self._notify()
-
-    def _fail(self, command: FailAdds) -> None:
-        while self._requests and self._requests[0].first_entry_id <= command.last_entry_id:
-            request = self._requests.popleft()
-            count = request.last_entry_id - request.first_entry_id + 1
-            self._ledgers.metrics.adds.labels("failed").inc(count)
-            if not request.future.done():
-                request.future.set_exception(QuireError(command.api, command.detail))
-        self._notify()
-
-    def _notify(self) -> None:
-        self._changed.set_result(None)
-        self._changed = asyncio.get_running_loop().create_future()
-
-    def tick(self, now_ms: int) -> None:
-        self.core.tick(now_ms)
-        self.pump()
-
-    async def wait_changed(self, timeout_s: float) -> None:
-        """Until an add completes or fails, or `timeout_s` passes."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self._changed), timeout_s)
-        except TimeoutError:
-            pass
-
-    async def drain(self, timeout_s: float) -> None:
-        """Wait for every append in flight (the core's timeout fails them at the latest)."""
-        deadline = time.monotonic() + timeout_s
-        while self._requests and time.monotonic() < deadline:
-            await self.wait_changed(deadline - time.monotonic())
-
-    def abort(self, api, detail: str) -> None:
-        self.core.abort(api, detail)
-        self.pump()
-        for task in self._sends:
-            task.cancel()
-
-
-class Ledgers:
-    """The gateway's operations on ledgers, as the HTTP (and later gRPC) API calls them."""
+class Ledgers(ProtocolObserver):
+    """The gateway's operations on ledgers, as the HTTP and gRPC APIs call them; the
+    protocol driver reports to it (ProtocolObserver) for the metrics and events."""
 
     def __init__(
         self,
@@ -406,7 +100,7 @@ class Ledgers:
         metrics,
         *,
         rng: random.Random | None = None,
-        clock: MonotonicMs = monotonic_ms,
+        clock: Clock = monotonic_ms,
     ) -> None:
         self.nc = nc
         self.settings = settings
@@ -416,7 +110,9 @@ class Ledgers:
         self.metrics = metrics
         self._adds_ok = metrics.adds.labels("ok")  # counted on every acknowledgement
         self.clock = clock
-        self._rng = rng or random.Random(os.urandom(16))
+        self.client = ProtocolClient(
+            bookies, meta, settings.gateway, observer=self, rng=rng, clock=clock
+        )
         self.writers: dict[int, WriterHandle] = {}
         self._acks: dict[int, _AckWindow] = {}
         self._last_ack_event_ms = clock()
@@ -437,7 +133,9 @@ class Ledgers:
     def pending_adds(self) -> int:
         return sum(h.core.pending_count for h in self.writers.values())
 
-    def record_acks(self, ledger_id: int, first: int, last: int, latency_ms: float) -> None:
+    # -- what the driver reports (ProtocolObserver) --------------------------------------------
+
+    def adds_acknowledged(self, ledger_id: int, first: int, last: int, latency_ms: int) -> None:
         count = last - first + 1
         self._adds_ok.inc(count)
         self.metrics.add_latency.observe(latency_ms / 1000)
@@ -463,6 +161,22 @@ class Ledgers:
                 latency_ms_p99=percentile(latencies, 0.99),
                 latency_ms_max=latencies[-1] if latencies else 0.0,
             )
+
+    def adds_failed(self, count: int) -> None:
+        self.metrics.adds.labels("failed").inc(count)
+
+    def add_requests(self, sent: int, held: int) -> None:
+        self.metrics.add_requests.inc(sent)
+        self.metrics.add_sends_held.inc(held)
+
+    def writer_pumped(self) -> None:
+        self.metrics.pending_adds.set(self.pending_adds())
+
+    def entry_read(self, ok: bool) -> None:
+        self.metrics.reads.labels("ok" if ok else "failed").inc()
+
+    def speculative_reads(self, count: int) -> None:
+        self.metrics.speculative_reads.inc(count)
 
     async def stop(self) -> None:
         """Fail what is still pending (the gateway is going away), then report the acks."""
@@ -506,12 +220,7 @@ class Ledgers:
         return body
 
     async def writable_bookies(self) -> list[str]:
-        now_ms = time.time_ns() // 1_000_000
-        return [
-            b.bookie_id
-            for b in await self.list_bookies()
-            if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
-        ]
+        return await self._call_meta(self.client.writable_bookies())
 
     async def _authorized(self, ledger_id: int, password: bytes | None) -> LedgerMetadata:
         """The ledger's metadata (the writer's copy if this gateway holds it), once the
@@ -554,38 +263,19 @@ class Ledgers:
         password: bytes,
         metadata: dict[str, str],
     ) -> LedgerMetadata:
-        if not 1 <= ack_quorum <= write_quorum <= ensemble_size:
-            raise QuireError(
-                ApiCodes.INVALID_ARGUMENT,
-                "need 1 <= ack_quorum <= write_quorum <= ensemble_size, got "
-                f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}",
+        handle = await self._call_meta(
+            self.client.create_ledger(
+                ensemble_size=ensemble_size,
+                write_quorum=write_quorum,
+                ack_quorum=ack_quorum,
+                digest=digest,
+                password=password,
+                metadata=metadata,
             )
-        ensemble = choose_ensemble(await self.writable_bookies(), ensemble_size, self._rng)
-        salt = os.urandom(SALT_BYTES).hex()
-        request = CreateLedgerRequest(
-            ensemble_size=ensemble_size,
-            write_quorum=write_quorum,
-            ack_quorum=ack_quorum,
-            digest=digest,
-            password_salt=salt,
-            password_hash=password_hash(salt, password),
-            metadata=metadata,
-            ensemble=ensemble,
         )
-        created: LedgerMetadata = await self._call_meta(self.meta.create_ledger(request))
-        core = LedgerWriter(
-            created,
-            master_key(password),
-            DigestManager(created.digest, password),
-            add_entry_timeout_ms=self.settings.gateway.add_entry_timeout_ms,
-            max_send_bytes=self.bookies.max_send_bytes,
-            rng=self._rng,
-            explicit_lac_interval_ms=self.settings.gateway.explicit_lac_interval_ms,
-            now_ms=self.clock(),
-        )
-        self.writers[created.ledger_id] = WriterHandle(core, self.bookies, self)
+        self.writers[handle.ledger_id] = handle
         self.metrics.writer_handles.set(len(self.writers))
-        return created
+        return handle.core.metadata
 
     async def delete(self, ledger_id: int, password: bytes | None) -> None:
         await self._authorized(ledger_id, password)
@@ -643,21 +333,6 @@ class Ledgers:
             del self.writers[handle.ledger_id]
         self.metrics.writer_handles.set(len(self.writers))
 
-    async def cas(self, command: UpdateLedger) -> LedgerUpdated | LedgerUpdateFailed:
-        """Run a core's compare-and-set; on a lost race or an unknown outcome, say what is
-        stored now (the core decides, as BookKeeper's MetadataUpdateLoop callers do)."""
-        request = command.request
-        try:
-            return LedgerUpdated(await self.meta.update_ledger(request))
-        except MetadataError as exc:
-            reason = f"{exc.code}: {exc.message}"
-            if exc.current is not None:
-                return LedgerUpdateFailed(exc.current, reason)
-        try:
-            return LedgerUpdateFailed(await self.meta.get_ledger(request.ledger_id), reason)
-        except MetadataError as exc:
-            return LedgerUpdateFailed(None, f"{reason}; re-read: {exc.code}: {exc.message}")
-
     def ensemble_changed(self, command: EnsembleChanged) -> None:
         self.metrics.ensemble_changes.inc()
         replaced = [{"index": i, "old": old, "new": new} for i, old, new in command.replaced]
@@ -686,24 +361,13 @@ class Ledgers:
         metadata = await self.get(ledger_id)
         check_password(metadata, password)
         assert password is not None
-        gateway = self.settings.gateway
-        core = LedgerRecovery(
-            metadata,
-            master_key(password),
-            DigestManager(metadata.digest, password),
-            self.clock(),
-            rng=self._rng,
-            retry_interval_ms=gateway.recovery_retry_interval_ms,
-            recovery_timeout_ms=gateway.recovery_timeout_ms,
-            add_entry_timeout_ms=gateway.add_entry_timeout_ms,
-            max_send_bytes=self.bookies.max_send_bytes,
-            read_batch_size=gateway.recovery_read_batch_size,
-        )
         try:
-            result = await self._run_recovery(core, password)
+            core = await self.client.recover(metadata, password)
         except QuireError:
             self.metrics.recoveries.labels("failed").inc()
             raise
+        assert core.result is not None
+        result = core.result
         self.metrics.recoveries.labels("ok").inc()
         if self.events is not None and core.recovered_entries:
             self.events.emit(
@@ -714,53 +378,6 @@ class Ledgers:
             )
         return result
 
-    async def _run_recovery(self, core: LedgerRecovery, password: bytes) -> LedgerMetadata:
-        def dispatch(command: Any) -> Any:
-            match command:
-                case RecoveryDone():
-                    return Finished(command.metadata)
-                case RecoveryFailed():
-                    raise QuireError(command.api, command.detail)
-                case ReplicaCorrupt():
-                    self._report_corrupt(core.ledger_id, command)
-                case EnsembleChanged():
-                    self.ensemble_changed(command)
-                case _:
-                    return self._recovery_io(core, command)
-            return None
-
-        return await drive(core, dispatch, self.clock)
-
-    async def _recovery_io(self, core: LedgerRecovery, command):
-        """One command of a recovery as IO; the event it turns into."""
-        match command:
-            case UpdateLedger():
-                return await self.cas(command)
-            case SendFence():
-                try:
-                    reply = await self.bookies.fence(
-                        command.bookie_id, core.ledger_id, core.master_key
-                    )
-                    return FenceReply(command.bookie_id, reply.status, reply.lac)
-                except BookieUnreachable as exc:
-                    return FenceSendFailed(command.bookie_id, str(exc))
-            case SendReads():
-                return await self._send_reads(command)
-            case SendAdds():
-                try:
-                    status, results = await self.bookies.add(command.bookie_id, list(command.items))
-                    return BookieAddReply(
-                        command.bookie_id, command.entry_ids, status, tuple(results)
-                    )
-                except BookieUnreachable as exc:
-                    return AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
-            case ListWritableBookies():
-                try:
-                    return WritableBookies(tuple(await self.writable_bookies()))
-                except QuireError:
-                    return WritableBookies(())
-        raise AssertionError(f"unknown recovery command {command!r}")
-
     # -- LAC ----------------------------------------------------------------------------------
 
     async def _current_lac(self, metadata: LedgerMetadata) -> int:
@@ -770,25 +387,7 @@ class Ledgers:
         if metadata.state is LedgerState.CLOSED:
             assert metadata.last_entry_id is not None
             return metadata.last_entry_id
-        return await self._read_lac_from_bookies(metadata)
-
-    async def _read_lac_from_bookies(self, metadata: LedgerMetadata) -> int:
-        bookies = metadata.segments[-1].bookies
-
-        async def one(bookie_id: str):
-            try:
-                reply = await self.bookies.read_lac(bookie_id, metadata.ledger_id)
-                return reply.status, reply.lac
-            except BookieUnreachable:
-                return None
-
-        replies = [r for r in await asyncio.gather(*(one(b) for b in bookies)) if r is not None]
-        lac = lac_from_replies(replies)
-        if lac is None:
-            raise QuireError(
-                ApiCodes.UNAVAILABLE, f"no bookie of ledger {metadata.ledger_id} answered its LAC"
-            )
-        return lac
+        return await self.client.read_lac_from_bookies(metadata)
 
     async def read_lac(
         self, ledger_id: int, password: bytes | None, after: int | None = None, timeout_ms: int = 0
@@ -796,14 +395,14 @@ class Ledgers:
         """The LAC; with `after`, waits up to `timeout_ms` for it to pass `after` (long poll)."""
         metadata = await self._authorized(ledger_id, password)
         timeout_ms = min(max(timeout_ms, 0), self.settings.gateway.long_poll_max_timeout_ms)
-        deadline = time.monotonic() + timeout_ms / 1000
+        deadline_ms = self.clock() + timeout_ms
         latest = [metadata]
         watcher: asyncio.Task[None] | None = None
         try:
             while True:
                 current = latest[0]  # the watcher may replace it meanwhile
                 lac = await self._current_lac(current)
-                remaining_s = deadline - time.monotonic()
+                remaining_s = (deadline_ms - self.clock()) / 1000
                 if after is None or lac > after or remaining_s <= 0:
                     return lac
                 handle = self._live_writer(ledger_id)
@@ -855,7 +454,7 @@ class Ledgers:
         if not unconfirmed:
             last = min(last, lac)
         entry_ids = list(range(first, last + 1))
-        outcomes = await self._read_entries(metadata, password or b"", entry_ids)
+        outcomes = await self.client.read_entries(metadata, password or b"", entry_ids)
         entries = []
         for entry_id in entry_ids:
             outcome = outcomes[entry_id]
@@ -876,49 +475,12 @@ class Ledgers:
                 ApiCodes.NO_SUCH_ENTRY,
                 f"entry {entry_id} is beyond the LAC {lac} of ledger {ledger_id}",
             )
-        outcome = (await self._read_entries(metadata, password or b"", [entry_id]))[entry_id]
+        outcome = (await self.client.read_entries(metadata, password or b"", [entry_id]))[entry_id]
         if isinstance(outcome, EntryReadFailed):
             raise QuireError(outcome.api, outcome.detail)
         return outcome.payload, lac
 
-    async def _read_entries(
-        self, metadata: LedgerMetadata, password: bytes, entry_ids: list[int]
-    ) -> dict[int, EntryRead | EntryReadFailed]:
-        """Run a LedgerReader over `entry_ids` until each is read or failed."""
-        gateway = self.settings.gateway
-        core = LedgerReader(
-            metadata,
-            DigestManager(metadata.digest, password),
-            read_entry_timeout_ms=gateway.read_entry_timeout_ms,
-            speculative_read_timeout_ms=gateway.speculative_read_timeout_ms,
-        )
-        core.read(entry_ids, self.clock())
-        outcomes: dict[int, EntryRead | EntryReadFailed] = {}
-
-        def dispatch(command: Any) -> Any:
-            match command:
-                case SendReads():
-                    return self._send_reads(command)
-                case EntryRead() | EntryReadFailed():
-                    outcomes[command.entry_id] = command
-                    result = "ok" if isinstance(command, EntryRead) else "failed"
-                    self.metrics.reads.labels(result).inc()
-                case ReplicaCorrupt():
-                    self._report_corrupt(metadata.ledger_id, command)
-            return None
-
-        await drive(core, dispatch, self.clock, finished=lambda: core.done)
-        self.metrics.speculative_reads.inc(core.speculative_reads)
-        return outcomes
-
-    async def _send_reads(self, command: SendReads) -> BookieReadReply | ReadSendFailed:
-        try:
-            status, results = await self.bookies.read(command.bookie_id, list(command.items))
-            return BookieReadReply(command.bookie_id, command.entry_ids, status, tuple(results))
-        except BookieUnreachable as exc:
-            return ReadSendFailed(command.bookie_id, command.entry_ids, str(exc), exc.timed_out)
-
-    def _report_corrupt(self, ledger_id: int, command: ReplicaCorrupt) -> None:
+    def replica_corrupt(self, ledger_id: int, command: ReplicaCorrupt) -> None:
         self.metrics.corrupt_replicas.inc()
         log.warning(
             "corrupt replica",

@@ -18,11 +18,11 @@ from pathlib import Path
 import uvicorn
 
 from services.gateway.auth import TokenAuth, TokenError, load_tokens
-from services.gateway.bookie_client import BookieClient
 from services.gateway.grpc_api import start_grpc_server
 from services.gateway.http import create_app
 from services.gateway.ledgers import Ledgers
 from services.gateway.metrics import GatewayMetrics
+from shared.bookie_client import BookieClient
 from shared.config import GatewaySettings
 from shared.metaclient import MetadataClient
 from shared.service import ServiceRuntime

@@ -1,6 +1,7 @@
-"""Add flow control per bookie (gateway.max_add_requests_per_bookie), through the client
-core against a real stack: while a bookie has its limit of add requests unanswered, the
-adds for it are held and then go out merged, so a trickle of appends becomes batches."""
+"""Add flow control per bookie (gateway.max_add_requests_per_bookie), through the gateway's
+Ledgers (in this process, over the protocol library's driver) against a real stack: while a
+bookie has its limit of add requests unanswered, the adds for it are held and then go out
+merged, so a trickle of appends becomes batches; the gateway's metrics count both."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import asyncio
 
 import pytest
 
-from quire.bench.targets import InProcessTarget, Quorum
+from services.gateway.ledgers import Ledgers
+from services.gateway.metrics import GatewayMetrics
+from shared.bookie_client import BookieClient
+from shared.metaclient import MetadataClient
 from shared.subjects import Subjects
 from tests.support.stack import gateway_settings, running_stack
 
@@ -21,12 +25,26 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
 ) -> None:
     async with running_stack(settings, fresh_database_url) as stack:
         client_settings = gateway_settings(stack.settings, max_add_requests_per_bookie=limit)
-        target = InProcessTarget(client_settings, Quorum(3, 3, 2))
-        await target.open()
+        subjects = Subjects(client_settings.subject_prefix)
+        bookies = BookieClient(
+            nc,
+            subjects,
+            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
+            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
+        )
+        meta = MetadataClient(nc, subjects)
+        ledgers = Ledgers(nc, client_settings, meta, bookies, None, GatewayMetrics())
+        ticker = asyncio.create_task(ledgers.run_ticker())
         try:
-            ledger_id = await target.create()
-            assert target.ledgers is not None
-            handle = target.ledgers.writers[ledger_id]
+            created = await ledgers.create(
+                ensemble_size=3,
+                write_quorum=3,
+                ack_quorum=2,
+                digest="crc32c",
+                password=b"pw",
+                metadata={},
+            )
+            handle = ledgers.writers[created.ledger_id]
             requests: list[bytes] = []
 
             async def count(msg) -> None:
@@ -43,11 +61,13 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
             results = await asyncio.wait_for(asyncio.gather(*appends), 30)
             await nc.flush()
             await sub.unsubscribe()
-            registry = target.ledgers.metrics.registry
+            registry = ledgers.metrics.registry
             held = registry.get_sample_value("quire_gateway_add_sends_held_total")
             sent = registry.get_sample_value("quire_gateway_add_requests_total")
         finally:
-            await target.aclose()
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            await ledgers.stop()
     # Every append is acknowledged, in order, whatever was held and merged.
     assert [(first, last) for first, last, _ in results] == [(i, i) for i in range(TRICKLE + 1)]
     # The metric counts every request sent, to the three bookies (bookie-1 is one of them).

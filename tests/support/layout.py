@@ -14,7 +14,11 @@ CORES = [
     "shared/bookie/entrylog_format.py",
     "shared/bookie/index_schema.py",
     "shared/bookie/rules.py",
+    "shared/protocol/messages.py",
+    "shared/protocol/ensemble.py",
+    "shared/protocol/writer.py",
+    "shared/protocol/reader.py",
+    "shared/protocol/recovery.py",
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/core.py")),
-    "services/gateway/recovery.py",
     "quire/sim/model.py",
 ]

@@ -1,5 +1,5 @@
-"""Ensemble change, close conflicts, explicit LAC and speculative reads in the sans-IO
-writer and reader: scenarios pushed through the core, checked command by command."""
+"""Ensemble choice and change, close conflicts, explicit LAC and speculative reads in the
+sans-IO writer and reader: scenarios pushed through the core, checked command by command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import random
 
 import pytest
 
-from services.gateway.core import (
+from shared.digest import DigestManager, master_key
+from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.protocol.ensemble import choose_ensemble
+from shared.protocol.messages import (
     AddSendFailed,
     BookieAddReply,
     BookieReadReply,
@@ -17,10 +20,8 @@ from services.gateway.core import (
     EnsembleChanged,
     EntryRead,
     FailAdds,
-    LedgerReader,
     LedgerUpdated,
     LedgerUpdateFailed,
-    LedgerWriter,
     ListWritableBookies,
     SendAdds,
     SendReads,
@@ -28,8 +29,8 @@ from services.gateway.core import (
     UpdateLedger,
     WritableBookies,
 )
-from shared.digest import DigestManager, master_key
-from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.protocol.reader import LedgerReader
+from shared.protocol.writer import LedgerWriter
 from shared.status import ApiCodes, BookieStatus, QuireError
 from shared.wire import AddResult, ReadResult
 
@@ -82,12 +83,12 @@ def test_a_failed_bookie_is_replaced_by_cas_before_anything_is_sent_to_it() -> N
     w = writer(3, 3, 3)
     w.add([b"a", b"b"], 0)
     w.take_commands()
-    w.step(ok("b0", 0, 1))
-    w.step(ok("b1", 0, 1))
-    w.step(ok("b2", 0))
-    w.step(AddSendFailed("b2", (1,), "timeout"))
+    w.step(ok("b0", 0, 1), 0)
+    w.step(ok("b1", 0, 1), 0)
+    w.step(ok("b2", 0), 0)
+    w.step(AddSendFailed("b2", (1,), "timeout"), 0)
     assert others(w.take_commands()) == [CompleteAdds(0, 0, 0, 1), ListWritableBookies()]
-    w.step(WritableBookies(("b0", "b1", "b2", "b3", "b4")))
+    w.step(WritableBookies(("b0", "b1", "b2", "b3", "b4")), 0)
     commands = w.take_commands()
     assert sends(commands) == {}  # nothing goes to the replacement before the CAS
     [update] = commands
@@ -98,17 +99,17 @@ def test_a_failed_bookie_is_replaced_by_cas_before_anything_is_sent_to_it() -> N
     # Adds made during the change wait for it.
     w.add([b"c"], 1)
     assert w.take_commands() == []
-    w.step(LedgerUpdated(stored(w, update)))
+    w.step(LedgerUpdated(stored(w, update)), 0)
     commands = w.take_commands()
     new = new_segment.bookies[2]
     # Entry 1 is resent to the replacement only; entry 2 goes to its whole write set.
     assert sends(commands) == {new: (1, 2), "b0": (2,), "b1": (2,)}
     [changed] = others(commands)
     assert isinstance(changed, EnsembleChanged) and changed.replaced == ((2, "b2", new),)
-    w.step(ok(new, 1, 2))
-    w.step(ok("b0", 2))
+    w.step(ok(new, 1, 2), 0)
+    w.step(ok("b0", 2), 0)
     assert others(w.take_commands()) == [CompleteAdds(1, 1, 1, 2)]
-    w.step(ok("b1", 2))
+    w.step(ok("b1", 2), 0)
     assert others(w.take_commands()) == [CompleteAdds(2, 2, 2, 3)]
     assert w.metadata.version == 1 and w.ensemble_changes == 1
 
@@ -117,19 +118,19 @@ def test_no_ack_is_confirmed_while_the_ensemble_changes() -> None:
     w = writer(3, 3, 2)
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(AddSendFailed("b2", (0,), "gone"))
-    w.step(AddSendFailed("b1", (0,), "gone"))  # the ack quorum is out of reach: change now
+    w.step(AddSendFailed("b2", (0,), "gone"), 0)
+    w.step(AddSendFailed("b1", (0,), "gone"), 0)  # the ack quorum is out of reach: change now
     assert others(w.take_commands()) == [ListWritableBookies()]
-    w.step(WritableBookies(("b3", "b4", "b5")))
+    w.step(WritableBookies(("b3", "b4", "b5")), 0)
     [update] = w.take_commands()
-    w.step(ok("b0", 0))  # one ack: still not enough, and no confirmation during a change
+    w.step(ok("b0", 0), 0)  # one ack: still not enough, and no confirmation during a change
     assert w.take_commands() == [] and w.lac == -1
-    w.step(LedgerUpdated(stored(w, update)))
+    w.step(LedgerUpdated(stored(w, update)), 0)
     segment = w.metadata.segments[-1]
     assert segment.first_entry_id == 0 and len(w.metadata.segments) == 1  # replaced in place
     new1, new2 = segment.bookies[1], segment.bookies[2]
     assert sends(w.take_commands()) == {new1: (0,), new2: (0,)}
-    w.step(ok(new1, 0))
+    w.step(ok(new1, 0), 0)
     assert others(w.take_commands())[0] == CompleteAdds(0, 0, 0, 1)
 
 
@@ -137,20 +138,20 @@ def test_delayed_write_failure_completes_first_and_replaces_at_the_next_tick() -
     w = writer(3, 3, 2)
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(AddSendFailed("b2", (0,), "timeout"))
+    w.step(AddSendFailed("b2", (0,), "timeout"), 0)
     assert w.take_commands() == []  # the ack quorum is still reachable: no change yet
-    w.step(ok("b0", 0))
-    w.step(ok("b1", 0))
+    w.step(ok("b0", 0), 0)
+    w.step(ok("b1", 0), 0)
     assert others(w.take_commands()) == [CompleteAdds(0, 0, 0, 1)]
     w.tick(10)
     assert w.take_commands() == [ListWritableBookies()]
     # No bookie to spare: keep writing on the degraded ensemble, retry later.
-    w.step(WritableBookies(("b0", "b1", "b2")))
+    w.step(WritableBookies(("b0", "b1", "b2")), 0)
     assert w.take_commands() == [] and w.broken is None
     w.add([b"b"], 20)
     w.take_commands()
-    w.step(ok("b0", 1))
-    w.step(ok("b1", 1))
+    w.step(ok("b0", 1), 0)
+    w.step(ok("b1", 1), 0)
     assert others(w.take_commands()) == [CompleteAdds(1, 1, 1, 2)]
     w.tick(500)
     assert w.take_commands() == []
@@ -169,12 +170,12 @@ def test_a_recovery_wins_over_an_ensemble_change(state, api) -> None:
     w = writer(3, 3, 3)
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(AddSendFailed("b2", (0,), "timeout"))
+    w.step(AddSendFailed("b2", (0,), "timeout"), 0)
     w.take_commands()
-    w.step(WritableBookies(("b3",)))
+    w.step(WritableBookies(("b3",)), 0)
     w.take_commands()
     current = metadata(version=1, state=state)
-    w.step(LedgerUpdateFailed(current, "BAD_VERSION"))
+    w.step(LedgerUpdateFailed(current, "BAD_VERSION"), 0)
     [fail] = others(w.take_commands())
     assert fail == FailAdds(0, 0, api, w.broken.detail)
     with pytest.raises(QuireError):
@@ -185,19 +186,19 @@ def test_an_ensemble_change_is_rebased_over_an_unrelated_change() -> None:
     w = writer(3, 3, 3)
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(AddSendFailed("b2", (0,), "timeout"))
+    w.step(AddSendFailed("b2", (0,), "timeout"), 0)
     w.take_commands()
-    w.step(WritableBookies(("b3",)))
+    w.step(WritableBookies(("b3",)), 0)
     [first] = w.take_commands()
     # Someone bumped the version without touching the last segment (say, custom metadata).
     bumped = w.metadata.model_copy(update={"version": 1, "metadata": {"k": "v"}})
-    w.step(LedgerUpdateFailed(bumped, "BAD_VERSION"))
+    w.step(LedgerUpdateFailed(bumped, "BAD_VERSION"), 0)
     [retry] = w.take_commands()
     assert retry.request.expected_version == 1
     assert retry.request.segments == first.request.segments
     # A CAS whose answer was lost but which did land: re-read shows our segments.
     landed = bumped.model_copy(update={"version": 2, "segments": retry.request.segments})
-    w.step(LedgerUpdateFailed(landed, "UNAVAILABLE"))
+    w.step(LedgerUpdateFailed(landed, "UNAVAILABLE"), 0)
     assert sends(w.take_commands()) == {"b3": (0,)}
     assert w.metadata.version == 2
 
@@ -206,15 +207,15 @@ def test_close_cas_and_its_conflicts() -> None:
     w = writer()
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(ok("b0", 0))
-    w.step(ok("b1", 0))
+    w.step(ok("b0", 0), 0)
+    w.step(ok("b1", 0), 0)
     w.take_commands()
     w.start_close()
     [update] = w.take_commands()
     assert update.request.state is LedgerState.CLOSED and update.request.last_entry_id == 0
     # Lost to a recovery that closed at another entry: fenced.
     closed = metadata(version=2, state=LedgerState.CLOSED).model_copy(update={"last_entry_id": 3})
-    w.step(LedgerUpdateFailed(closed, "BAD_VERSION"))
+    w.step(LedgerUpdateFailed(closed, "BAD_VERSION"), 0)
     [failed] = w.take_commands()
     assert isinstance(failed, CloseFailed) and failed.api == ApiCodes.LEDGER_FENCED
     # A close whose answer was lost: the re-read shows it closed at our LAC.
@@ -222,7 +223,7 @@ def test_close_cas_and_its_conflicts() -> None:
     w2.start_close()
     w2.take_commands()
     mine = metadata(version=1, state=LedgerState.CLOSED).model_copy(update={"last_entry_id": -1})
-    w2.step(LedgerUpdateFailed(mine, "UNAVAILABLE"))
+    w2.step(LedgerUpdateFailed(mine, "UNAVAILABLE"), 0)
     assert w2.take_commands() == [CloseDone(mine)]
 
 
@@ -230,8 +231,8 @@ def test_explicit_lac_is_sent_when_idle() -> None:
     w = writer(explicit_lac_interval_ms=100)
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(ok("b0", 0))
-    w.step(ok("b1", 0))
+    w.step(ok("b0", 0), 0)
+    w.step(ok("b1", 0), 0)
     w.take_commands()
     w.tick(50)
     assert w.take_commands() == []
@@ -245,11 +246,11 @@ def test_fenced_bookie_breaks_the_writer_even_after_the_entry_completed() -> Non
     w = writer(3, 3, 2)
     w.add([b"a"], 0)
     w.take_commands()
-    w.step(ok("b0", 0))
-    w.step(ok("b1", 0))
+    w.step(ok("b0", 0), 0)
+    w.step(ok("b1", 0), 0)
     w.take_commands()
     fenced = (AddResult(LEDGER, 0, BookieStatus.FENCED),)
-    w.step(BookieAddReply("b2", (0,), BookieStatus.OK, fenced))
+    w.step(BookieAddReply("b2", (0,), BookieStatus.OK, fenced), 0)
     assert w.broken is not None and w.broken.api == ApiCodes.LEDGER_FENCED
 
 
@@ -303,3 +304,28 @@ def test_speculative_reads_never_fail_an_entry_while_a_replica_may_answer() -> N
         40,
     )
     assert isinstance(r.take_commands()[0], EntryRead)
+
+
+# -- choose_ensemble ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bookies", "size", "error"),
+    [
+        (["b1", "b2", "b3"], 3, None),
+        (["b1", "b2", "b3", "b4"], 2, None),
+        (["b1", "b1", "b2"], 3, ApiCodes.NOT_ENOUGH_BOOKIES),  # duplicates count once
+        (["b1", "b2"], 3, ApiCodes.NOT_ENOUGH_BOOKIES),
+        ([], 1, ApiCodes.NOT_ENOUGH_BOOKIES),
+    ],
+)
+def test_choose_ensemble(bookies: list[str], size: int, error) -> None:
+    if error is not None:
+        with pytest.raises(QuireError) as info:
+            choose_ensemble(bookies, size, random.Random(1))
+        assert info.value.api == error
+        return
+    chosen = choose_ensemble(bookies, size, random.Random(1))
+    assert len(chosen) == len(set(chosen)) == size and set(chosen) <= set(bookies)
+    # The same seed picks the same ensemble whatever the input order.
+    assert chosen == choose_ensemble(list(reversed(bookies)), size, random.Random(1))

@@ -1,6 +1,7 @@
 """Fencing and recovery (BookKeeper's LedgerRecoveryOp, ReadLastConfirmedOp with the fence
-flag, and the recovery reads) as a sans-IO state machine, in the rules of `core.py`: no IO,
-no clock, no randomness; `step(event, now_ms)`, `tick(now_ms)`, `take_commands()`.
+flag, and the recovery reads) as a sans-IO state machine, in the rules of the package
+(`shared.protocol`): no IO, no clock, no randomness; `step(event, now_ms)`, `tick(now_ms)`,
+`take_commands()`. Its phases (`RecoveryPhase`) change only as `_TRANSITIONS` allows.
 
 The protocol, in order:
 1. mark: CAS the metadata to IN_RECOVERY (a CLOSED ledger is done at once: its last entry).
@@ -23,95 +24,69 @@ The protocol, in order:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
-from services.gateway.core import (
+from shared.digest import DigestManager, DigestMismatch, EntryFrame
+from shared.models import LedgerMetadata, LedgerState, UpdateLedgerRequest
+from shared.protocol.ensemble import RandomLike
+from shared.protocol.messages import (
+    ABSENT,
     AddSendFailed,
     BookieAddReply,
     BookieReadReply,
     CloseDone,
     CloseFailed,
     CompleteAdds,
-    EnsembleChanged,
     FailAdds,
+    FenceReply,
+    FenceSendFailed,
     LedgerUpdated,
     LedgerUpdateFailed,
-    LedgerWriter,
-    ListWritableBookies,
-    RandomLike,
     ReadSendFailed,
+    RecoveryCommand,
+    RecoveryDone,
+    RecoveryEvent,
+    RecoveryFailed,
     ReplicaCorrupt,
-    SendAdds,
+    SendFence,
     SendReads,
     SendWriteLac,
     UpdateLedger,
     WritableBookies,
 )
-from shared.digest import DigestManager, DigestMismatch, EntryFrame
-from shared.models import LedgerMetadata, LedgerState, UpdateLedgerRequest
+from shared.protocol.writer import DEFAULT_MAX_SEND_BYTES, LedgerWriter
 from shared.quorum import write_set
 from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
 from shared.wire import ReadItem, ReadResult
 
-_ABSENT = frozenset({BookieStatus.NO_ENTRY, BookieStatus.NO_LEDGER})
+
+class RecoveryPhase(Enum):
+    MARK = "mark"  # the CAS to IN_RECOVERY is in flight
+    MARK_RETRY = "mark-retry"  # its outcome was unknown: marked again after a pause
+    FENCE = "fence"
+    READ = "read"  # reading forward and re-writing
+    CLOSE = "close"  # the writer closes at the last entry found
+    DONE = "done"
+    FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
-class SendFence:
-    """Fence the ledger on one bookie (the journal's "fence": durable before it answers)."""
-
-    bookie_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class FenceReply:
-    bookie_id: str
-    status: BookieStatus
-    lac: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class FenceSendFailed:
-    bookie_id: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryDone:
-    """The ledger is CLOSED; `metadata.last_entry_id` is its last entry, for good."""
-
-    metadata: LedgerMetadata
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryFailed:
-    """Nothing was closed; the ledger may be left IN_RECOVERY (a later recovery ends it)."""
-
-    api: ApiCode
-    detail: str
-
-
-RecoveryCommand = (
-    UpdateLedger
-    | SendFence
-    | SendReads
-    | SendAdds
-    | ListWritableBookies
-    | EnsembleChanged
-    | ReplicaCorrupt
-    | RecoveryDone
-    | RecoveryFailed
-)
-RecoveryEvent = (
-    FenceReply
-    | FenceSendFailed
-    | BookieReadReply
-    | ReadSendFailed
-    | BookieAddReply
-    | AddSendFailed
-    | LedgerUpdated
-    | LedgerUpdateFailed
-    | WritableBookies
-)
+# Every phase change a recovery may make, and no other (h11's `_state.py`): `_enter` raises
+# on a change this table does not list. A timeout or a refused key fails any live phase.
+_TRANSITIONS: dict[RecoveryPhase, frozenset[RecoveryPhase]] = {
+    RecoveryPhase.MARK: frozenset(
+        {RecoveryPhase.FENCE, RecoveryPhase.MARK_RETRY, RecoveryPhase.DONE, RecoveryPhase.FAILED}
+    ),
+    RecoveryPhase.MARK_RETRY: frozenset({RecoveryPhase.MARK, RecoveryPhase.FAILED}),
+    RecoveryPhase.FENCE: frozenset({RecoveryPhase.READ, RecoveryPhase.FAILED}),
+    RecoveryPhase.READ: frozenset({RecoveryPhase.CLOSE, RecoveryPhase.FAILED}),
+    RecoveryPhase.CLOSE: frozenset({RecoveryPhase.DONE, RecoveryPhase.FAILED}),
+    RecoveryPhase.DONE: frozenset(),
+    RecoveryPhase.FAILED: frozenset(),
+}
+_FINAL = frozenset({RecoveryPhase.DONE, RecoveryPhase.FAILED})
+_MARKING = frozenset({RecoveryPhase.MARK, RecoveryPhase.MARK_RETRY})
+# A fence answer still counts while reading: a late "fenced" makes that bookie's "no" count.
+_FENCING = frozenset({RecoveryPhase.FENCE, RecoveryPhase.READ})
 
 
 @dataclass(slots=True)
@@ -145,7 +120,7 @@ class LedgerRecovery:
         retry_interval_ms: int = 200,
         recovery_timeout_ms: int = 30_000,
         add_entry_timeout_ms: int = 10_000,
-        max_send_bytes: int = 1024 * 1024,
+        max_send_bytes: int = DEFAULT_MAX_SEND_BYTES,
         read_batch_size: int = 64,
     ) -> None:
         assert read_batch_size >= 1
@@ -162,7 +137,7 @@ class LedgerRecovery:
         self.read_batch_size = read_batch_size
         # Re-writes not yet acknowledged beyond which no new entry is read (back-pressure).
         self.max_pending_rewrites = 2 * read_batch_size
-        self.phase = "mark"
+        self.phase = RecoveryPhase.MARK
         self.result: LedgerMetadata | None = None
         self.error: QuireError | None = None
         self.max_lac = -1
@@ -188,7 +163,13 @@ class LedgerRecovery:
 
     @property
     def done(self) -> bool:
-        return self.phase in ("done", "failed")
+        return self.phase in _FINAL
+
+    def _enter(self, phase: RecoveryPhase) -> None:
+        """The one place the phase changes: a change `_TRANSITIONS` does not allow is a bug."""
+        if phase not in _TRANSITIONS[self.phase]:
+            raise AssertionError(f"recovery phase {self.phase.value} -> {phase.value} not allowed")
+        self.phase = phase
 
     # -- 1. mark IN_RECOVERY ------------------------------------------------------------------
 
@@ -216,7 +197,7 @@ class LedgerRecovery:
             return
         if event.current is None:
             self._retry_at_ms = self._now_ms + self.retry_interval_ms
-            self.phase = "mark-retry"
+            self._enter(RecoveryPhase.MARK_RETRY)
             return
         self.metadata = event.current  # lost the race (a writer's ensemble change, a recovery)
         self._start()
@@ -224,7 +205,7 @@ class LedgerRecovery:
     # -- 2. fence -----------------------------------------------------------------------------
 
     def _start_fence(self) -> None:
-        self.phase = "fence"
+        self._enter(RecoveryPhase.FENCE)
         self._fenced = self.metadata
         self._send_fences()
 
@@ -249,7 +230,7 @@ class LedgerRecovery:
             elif event.status is BookieStatus.UNAUTHORIZED:
                 self._fail(ApiCodes.UNAUTHORIZED, f"bookie {event.bookie_id} refused the key")
                 return
-        if self.phase != "fence":
+        if self.phase is not RecoveryPhase.FENCE:
             return  # a late fence (reading already): it only makes that bookie's "no" count
         if self._covered(set(self._fence_lacs)):
             segment_start = self._fenced.segments[-1].first_entry_id
@@ -270,7 +251,7 @@ class LedgerRecovery:
     # -- 3. read forward and re-write -----------------------------------------------------------
 
     def _start_read(self) -> None:
-        self.phase = "read"
+        self._enter(RecoveryPhase.READ)
         if self.max_lac >= 0:
             # The entry at the LAC is read first only for the ledger length (needed when
             # nothing follows it); the writer starts once it is decided.
@@ -299,7 +280,7 @@ class LedgerRecovery:
     def _fill_window(self) -> None:
         """Start reading entries up to read_batch_size past the next one to re-write,
         never past the end once known, and not while too many re-writes are unanswered."""
-        if self.phase != "read":
+        if self.phase is not RecoveryPhase.READ:
             return
         limit = self._next_rewrite + self.read_batch_size
         if self._end is not None:
@@ -380,7 +361,7 @@ class LedgerRecovery:
         fenced, so it never will: an unfenced one may still take the old writer's add (one
         resent after an ensemble change the writer made before the fence). BookKeeper gets
         the same from its recovery reads, which fence the bookies they read from."""
-        if result is None or result.status not in _ABSENT:
+        if result is None or result.status not in ABSENT:
             return False
         return entry_id == self.max_lac or bookie_id in self._fenced_ids
 
@@ -399,7 +380,7 @@ class LedgerRecovery:
     def _advance(self) -> None:
         """Hand the decided entries at the head of the window to the writer, in order;
         close once every entry below the end was handed over."""
-        if self.phase != "read":
+        if self.phase is not RecoveryPhase.READ:
             return
         while True:
             if self._end is not None and self.writer is not None:
@@ -422,7 +403,7 @@ class LedgerRecovery:
         self._fill_window()
 
     def _start_close(self) -> None:
-        self.phase = "close"
+        self._enter(RecoveryPhase.CLOSE)
         self._probes.clear()
         self._outbox.clear()
         assert self.writer is not None
@@ -435,13 +416,13 @@ class LedgerRecovery:
         if self.done:
             return
         match event:
-            case LedgerUpdated() | LedgerUpdateFailed() if self.phase in ("mark", "mark-retry"):
+            case LedgerUpdated() | LedgerUpdateFailed() if self.phase in _MARKING:
                 self._on_marked(event)
             case FenceReply() | FenceSendFailed():
-                if self.phase in ("fence", "read"):
+                if self.phase in _FENCING:
                     self._on_fence(event)
             case BookieReadReply() | ReadSendFailed():
-                if self.phase == "read":
+                if self.phase is RecoveryPhase.READ:
                     self._on_read(event)
             case (
                 BookieAddReply()
@@ -451,7 +432,7 @@ class LedgerRecovery:
                 | WritableBookies()
             ):
                 if self.writer is not None:
-                    self.writer.step(event)
+                    self.writer.step(event, self._now_ms)
                     self._fill_window()  # acknowledged re-writes make room
             case _:
                 raise AssertionError(f"unknown event {event!r}")
@@ -465,7 +446,7 @@ class LedgerRecovery:
             self._fail(
                 ApiCodes.TIMEOUT,
                 f"recovery of ledger {self.ledger_id} did not finish within "
-                f"{self.recovery_timeout_ms} ms (phase {self.phase})",
+                f"{self.recovery_timeout_ms} ms (phase {self.phase.value})",
             )
             return
         if self._retry_at_ms and now_ms >= self._retry_at_ms:
@@ -476,12 +457,12 @@ class LedgerRecovery:
         self._collect_writer()
 
     def _retry(self) -> None:
-        if self.phase == "mark-retry":
-            self.phase = "mark"
+        if self.phase is RecoveryPhase.MARK_RETRY:
+            self._enter(RecoveryPhase.MARK)
             self._start()
-        elif self.phase == "fence":
+        elif self.phase is RecoveryPhase.FENCE:
             self._send_fences()
-        elif self.phase == "read":
+        elif self.phase is RecoveryPhase.READ:
             stalled = [p for p in self._probes.values() if not p.decided and not p.outstanding]
             for probe in stalled:
                 self._ask(probe, tuple(b for b in probe.replicas if b not in probe.absent))
@@ -506,7 +487,7 @@ class LedgerRecovery:
             self._fail(writer.broken.api, f"recovery of {self.ledger_id}: {writer.broken.detail}")
 
     def _finish(self, metadata: LedgerMetadata) -> None:
-        self.phase = "done"
+        self._enter(RecoveryPhase.DONE)
         self._outbox.clear()
         self.result = metadata
         self.metadata = metadata
@@ -515,7 +496,7 @@ class LedgerRecovery:
     def _fail(self, api: ApiCode, detail: str) -> None:
         if self.done:
             return
-        self.phase = "failed"
+        self._enter(RecoveryPhase.FAILED)
         self._outbox.clear()
         self.error = QuireError(api, detail)
         if self.writer is not None:

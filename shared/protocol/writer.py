@@ -1,16 +1,10 @@
-"""The client quorum protocol (BookKeeper's LedgerHandle and PendingReadOp) as sans-IO state
-machines: everything that decides what the gateway sends to bookies, and when an add or a
-read is done, lives here.
+"""The writer of one ledger (BookKeeper's LedgerHandle and PendingAddOp) as a sans-IO state
+machine: entry ids, replication to the write set, confirmation in order, ensemble changes,
+close, and the flow control of its add requests per bookie.
 
-Rules of this file (h11's and raft's):
-- No IO, no clock, no randomness: time comes in as `now_ms`, randomness as a `random.Random`
-  the caller seeded. The driver (`services.gateway.ledgers`) does the sending.
-- Input is `step(event)` (a bookie answered, a send failed) and `tick(now_ms)` (time passed);
-  output is `take_commands()`: what the driver must now send, complete or fail, in order.
-- A user error raises `QuireError` at once; a broken invariant raises `AssertionError`.
-
-Fencing and recovery (LedgerRecoveryOp) live beside it in `services.gateway.recovery`; the
-simulator (`quire.sim`) runs these very classes under seeded faults.
+Input is `add(payloads, now_ms)`, `step(event, now_ms)` (a bookie answered, a send failed,
+the metadata store answered) and `tick(now_ms)`; output is `take_commands()`: what the
+driver must now send, complete or fail, in order.
 """
 
 from __future__ import annotations
@@ -19,180 +13,44 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared.digest import DigestManager, DigestMismatch
 from shared.models import LedgerMetadata, LedgerState, Segment, UpdateLedgerRequest
-from shared.quorum import AckSet, QuorumSpec, read_order, write_set
-from shared.status import BOOKIE_STATUS_TO_API, ApiCode, ApiCodes, BookieStatus, QuireError
-from shared.wire import AddItem, AddResult, ReadItem, ReadResult, add_flags
+from shared.protocol.ensemble import RandomLike
+from shared.protocol.messages import (
+    AddSendFailed,
+    BookieAddReply,
+    CloseDone,
+    CloseFailed,
+    CompleteAdds,
+    EnsembleChanged,
+    FailAdds,
+    LedgerUpdated,
+    LedgerUpdateFailed,
+    ListWritableBookies,
+    SendAdds,
+    SendWriteLac,
+    UpdateLedger,
+    WritableBookies,
+    WriterCommand,
+    WriterEvent,
+    api_for_status,
+)
+from shared.quorum import AckSet, QuorumSpec, write_set
+from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
+from shared.wire import AddItem, add_flags
 
-# Bounds on what one SendAdds / SendReads carries (the driver also bounds bytes).
+# Bounds on what one SendAdds carries (the driver also bounds bytes).
 MAX_ITEMS_PER_SEND = 4096
 DEFAULT_MAX_SEND_BYTES = 1024 * 1024
-DEFAULT_READ_BATCH_ENTRIES = 64
+# gateway.max_add_requests_per_bookie's default (shared.config), which the simulator runs too.
+DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE = 2
 # Fatal for a writer whatever the quorum: BookKeeper's unrecoverable add errors.
 _UNRECOVERABLE_ADD = frozenset({BookieStatus.FENCED, BookieStatus.UNAUTHORIZED})
-_ABSENT = frozenset({BookieStatus.NO_ENTRY, BookieStatus.NO_LEDGER})
 
 
 class Signer(Protocol):
     def sign(
         self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes
     ) -> bytes: ...
-
-
-class RandomLike(Protocol):
-    """What the cores need of a seeded `random.Random`."""
-
-    def sample(self, population: Sequence[str], k: int) -> list[str]: ...
-
-
-def api_for_status(status: BookieStatus) -> ApiCode:
-    """The one table (shared.status) decides what a bookie status means to the user."""
-    return BOOKIE_STATUS_TO_API.get(status, ApiCodes.INTERNAL)
-
-
-def choose_ensemble(
-    writable_bookie_ids: Iterable[str], ensemble_size: int, rng: RandomLike
-) -> list[str]:
-    """`ensemble_size` distinct bookies picked at random (BookKeeper's default placement);
-    `rng` is a seeded `random.Random`. Sorted input makes a seed reproduce the choice."""
-    candidates = sorted(set(writable_bookie_ids))
-    if ensemble_size < 1:
-        raise QuireError(ApiCodes.INVALID_ARGUMENT, "ensemble_size must be at least 1")
-    if len(candidates) < ensemble_size:
-        raise QuireError(
-            ApiCodes.NOT_ENOUGH_BOOKIES,
-            f"ensemble_size {ensemble_size} needs as many writable bookies; "
-            f"{len(candidates)} are writable",
-        )
-    return rng.sample(candidates, ensemble_size)
-
-
-# -- metadata commands and events (shared by the writer and recovery) -------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateLedger:
-    """Compare-and-set the ledger's metadata. The driver answers with LedgerUpdated, or with
-    LedgerUpdateFailed carrying what is stored now (it re-reads when the outcome is unknown)."""
-
-    request: UpdateLedgerRequest
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerUpdated:
-    metadata: LedgerMetadata
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerUpdateFailed:
-    """The CAS lost (or its outcome is unknown): `current` is the stored metadata, None if it
-    could not be read either."""
-
-    current: LedgerMetadata | None
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ListWritableBookies:
-    """The writer needs replacements: the driver answers with WritableBookies."""
-
-
-@dataclass(frozen=True, slots=True)
-class WritableBookies:
-    bookie_ids: tuple[str, ...]
-
-
-# -- writer events and commands ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BookieAddReply:
-    """A bookie answered one SendAdds: `status` is the batch status; when it is OK, `results`
-    holds one status per entry (an entry sent but missing from them counts as IO_ERROR)."""
-
-    bookie_id: str
-    entry_ids: tuple[int, ...]
-    status: BookieStatus
-    results: tuple[AddResult, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AddSendFailed:
-    """A SendAdds got no answer (timeout, no responder, undecodable reply)."""
-
-    bookie_id: str
-    entry_ids: tuple[int, ...]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SendAdds:
-    bookie_id: str
-    entry_ids: tuple[int, ...]
-    items: tuple[AddItem, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SendWriteLac:
-    """An explicit LAC for one bookie (fire and forget: the next add carries it too)."""
-
-    bookie_id: str
-    lac: int
-
-
-@dataclass(frozen=True, slots=True)
-class CompleteAdds:
-    """Entries first..last are acknowledged; `lac` is the new last add confirmed (== last)."""
-
-    first_entry_id: int
-    last_entry_id: int
-    lac: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class FailAdds:
-    first_entry_id: int
-    last_entry_id: int
-    api: ApiCode
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class EnsembleChanged:
-    """A new segment is stored: `replaced` maps ensemble index -> (old bookie, new bookie)."""
-
-    first_entry_id: int
-    replaced: tuple[tuple[int, str, str], ...]
-    metadata: LedgerMetadata
-
-
-@dataclass(frozen=True, slots=True)
-class CloseDone:
-    """The ledger is CLOSED as `metadata` says (by this writer, or by a recovery it yields to)."""
-
-    metadata: LedgerMetadata
-
-
-@dataclass(frozen=True, slots=True)
-class CloseFailed:
-    api: ApiCode
-    detail: str
-
-
-WriterCommand = (
-    SendAdds
-    | SendWriteLac
-    | CompleteAdds
-    | FailAdds
-    | UpdateLedger
-    | ListWritableBookies
-    | EnsembleChanged
-    | CloseDone
-    | CloseFailed
-)
-WriterEvent = BookieAddReply | AddSendFailed | LedgerUpdated | LedgerUpdateFailed | WritableBookies
 
 
 @dataclass(slots=True)
@@ -228,6 +86,19 @@ class LedgerWriter:
     reachable is delayed (delayEnsembleChange): the add may complete, the bookie is
     replaced after. With `recovery` the writer re-writes what a LedgerRecovery found: adds
     carry FLAG_RECOVERY_ADD, and the metadata stays IN_RECOVERY until the close.
+
+    Flow control: at most `max_add_requests_per_bookie` SendAdds go unanswered per bookie
+    (None: no bound). The driver answers each SendAdds with exactly one BookieAddReply or
+    AddSendFailed; meanwhile, further sends to that bookie are held, and on its next answer
+    everything held for it goes out merged (`chunk_adds`). Under a trickle of appends (a
+    rate, not a burst) every append would otherwise be a message of its own to each bookie,
+    and the per-message cost (client, NATS, three journals) saturated the machine at half
+    the entries/s that batches reach; held sends go out together, so batches form by
+    themselves as load grows, with no added wait when a bookie is idle. The add timeouts
+    run meanwhile. A broken writer drops what it held: its adds have failed.
+
+    Back-pressure: `fits(count)` says whether an add of `count` payloads stays under
+    `max_pending_adds` (None: no bound); the driver waits until it does.
     """
 
     def __init__(
@@ -245,8 +116,12 @@ class LedgerWriter:
         explicit_lac_interval_ms: int = 0,
         ensemble_change_retry_ms: int = 1_000,
         recovery: bool = False,
+        max_add_requests_per_bookie: int | None = None,
+        max_pending_adds: int | None = None,
         now_ms: int = 0,
     ) -> None:
+        assert max_add_requests_per_bookie is None or max_add_requests_per_bookie >= 1
+        assert max_pending_adds is None or max_pending_adds >= 1
         assert lac == last_entry_id, "a new writer starts with nothing pending"
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
@@ -262,6 +137,8 @@ class LedgerWriter:
         self.explicit_lac_interval_ms = explicit_lac_interval_ms
         self.ensemble_change_retry_ms = ensemble_change_retry_ms
         self.recovery = recovery
+        self.max_add_requests_per_bookie = max_add_requests_per_bookie
+        self.max_pending_adds = max_pending_adds
         # The digest type rides along so that the bookie can verify what it stores.
         self._flags = add_flags(metadata.digest, recovery=recovery)
         self._rng = rng
@@ -272,6 +149,13 @@ class LedgerWriter:
         self._pending: dict[int, _PendingAdd] = {}
         self._outbox: dict[str, list[tuple[int, AddItem]]] = {}
         self._commands: list[WriterCommand] = []
+        # Flow control per bookie: SendAdds awaiting their answer, the sends held back
+        # meanwhile, and what an answer released (it goes out with the next commands).
+        self._requests_in_flight: dict[str, int] = {}
+        self._held: dict[str, list[SendAdds]] = {}
+        self._released: dict[str, list[tuple[int, AddItem]]] = {}
+        self.add_requests_sent = 0  # every SendAdds handed to the driver
+        self.add_sends_held = 0  # every SendAdds held back (and later merged)
         # Bookies of the last segment that failed and wait for a replacement.
         self._failed: dict[int, str] = {}
         self._change: _EnsembleChange | None = None
@@ -279,7 +163,7 @@ class LedgerWriter:
         self._close_cas = False  # the close CAS is in flight
         self._lac_on_bookies = lac  # the highest LAC the bookies were sent
         self._last_add_ms = now_ms
-        self._now_ms = now_ms  # the latest time seen (add, tick)
+        self._now_ms = now_ms  # the latest time seen (add, step, tick)
         # The metadata as last read from the store. A recovery changes its ensemble only
         # locally (as BookKeeper's ReadOnlyLedgerHandle does) from entry `_local_from` on,
         # and stores the new segments with its close: a concurrent recovery must keep
@@ -295,9 +179,12 @@ class LedgerWriter:
     def pending_count(self) -> int:
         return len(self._pending)
 
-    @property
-    def changing_ensemble(self) -> bool:
-        return self._change is not None
+    def fits(self, count: int) -> bool:
+        """Whether an add of `count` payloads stays under max_pending_adds; a batch larger
+        than the bound fits once nothing is pending (it goes alone)."""
+        if self.max_pending_adds is None or not self._pending:
+            return True
+        return len(self._pending) + count <= self.max_pending_adds
 
     def add(self, payloads: Sequence[bytes], now_ms: int) -> tuple[int, int]:
         """Queue `payloads` as the next entries; their (first, last) entry ids."""
@@ -345,15 +232,18 @@ class LedgerWriter:
         for index in indexes:
             self._outbox.setdefault(bookies[index], []).append((pending.entry_id, item))
 
-    def step(self, event: WriterEvent) -> None:
+    def step(self, event: WriterEvent, now_ms: int) -> None:
+        self._now_ms = max(self._now_ms, now_ms)
         match event:
             case BookieAddReply():
                 self._on_reply(event)
+                self._on_answered(event.bookie_id)
             case AddSendFailed():
                 for entry_id in event.entry_ids:
                     self._on_bookie_failed(
                         entry_id, event.bookie_id, None, f"bookie {event.bookie_id}: {event.reason}"
                     )
+                self._on_answered(event.bookie_id)
             case WritableBookies():
                 self._on_writable_bookies(event.bookie_ids)
             case LedgerUpdated():
@@ -746,6 +636,8 @@ class LedgerWriter:
             self._commands.append(FailAdds(self.lac + 1, self.last_entry_id, api, detail))
         self._pending.clear()
         self._outbox.clear()
+        self._held.clear()
+        self._released.clear()
         self._change = None
 
     def _progress(self) -> None:
@@ -769,16 +661,52 @@ class LedgerWriter:
     # -- outputs ------------------------------------------------------------------------------
 
     def take_commands(self) -> list[WriterCommand]:
-        """What the driver must do now, in order: sends (batched per bookie), then
-        completions, failures and metadata requests in the order they arose."""
-        sends: list[WriterCommand] = [
-            send
-            for bookie_id, queued in self._outbox.items()
-            for send in chunk_adds(bookie_id, queued, self.max_send_bytes)
-        ]
+        """What the driver must do now, in order: sends (batched per bookie, and held while
+        the bookie has its limit of requests unanswered), then completions, failures and
+        metadata requests in the order they arose."""
+        sends: list[WriterCommand] = []
+        for bookie_id, queued in self._released.items():
+            # An answer came: what was held goes out merged with what is queued now.
+            merged = [*queued, *self._outbox.pop(bookie_id, [])]
+            for send in chunk_adds(bookie_id, merged, self.max_send_bytes):
+                sends.append(self._sent(send))
+        self._released.clear()
+        for bookie_id, queued in self._outbox.items():
+            for send in chunk_adds(bookie_id, queued, self.max_send_bytes):
+                if self._at_limit(bookie_id):
+                    self._held.setdefault(bookie_id, []).append(send)
+                    self.add_sends_held += 1
+                else:
+                    sends.append(self._sent(send))
         self._outbox.clear()
         commands, self._commands = self._commands, []
         return [*sends, *commands]
+
+    # -- flow control -------------------------------------------------------------------------
+
+    def _at_limit(self, bookie_id: str) -> bool:
+        limit = self.max_add_requests_per_bookie
+        return limit is not None and self._requests_in_flight.get(bookie_id, 0) >= limit
+
+    def _sent(self, send: SendAdds) -> SendAdds:
+        bookie_id = send.bookie_id
+        self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
+        self.add_requests_sent += 1
+        return send
+
+    def _on_answered(self, bookie_id: str) -> None:
+        """One SendAdds to the bookie was answered: what was held for it is released (a
+        broken writer held nothing: `_break` dropped it). A stray answer (no SendAdds of
+        this writer is out to that bookie) changes nothing, as its entries do not."""
+        in_flight = self._requests_in_flight.get(bookie_id, 0)
+        if in_flight == 0:
+            return
+        self._requests_in_flight[bookie_id] = in_flight - 1
+        held = self._held.pop(bookie_id, None)
+        if held:
+            released = self._released.setdefault(bookie_id, [])
+            for send in held:
+                released.extend(zip(send.entry_ids, send.items, strict=True))
 
 
 def chunk_adds(
@@ -798,272 +726,3 @@ def chunk_adds(
 
 def _send(bookie_id: str, queued: list[tuple[int, AddItem]]) -> SendAdds:
     return SendAdds(bookie_id, tuple(e for e, _ in queued), tuple(i for _, i in queued))
-
-
-# -- reader events and commands ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BookieReadReply:
-    """A bookie answered one SendReads. A bookie may answer a prefix of a batch (its reply
-    must fit in one message): what it left out is asked again of the same bookie."""
-
-    bookie_id: str
-    entry_ids: tuple[int, ...]
-    status: BookieStatus
-    results: tuple[ReadResult, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ReadSendFailed:
-    """A SendReads got no answer: it timed out (the bookie may be slow) or could not be
-    delivered (no responder: the bookie is down)."""
-
-    bookie_id: str
-    entry_ids: tuple[int, ...]
-    reason: str
-    timed_out: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class SendReads:
-    bookie_id: str
-    items: tuple[ReadItem, ...]
-
-    @property
-    def entry_ids(self) -> tuple[int, ...]:
-        return tuple(item.entry_id for item in self.items)
-
-
-@dataclass(frozen=True, slots=True)
-class EntryRead:
-    entry_id: int
-    payload: bytes
-    lac: int  # the LAC that rode on the entry
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class EntryReadFailed:
-    entry_id: int
-    api: ApiCode
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaCorrupt:
-    """A bookie returned a frame that failed its digest: report it for repair."""
-
-    bookie_id: str
-    entry_id: int
-    detail: str
-
-
-ReaderCommand = SendReads | EntryRead | EntryReadFailed | ReplicaCorrupt
-
-
-@dataclass(slots=True)
-class _PendingRead:
-    entry_id: int
-    replicas: tuple[str, ...]  # write set order: the order replicas are tried in
-    asked: int  # replicas[:asked] were sent a read
-    sent_at_ms: dict[str, int] = field(default_factory=dict)  # outstanding asks
-    # One (bookie, status, detail) per replica that failed, in the order they failed.
-    failures: list[tuple[str, BookieStatus | None, str]] = field(default_factory=list)
-    last_sent_ms: int = 0
-
-
-class LedgerReader:
-    """Reads entries of one ledger (BookKeeper's PendingReadOp), each from its write set in
-    order, verifying digests and moving to the next replica on error, timeout or digest
-    mismatch. With `speculative_read_timeout_ms` a replica that is slow to answer gets
-    company: the next replica is asked too, and the first good answer wins."""
-
-    def __init__(
-        self,
-        metadata: LedgerMetadata,
-        digest: DigestManager,
-        *,
-        read_entry_timeout_ms: int = 2_000,
-        read_batch_entries: int = DEFAULT_READ_BATCH_ENTRIES,
-        speculative_read_timeout_ms: int = 0,
-    ) -> None:
-        self.metadata = metadata
-        self.ledger_id = metadata.ledger_id
-        self.quorum = metadata.quorum
-        self._digest = digest
-        self.read_entry_timeout_ms = read_entry_timeout_ms
-        self.read_batch_entries = read_batch_entries
-        self.speculative_read_timeout_ms = speculative_read_timeout_ms
-        self.speculative_reads = 0
-        self._pending: dict[int, _PendingRead] = {}
-        self._outbox: dict[str, list[int]] = {}
-        self._commands: list[ReaderCommand] = []
-
-    @property
-    def done(self) -> bool:
-        return not self._pending
-
-    def read(self, entry_ids: Iterable[int], now_ms: int) -> None:
-        for entry_id in entry_ids:
-            assert entry_id >= 0 and entry_id not in self._pending
-            bookies = self.metadata.segment_for(entry_id).bookies
-            replicas = tuple(bookies[i] for i in read_order(entry_id, self.quorum))
-            pending = _PendingRead(entry_id, replicas, 0)
-            self._pending[entry_id] = pending
-            self._ask_next(pending, now_ms)
-
-    def _ask_next(self, pending: _PendingRead, now_ms: int) -> None:
-        bookie_id = pending.replicas[pending.asked]
-        pending.asked += 1
-        self._ask(pending, bookie_id, now_ms)
-
-    def _ask(self, pending: _PendingRead, bookie_id: str, now_ms: int) -> None:
-        pending.sent_at_ms[bookie_id] = now_ms
-        pending.last_sent_ms = now_ms
-        self._outbox.setdefault(bookie_id, []).append(pending.entry_id)
-
-    def step(self, event: BookieReadReply | ReadSendFailed, now_ms: int) -> None:
-        match event:
-            case BookieReadReply():
-                self._on_reply(event, now_ms)
-            case ReadSendFailed():
-                # None stands for "no answer in time"; an undeliverable request is as good
-                # as the bookie's own IO_ERROR.
-                status = None if event.timed_out else BookieStatus.IO_ERROR
-                for entry_id in event.entry_ids:
-                    self._on_replica_failed(entry_id, event.bookie_id, status, event.reason, now_ms)
-            case _:
-                raise AssertionError(f"unknown event {event!r}")
-
-    def _on_reply(self, event: BookieReadReply, now_ms: int) -> None:
-        if event.status is not BookieStatus.OK:
-            for entry_id in event.entry_ids:
-                self._on_replica_failed(
-                    entry_id, event.bookie_id, event.status, f"answered {event.status.name}", now_ms
-                )
-            return
-        answered = set()
-        for result in event.results:
-            if result.ledger_id != self.ledger_id or result.entry_id not in event.entry_ids:
-                continue
-            answered.add(result.entry_id)
-            self._on_result(event.bookie_id, result, now_ms)
-        missing = [e for e in event.entry_ids if e not in answered]
-        if missing and answered:
-            # A partial answer (the reply had to fit one message): ask that bookie again.
-            for entry_id in missing:
-                pending = self._pending.get(entry_id)
-                if pending is not None and event.bookie_id in pending.sent_at_ms:
-                    self._ask(pending, event.bookie_id, now_ms)
-        else:
-            for entry_id in missing:
-                self._on_replica_failed(
-                    entry_id,
-                    event.bookie_id,
-                    BookieStatus.IO_ERROR,
-                    "answered without this entry",
-                    now_ms,
-                )
-
-    def _on_result(self, bookie_id: str, result: ReadResult, now_ms: int) -> None:
-        pending = self._pending.get(result.entry_id)
-        if pending is None or bookie_id not in pending.replicas:
-            return
-        if result.status is not BookieStatus.OK:
-            self._on_replica_failed(
-                result.entry_id, bookie_id, result.status, f"answered {result.status.name}", now_ms
-            )
-            return
-        try:
-            entry = self._digest.verify(result.frame, self.ledger_id, result.entry_id)
-        except DigestMismatch as exc:
-            self._commands.append(ReplicaCorrupt(bookie_id, result.entry_id, str(exc)))
-            self._on_replica_failed(
-                result.entry_id, bookie_id, BookieStatus.CORRUPT, str(exc), now_ms
-            )
-            return
-        # Any replica's good answer will do, even a late one from a replica we gave up on.
-        del self._pending[result.entry_id]
-        self._commands.append(EntryRead(entry.entry_id, entry.payload, entry.lac, entry.length))
-
-    def _on_replica_failed(
-        self, entry_id: int, bookie_id: str, status: BookieStatus | None, detail: str, now_ms: int
-    ) -> None:
-        pending = self._pending.get(entry_id)
-        if pending is None or bookie_id not in pending.sent_at_ms:
-            return  # decided already, or a late answer from a replica we moved past
-        del pending.sent_at_ms[bookie_id]
-        pending.failures.append((bookie_id, status, detail))
-        if pending.asked < len(pending.replicas):
-            if not pending.sent_at_ms:  # no other replica is still being asked
-                self._ask_next(pending, now_ms)
-            return
-        if pending.sent_at_ms:
-            return  # a speculative ask is still out
-        del self._pending[entry_id]
-        api, summary = _read_outcome(pending.failures)
-        self._commands.append(EntryReadFailed(entry_id, api, f"entry {entry_id}: {summary}"))
-
-    def tick(self, now_ms: int) -> None:
-        """A replica that did not answer within read_entry_timeout_ms has failed; one that
-        is slower than speculative_read_timeout_ms gets the next replica asked too."""
-        for pending in list(self._pending.values()):
-            expired = [
-                bookie_id
-                for bookie_id, sent_ms in pending.sent_at_ms.items()
-                if now_ms - sent_ms >= self.read_entry_timeout_ms
-            ]
-            for bookie_id in expired:
-                self._on_replica_failed(
-                    pending.entry_id,
-                    bookie_id,
-                    None,
-                    f"no answer within {self.read_entry_timeout_ms} ms",
-                    now_ms,
-                )
-            if (
-                self.speculative_read_timeout_ms
-                and pending.entry_id in self._pending
-                and pending.sent_at_ms
-                and pending.asked < len(pending.replicas)
-                and now_ms - pending.last_sent_ms >= self.speculative_read_timeout_ms
-            ):
-                self.speculative_reads += 1
-                self._ask_next(pending, now_ms)
-
-    def take_commands(self) -> list[ReaderCommand]:
-        sends: list[ReaderCommand] = []
-        for bookie_id, entry_ids in self._outbox.items():
-            for start in range(0, len(entry_ids), self.read_batch_entries):
-                chunk = entry_ids[start : start + self.read_batch_entries]
-                sends.append(
-                    SendReads(bookie_id, tuple(ReadItem(self.ledger_id, e) for e in chunk))
-                )
-        self._outbox.clear()
-        commands, self._commands = self._commands, []
-        return [*sends, *commands]
-
-
-def _read_outcome(failures: list[tuple[str, BookieStatus | None, str]]) -> tuple[ApiCode, str]:
-    """NO_ENTRY from every replica is a definite NO_SUCH_ENTRY; otherwise the first other
-    failure decides (a replica that did not answer may hold the entry)."""
-    summary = "; ".join(f"{bookie}: {detail}" for bookie, _, detail in failures)
-    for _, status, _ in failures:
-        if status is None:
-            return ApiCodes.TIMEOUT, summary
-        if status not in _ABSENT:
-            return api_for_status(status), summary
-    return ApiCodes.NO_SUCH_ENTRY, summary
-
-
-def lac_from_replies(replies: Sequence[tuple[BookieStatus, int]]) -> int | None:
-    """The LAC from the read_lac answers of a segment's bookies: the highest one (each
-    bookie's LAC is a lower bound of the real one). -1 if every bookie knows nothing of the
-    ledger; None if none answered usefully."""
-    values = [lac for status, lac in replies if status is BookieStatus.OK]
-    if values:
-        return max(values)
-    if replies and all(status in _ABSENT for status, _ in replies):
-        return -1
-    return None

@@ -6,26 +6,24 @@ import random
 
 import pytest
 
-from services.gateway.core import (
+from shared.digest import DigestManager, master_key
+from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.protocol.messages import (
     BookieAddReply,
     BookieReadReply,
-    LedgerUpdated,
-    LedgerUpdateFailed,
-    SendAdds,
-    SendReads,
-    UpdateLedger,
-)
-from services.gateway.recovery import (
     FenceReply,
     FenceSendFailed,
-    LedgerRecovery,
+    LedgerUpdated,
+    LedgerUpdateFailed,
     RecoveryCommand,
     RecoveryDone,
     RecoveryFailed,
+    SendAdds,
     SendFence,
+    SendReads,
+    UpdateLedger,
 )
-from shared.digest import DigestManager, master_key
-from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.protocol.recovery import LedgerRecovery, RecoveryPhase
 from shared.status import ApiCodes, BookieStatus
 from shared.wire import FLAG_RECOVERY_ADD, AddResult, ReadItem, ReadResult
 
@@ -103,7 +101,7 @@ def test_fencing_waits_for_qw_minus_qa_plus_one_in_every_write_set(
     assert fences == [SendFence(f"b{i}") for i in range(e)]
     for bookie in answering:
         r.step(FenceReply(bookie, BookieStatus.OK, 3), 2)
-    assert (r.phase == "read") is covered
+    assert (r.phase is RecoveryPhase.READ) is covered
     if not covered:
         # Unanswered bookies are asked again after the retry interval.
         for i in range(e):
@@ -139,10 +137,10 @@ def test_recovery_rewrites_what_it_finds_and_stops_where_enough_bookies_lack_it(
     # fenced bookies (b2 answers its fence late, while reading).
     r.step(read_reply("b0", 2, BookieStatus.UNKNOWN_LEDGER_STATE), 5)
     r.step(read_reply("b1", 2, BookieStatus.NO_ENTRY), 5)
-    assert r.phase == "read"
+    assert r.phase is RecoveryPhase.READ
     r.step(FenceReply("b2", BookieStatus.OK, 0), 5)
     r.step(read_reply("b2", 2, BookieStatus.NO_LEDGER), 5)
-    assert r.phase == "close"
+    assert r.phase is RecoveryPhase.CLOSE
     for bookie in ("b0", "b1"):
         r.step(
             BookieAddReply(bookie, (1,), BookieStatus.OK, (AddResult(LEDGER, 1, BookieStatus.OK),)),
@@ -345,13 +343,13 @@ def test_only_a_fenced_bookies_no_counts() -> None:
         r.step(FenceSendFailed(bookie, "timeout"), 3)  # partitioned from the recovery
     r.step(read_reply("b2", 0, BookieStatus.NO_ENTRY), 3)
     r.step(read_reply("b1", 0, BookieStatus.NO_LEDGER), 3)
-    assert r.phase == "read"
+    assert r.phase is RecoveryPhase.READ
     r.step(read_reply("b0", 0, BookieStatus.OK), 3)
     r.take_commands()
     r.step(read_reply("b2", 1, BookieStatus.NO_ENTRY), 4)
     r.step(read_reply("b1", 1, BookieStatus.NO_ENTRY), 4)
     r.step(read_reply("b0", 1, BookieStatus.UNKNOWN_LEDGER_STATE), 4)
-    assert r.phase == "read" and r.take_commands() == []
+    assert r.phase is RecoveryPhase.READ and r.take_commands() == []
     # The retry asks again and fences the bookies that have not answered a fence.
     r.tick(20)
     again = r.take_commands()
@@ -359,7 +357,7 @@ def test_only_a_fenced_bookies_no_counts() -> None:
     assert SendReads("b2", (ReadItem(LEDGER, 1),)) in again
     r.step(FenceReply("b2", BookieStatus.OK, -1), 21)
     r.step(read_reply("b2", 1, BookieStatus.NO_ENTRY), 22)
-    assert r.phase == "close"
+    assert r.phase is RecoveryPhase.CLOSE
 
 
 def test_rewrites_not_yet_acknowledged_hold_back_the_reads() -> None:
@@ -379,3 +377,39 @@ def test_rewrites_not_yet_acknowledged_hold_back_the_reads() -> None:
         "b1",
         "b2",
     }
+
+
+# -- the phase transition table ---------------------------------------------------------------
+
+P = RecoveryPhase
+ALLOWED = {
+    (P.MARK, P.FENCE),  # marked IN_RECOVERY (or found so)
+    (P.MARK, P.MARK_RETRY),  # the CAS's outcome and the re-read failed
+    (P.MARK, P.DONE),  # found CLOSED
+    (P.MARK_RETRY, P.MARK),
+    (P.FENCE, P.READ),  # every write set has Qw - Qa + 1 fenced bookies
+    (P.READ, P.CLOSE),  # every entry below the end was handed to the writer
+    (P.CLOSE, P.DONE),
+    *((phase, P.FAILED) for phase in (P.MARK, P.MARK_RETRY, P.FENCE, P.READ, P.CLOSE)),
+}
+
+
+@pytest.mark.parametrize(("source", "target"), [(s, t) for s in P for t in P])
+def test_phase_transitions_follow_the_table(source: RecoveryPhase, target: RecoveryPhase) -> None:
+    r = recovery(metadata())
+    r.phase = source
+    if (source, target) in ALLOWED:
+        r._enter(target)
+        assert r.phase is target
+    else:
+        with pytest.raises(AssertionError, match="not allowed"):
+            r._enter(target)
+        assert r.phase is source
+
+
+def test_a_finished_recovery_stays_finished() -> None:
+    r = recovery(metadata(state=LedgerState.CLOSED, last=3))
+    assert r.phase is RecoveryPhase.DONE
+    r.tick(100_000)  # past its timeout: a done recovery does not fail
+    r.step(FenceReply("b0", BookieStatus.OK, 3), 100_001)
+    assert r.phase is RecoveryPhase.DONE

@@ -1,4 +1,5 @@
-"""Requests from the gateway to bookies over NATS, in the binary wire codec.
+"""Requests from a client (the gateway, the bench) to bookies over NATS, in
+the binary wire codec: the `shared.protocol.transport.BookieTransport` over NATS.
 
 A thin transport: every failure to get a decodable answer (timeout, no responder, a micro
 error, a malformed reply) is a `BookieUnreachable`, which the cores treat as "this replica
@@ -11,6 +12,7 @@ import json
 from nats.aio.client import Client as NatsClient
 
 from shared import wire
+from shared.protocol.transport import BookieUnreachable
 from shared.requests import request
 from shared.status import BookieStatus
 from shared.subjects import Subjects
@@ -24,16 +26,9 @@ MICRO_ERROR_HEADER = "Nats-Service-Error"
 NO_RESPONDERS_RETRIES = 2
 
 
-class BookieUnreachable(Exception):
-    """No usable answer: the outcome on the bookie is unknown. `timed_out` tells a slow
-    bookie from one that could not be reached at all."""
-
-    def __init__(self, message: str, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
 class BookieClient:
+    """BookieTransport over NATS."""
+
     def __init__(
         self, nc: NatsClient, subjects: Subjects, *, add_timeout_ms: int, read_timeout_ms: int
     ) -> None:
@@ -133,3 +128,6 @@ class BookieClient:
             return json.loads(data)
         except ValueError as exc:
             raise BookieUnreachable(f"info from {bookie_id}: not JSON") from exc
+
+
+__all__ = ["BookieClient", "BookieUnreachable"]

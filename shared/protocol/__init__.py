@@ -1,0 +1,21 @@
+"""The client quorum protocol as a library: what a BookKeeper client decides, with no IO.
+
+- `writer.LedgerWriter`: one ledger's writer (LedgerHandle, PendingAddOp): adds, ensemble
+  changes, close, and the flow control of add requests per bookie.
+- `reader.LedgerReader`: reads from the write set (PendingReadOp), speculative reads.
+- `recovery.LedgerRecovery`: fence, find the last entry, re-write the tail, close
+  (LedgerRecoveryOp).
+- `ensemble.choose_ensemble`: where a new ledger goes.
+- `messages`: the events the cores take and the commands they return.
+- `transport`: what a driver needs of the bookies and the metadata store (interfaces).
+- `driver`: the asyncio driver over the transports (`ProtocolClient`, `WriterHandle`), which
+  the gateway and the bench run. It is the one IO module of the package.
+
+Rules of the cores (every module but `driver` and `transport`; h11's and raft's):
+- No IO, no clock, no randomness: time comes in as `now_ms`, randomness as a `random.Random`
+  the caller seeded. A driver does the sending: `driver.py`, or the simulator's
+  (`quire.sim` runs these very classes under seeded faults).
+- Input is `step(event, now_ms)` and `tick(now_ms)`; output is `take_commands()`: what the
+  driver must now send, complete or fail, in order.
+- A user error raises `QuireError` at once; a broken invariant raises `AssertionError`.
+"""

@@ -1,0 +1,563 @@
+"""The asyncio driver of the protocol: runs the sans-IO cores (`writer`, `reader`,
+`recovery`) over a bookie transport and a metadata transport (`transport.py`). The
+gateway and the bench drive the cores through this one module.
+
+Everything here is IO and the bookkeeping of futures; every protocol decision is the
+cores'. What the caller wants to count or announce (metrics, events) reaches it through a
+`ProtocolObserver`; this module knows nothing of its callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.config import GatewaySettings
+from shared.digest import DigestManager, master_key
+from shared.metaclient import MetadataError
+from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
+from shared.protocol.ensemble import choose_ensemble
+from shared.protocol.messages import (
+    AddSendFailed,
+    BookieAddReply,
+    BookieReadReply,
+    CloseDone,
+    CloseFailed,
+    CompleteAdds,
+    EnsembleChanged,
+    EntryRead,
+    EntryReadFailed,
+    FailAdds,
+    FenceReply,
+    FenceSendFailed,
+    LedgerUpdated,
+    LedgerUpdateFailed,
+    ListWritableBookies,
+    ReadSendFailed,
+    RecoveryDone,
+    RecoveryFailed,
+    ReplicaCorrupt,
+    SendAdds,
+    SendFence,
+    SendReads,
+    SendWriteLac,
+    UpdateLedger,
+    WritableBookies,
+)
+from shared.protocol.reader import LedgerReader, lac_from_replies
+from shared.protocol.recovery import LedgerRecovery
+from shared.protocol.transport import BookieTransport, BookieUnreachable, MetadataTransport
+from shared.protocol.writer import LedgerWriter
+from shared.status import ApiCode, ApiCodes, QuireError
+
+log = logging.getLogger(__name__)
+
+# How often a driven core is ticked while it waits (its timeouts' resolution).
+TICK_INTERVAL_S = 0.05
+SALT_BYTES = 16
+
+Clock = Callable[[], int]
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_clock_ms() -> int:
+    """Bookie leases are wall-clock times (they are compared across machines)."""
+    return time.time_ns() // 1_000_000
+
+
+def password_hash(salt_hex: str, password: bytes) -> str:
+    return hashlib.sha256(bytes.fromhex(salt_hex) + password).hexdigest()
+
+
+class ProtocolObserver:
+    """What a driver reports as it goes; every method does nothing here. The gateway
+    overrides them for its metrics and events."""
+
+    def adds_acknowledged(self, ledger_id: int, first: int, last: int, latency_ms: int) -> None:
+        """Entries first..last of one append were acknowledged, `latency_ms` after it."""
+
+    def adds_failed(self, count: int) -> None:
+        """`count` entries of appends failed."""
+
+    def add_requests(self, sent: int, held: int) -> None:
+        """A writer sent `sent` more add requests and held back `held` more sends."""
+
+    def writer_pumped(self) -> None:
+        """A writer carried out its commands (its pending adds may have changed)."""
+
+    def ensemble_changed(self, command: EnsembleChanged) -> None:
+        """A writer or a recovery replaced bookies."""
+
+    def replica_corrupt(self, ledger_id: int, command: ReplicaCorrupt) -> None:
+        """A bookie returned a frame that failed its digest."""
+
+    def entry_read(self, ok: bool) -> None:
+        """One entry was read (or failed to be)."""
+
+    def speculative_reads(self, count: int) -> None:
+        """A read asked `count` more replicas early."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a dispatch returns to end `drive` with `value`."""
+
+    value: Any
+
+
+async def drive(
+    core: Any,
+    dispatch: Callable[[Any], Any],
+    clock: Clock,
+    finished: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Run a sans-IO core (step/tick/take_commands) until done. `dispatch` handles each
+    command: None (handled), an awaitable (IO whose result is stepped into the core), or
+    Finished(value) to return `value`; it may raise. IO still in flight is cancelled."""
+    in_flight: set[asyncio.Future] = set()
+    try:
+        while True:
+            for command in core.take_commands():
+                outcome = dispatch(command)
+                if isinstance(outcome, Finished):
+                    return outcome.value
+                if outcome is not None:
+                    in_flight.add(asyncio.ensure_future(outcome))
+            if finished():
+                return None
+            done: set[asyncio.Future] = set()
+            if in_flight:
+                done, in_flight = await asyncio.wait(
+                    in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
+                )
+            else:  # nothing to wait for but time (the core's timeouts)
+                await asyncio.sleep(TICK_INTERVAL_S)
+            for task in done:
+                core.step(task.result(), clock())
+            core.tick(clock())
+    finally:
+        for task in in_flight:
+            task.cancel()
+
+
+@dataclass
+class _AppendRequest:
+    first_entry_id: int
+    last_entry_id: int
+    started_ms: int
+    future: asyncio.Future[int]  # resolves with the LAC once every entry is acknowledged
+
+
+class WriterHandle:
+    """Runs one LedgerWriter: sends what it says, feeds it the answers, resolves appends.
+    Time passes for it only through `tick` (its owner's ticker)."""
+
+    def __init__(self, core: LedgerWriter, client: ProtocolClient) -> None:
+        self.core = core
+        self._client = client
+        self._requests: deque[_AppendRequest] = deque()
+        self._sends: set[asyncio.Task[None]] = set()
+        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closed: asyncio.Future[LedgerMetadata] | None = None
+        self._pump_scheduled = False
+        # The core's flow-control counters as last reported to the observer.
+        self._add_requests_seen = 0
+        self._add_sends_held_seen = 0
+
+    @property
+    def ledger_id(self) -> int:
+        return self.core.ledger_id
+
+    async def append(self, payloads: Sequence[bytes]) -> tuple[int, int, int]:
+        """Append and wait for the acknowledgement: (first, last, lac)."""
+        # Back-pressure: wait while the pending adds would exceed the core's bound.
+        while not self.core.fits(len(payloads)):
+            await asyncio.shield(self._changed)
+        now = self._client.clock()
+        first, last = self.core.add(payloads, now)
+        request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future())
+        self._requests.append(request)
+        self._schedule_pump()
+        lac = await request.future
+        return first, last, lac
+
+    def _schedule_pump(self) -> None:
+        """Pump once at the end of this turn of the event loop: the appends and bookie
+        replies of one turn then go out as one add message per bookie instead of one
+        each (the core batches what is queued when its commands are taken)."""
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
+        self.pump()
+
+    def pump(self) -> None:
+        """Carry out the core's commands. Never awaits: runs to the end in one go."""
+        for command in self.core.take_commands():
+            match command:
+                case SendAdds():
+                    self._spawn(self._send(command))
+                case CompleteAdds():
+                    self._complete(command)
+                case FailAdds():
+                    self._fail(command)
+                case UpdateLedger():
+                    self._spawn(self._update(command))
+                case ListWritableBookies():
+                    self._spawn(self._list_writable())
+                case SendWriteLac():
+                    self._spawn(self._write_lac(command))
+                case EnsembleChanged():
+                    self._client.observer.ensemble_changed(command)
+                case CloseDone():
+                    if self._closed is not None and not self._closed.done():
+                        self._closed.set_result(command.metadata)
+                case CloseFailed():
+                    if self._closed is not None and not self._closed.done():
+                        self._closed.set_exception(QuireError(command.api, command.detail))
+        self._report_flow_control()
+        self._client.observer.writer_pumped()
+
+    def _report_flow_control(self) -> None:
+        sent, held = self.core.add_requests_sent, self.core.add_sends_held
+        if (sent, held) != (self._add_requests_seen, self._add_sends_held_seen):
+            self._client.observer.add_requests(
+                sent - self._add_requests_seen, held - self._add_sends_held_seen
+            )
+            self._add_requests_seen, self._add_sends_held_seen = sent, held
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+        return task
+
+    async def _update(self, command: UpdateLedger) -> None:
+        self.core.step(await self._client.cas(command), self._client.clock())
+        self.pump()
+
+    async def _list_writable(self) -> None:
+        try:
+            writable = await self._client.writable_bookies()
+        except MetadataError as exc:
+            log.warning("no bookie list for an ensemble change", extra={"err": exc.message})
+            writable = []
+        self.core.step(WritableBookies(tuple(writable)), self._client.clock())
+        self.pump()
+
+    async def _write_lac(self, command: SendWriteLac) -> None:
+        try:
+            await self._client.bookies.write_lac(
+                command.bookie_id, self.ledger_id, self.core.master_key, command.lac
+            )
+        except BookieUnreachable as exc:  # the next add carries the LAC anyway
+            log.debug("explicit LAC not written", extra={"err": str(exc)})
+
+    async def _send(self, command: SendAdds) -> None:
+        # Exactly one answer per SendAdds (the core's flow control counts on it); a
+        # replaced bookie's late answer is harmless: the core maps answers by bookie.
+        self.core.step(await self._client.send_adds(command), self._client.clock())
+        self._schedule_pump()
+
+    async def close(self, timeout_s: float) -> LedgerMetadata:
+        """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
+        if self._closed is None or (self._closed.done() and self._closed.exception()):
+            self._closed = asyncio.get_running_loop().create_future()
+            self.core.start_close()
+            self.pump()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._closed), timeout_s)
+        except TimeoutError as exc:
+            raise QuireError(
+                ApiCodes.TIMEOUT, f"close of ledger {self.ledger_id} did not finish"
+            ) from exc
+
+    def _complete(self, command: CompleteAdds) -> None:
+        now = self._client.clock()
+        while self._requests and self._requests[0].last_entry_id <= command.last_entry_id:
+            request = self._requests.popleft()
+            self._client.observer.adds_acknowledged(
+                self.ledger_id,
+                request.first_entry_id,
+                request.last_entry_id,
+                now - request.started_ms,
+            )
+            if not request.future.done():
+                request.future.set_result(command.lac)
+        self._notify()
+
+    def _fail(self, command: FailAdds) -> None:
+        while self._requests and self._requests[0].first_entry_id <= command.last_entry_id:
+            request = self._requests.popleft()
+            self._client.observer.adds_failed(request.last_entry_id - request.first_entry_id + 1)
+            if not request.future.done():
+                request.future.set_exception(QuireError(command.api, command.detail))
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set_result(None)
+        self._changed = asyncio.get_running_loop().create_future()
+
+    def tick(self, now_ms: int) -> None:
+        self.core.tick(now_ms)
+        self.pump()
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Until an add completes or fails, or `timeout_s` passes."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._changed), timeout_s)
+        except TimeoutError:
+            pass
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for every append in flight (the core's timeout fails them at the latest)."""
+        deadline_ms = self._client.clock() + int(timeout_s * 1000)
+        while self._requests and (remaining_ms := deadline_ms - self._client.clock()) > 0:
+            await self.wait_changed(remaining_ms / 1000)
+
+    def abort(self, api: ApiCode, detail: str) -> None:
+        self.core.abort(api, detail)
+        self.pump()
+        for task in self._sends:
+            task.cancel()
+
+
+class ProtocolClient:
+    """A BookKeeper client over the transports: creates ledgers (and their writer
+    handles), recovers, reads entries and LACs. `settings` bounds and times it all (the
+    gateway's section of the settings, whoever the client is)."""
+
+    def __init__(
+        self,
+        bookies: BookieTransport,
+        meta: MetadataTransport,
+        settings: GatewaySettings,
+        *,
+        observer: ProtocolObserver | None = None,
+        rng: random.Random | None = None,
+        clock: Clock = monotonic_ms,
+        wall_clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.bookies = bookies
+        self.meta = meta
+        self.settings = settings
+        self.observer = observer or ProtocolObserver()
+        self.rng = rng or random.Random(os.urandom(16))
+        self.clock = clock
+        self.wall_clock = wall_clock
+
+    # -- metadata -----------------------------------------------------------------------------
+
+    async def cas(self, command: UpdateLedger) -> LedgerUpdated | LedgerUpdateFailed:
+        """Run a core's compare-and-set; on a lost race or an unknown outcome, say what is
+        stored now (the core decides, as BookKeeper's MetadataUpdateLoop callers do)."""
+        request = command.request
+        try:
+            return LedgerUpdated(await self.meta.update_ledger(request))
+        except MetadataError as exc:
+            reason = f"{exc.code}: {exc.message}"
+            if exc.current is not None:
+                return LedgerUpdateFailed(exc.current, reason)
+        try:
+            return LedgerUpdateFailed(await self.meta.get_ledger(request.ledger_id), reason)
+        except MetadataError as exc:
+            return LedgerUpdateFailed(None, f"{reason}; re-read: {exc.code}: {exc.message}")
+
+    async def writable_bookies(self) -> list[str]:
+        """The registered bookies that are writable and whose lease has not expired;
+        raises MetadataError."""
+        now_ms = self.wall_clock()
+        return [
+            b.bookie_id
+            for b in await self.meta.list_bookies()
+            if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
+        ]
+
+    # -- create -------------------------------------------------------------------------------
+
+    async def create_ledger(
+        self,
+        *,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        digest: str,
+        password: bytes,
+        metadata: dict[str, str],
+    ) -> WriterHandle:
+        """Choose an ensemble, create the ledger's metadata, and open its writer. Raises
+        QuireError (bad quorum, not enough bookies) or MetadataError."""
+        if not 1 <= ack_quorum <= write_quorum <= ensemble_size:
+            raise QuireError(
+                ApiCodes.INVALID_ARGUMENT,
+                "need 1 <= ack_quorum <= write_quorum <= ensemble_size, got "
+                f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}",
+            )
+        ensemble = choose_ensemble(await self.writable_bookies(), ensemble_size, self.rng)
+        salt = os.urandom(SALT_BYTES).hex()
+        request = CreateLedgerRequest(
+            ensemble_size=ensemble_size,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            digest=digest,
+            password_salt=salt,
+            password_hash=password_hash(salt, password),
+            metadata=metadata,
+            ensemble=ensemble,
+        )
+        created = await self.meta.create_ledger(request)
+        settings = self.settings
+        core = LedgerWriter(
+            created,
+            master_key(password),
+            DigestManager(created.digest, password),
+            add_entry_timeout_ms=settings.add_entry_timeout_ms,
+            max_send_bytes=self.bookies.max_send_bytes,
+            rng=self.rng,
+            explicit_lac_interval_ms=settings.explicit_lac_interval_ms,
+            max_add_requests_per_bookie=settings.max_add_requests_per_bookie,
+            max_pending_adds=settings.max_pending_adds_per_ledger,
+            now_ms=self.clock(),
+        )
+        return WriterHandle(core, self)
+
+    # -- bookie requests as core events -------------------------------------------------------
+
+    async def send_adds(self, command: SendAdds) -> BookieAddReply | AddSendFailed:
+        try:
+            status, results = await self.bookies.add(command.bookie_id, list(command.items))
+            return BookieAddReply(command.bookie_id, command.entry_ids, status, tuple(results))
+        except BookieUnreachable as exc:
+            return AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
+
+    async def send_reads(self, command: SendReads) -> BookieReadReply | ReadSendFailed:
+        try:
+            status, results = await self.bookies.read(command.bookie_id, list(command.items))
+            return BookieReadReply(command.bookie_id, command.entry_ids, status, tuple(results))
+        except BookieUnreachable as exc:
+            return ReadSendFailed(command.bookie_id, command.entry_ids, str(exc), exc.timed_out)
+
+    async def send_fence(
+        self, command: SendFence, ledger_id: int, key: bytes
+    ) -> FenceReply | FenceSendFailed:
+        try:
+            reply = await self.bookies.fence(command.bookie_id, ledger_id, key)
+            return FenceReply(command.bookie_id, reply.status, reply.lac)
+        except BookieUnreachable as exc:
+            return FenceSendFailed(command.bookie_id, str(exc))
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    async def recover(self, metadata: LedgerMetadata, password: bytes) -> LedgerRecovery:
+        """BookKeeper's open-with-recovery: fence, find the last entry, close. The finished
+        core (its `result`, `recovered_entries`); raises QuireError if it failed."""
+        settings = self.settings
+        core = LedgerRecovery(
+            metadata,
+            master_key(password),
+            DigestManager(metadata.digest, password),
+            self.clock(),
+            rng=self.rng,
+            retry_interval_ms=settings.recovery_retry_interval_ms,
+            recovery_timeout_ms=settings.recovery_timeout_ms,
+            add_entry_timeout_ms=settings.add_entry_timeout_ms,
+            max_send_bytes=self.bookies.max_send_bytes,
+            read_batch_size=settings.recovery_read_batch_size,
+        )
+
+        def dispatch(command: Any) -> Any:
+            match command:
+                case RecoveryDone():
+                    return Finished(command.metadata)
+                case RecoveryFailed():
+                    raise QuireError(command.api, command.detail)
+                case ReplicaCorrupt():
+                    self.observer.replica_corrupt(core.ledger_id, command)
+                case EnsembleChanged():
+                    self.observer.ensemble_changed(command)
+                case _:
+                    return self._recovery_io(core, command)
+            return None
+
+        await drive(core, dispatch, self.clock)
+        return core
+
+    async def _recovery_io(self, core: LedgerRecovery, command: Any) -> Any:
+        """One command of a recovery as IO; the event it turns into."""
+        match command:
+            case UpdateLedger():
+                return await self.cas(command)
+            case SendFence():
+                return await self.send_fence(command, core.ledger_id, core.master_key)
+            case SendReads():
+                return await self.send_reads(command)
+            case SendAdds():
+                return await self.send_adds(command)
+            case ListWritableBookies():
+                try:
+                    return WritableBookies(tuple(await self.writable_bookies()))
+                except MetadataError:
+                    return WritableBookies(())
+        raise AssertionError(f"unknown recovery command {command!r}")
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def read_entries(
+        self, metadata: LedgerMetadata, password: bytes, entry_ids: list[int]
+    ) -> dict[int, EntryRead | EntryReadFailed]:
+        """Run a LedgerReader over `entry_ids` until each is read or failed."""
+        core = LedgerReader(
+            metadata,
+            DigestManager(metadata.digest, password),
+            read_entry_timeout_ms=self.settings.read_entry_timeout_ms,
+            speculative_read_timeout_ms=self.settings.speculative_read_timeout_ms,
+        )
+        core.read(entry_ids, self.clock())
+        outcomes: dict[int, EntryRead | EntryReadFailed] = {}
+
+        def dispatch(command: Any) -> Any:
+            match command:
+                case SendReads():
+                    return self.send_reads(command)
+                case EntryRead() | EntryReadFailed():
+                    outcomes[command.entry_id] = command
+                    self.observer.entry_read(isinstance(command, EntryRead))
+                case ReplicaCorrupt():
+                    self.observer.replica_corrupt(metadata.ledger_id, command)
+            return None
+
+        await drive(core, dispatch, self.clock, finished=lambda: core.done)
+        self.observer.speculative_reads(core.speculative_reads)
+        return outcomes
+
+    async def read_lac_from_bookies(self, metadata: LedgerMetadata) -> int:
+        """The LAC as the last segment's bookies know it (their highest answer)."""
+        bookies = metadata.segments[-1].bookies
+
+        async def one(bookie_id: str):
+            try:
+                reply = await self.bookies.read_lac(bookie_id, metadata.ledger_id)
+                return reply.status, reply.lac
+            except BookieUnreachable:
+                return None
+
+        replies = [r for r in await asyncio.gather(*(one(b) for b in bookies)) if r is not None]
+        lac = lac_from_replies(replies)
+        if lac is None:
+            raise QuireError(
+                ApiCodes.UNAVAILABLE, f"no bookie of ledger {metadata.ledger_id} answered its LAC"
+            )
+        return lac
