@@ -18,13 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from services.metadata import core
 from services.metadata.outbox import OutboxPublisher
-from services.metadata.store import (
-    BadVersion,
-    CookieBadVersion,
-    MetadataStore,
-    PostgresMetadataStore,
-    StoreError,
-)
+from services.metadata.postgres import PostgresMetadataStore
+from services.metadata.store import BadVersion, CookieBadVersion, MetadataStore, StoreError
 from shared.metaclient import METADATA_OPS
 from shared.models import (
     BookieIdRequest,

@@ -12,14 +12,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 from quire.infra import free_port, start_postgres
-from services.metadata.db import metadata
-from services.metadata.store import (
-    BadVersion,
-    ConnectionPool,
-    PostgresMetadataStore,
-    StoreUnavailable,
-    conninfo_from_url,
-)
+from services.metadata.postgres import PostgresMetadataStore, new_pool
+from services.metadata.schema import metadata
+from services.metadata.store import BadVersion, StoreUnavailable
 from shared.models import UpdateLedgerRequest
 from tests.support.metadata import create_request
 
@@ -60,7 +55,9 @@ async def test_migration_matches_models_and_serializes_across_instances(
 
 async def test_unreachable_database_is_unavailable() -> None:
     url = f"postgresql+psycopg://quire@127.0.0.1:{free_port()}/quire"
-    store = PostgresMetadataStore(ConnectionPool(conninfo_from_url(url), 2, 1.0), "x")
+    pool = new_pool(url, size=2, timeout_s=1.0)
+    await pool.open()  # not waiting: the pool keeps trying in the background
+    store = PostgresMetadataStore(pool, "x")
     try:
         with pytest.raises(StoreUnavailable):
             await store.get_ledger(1)
