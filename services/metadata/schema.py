@@ -67,7 +67,8 @@ bookies = Table(
 
 # Each change inserts its outbox row in the statement (so the transaction) that makes it.
 # Ids come from a sequence; the publisher publishes in id order (outbox.py, with
-# core.OutboxCursor deciding about gaps) and deletes what it published, so the table holds only what is still to publish.
+# core.OutboxCursor deciding about gaps) and deletes what it published, so the table
+# holds only what is still to publish.
 outbox_id_seq = Sequence("outbox_id_seq", metadata=metadata, start=1, minvalue=1)
 
 outbox = Table(
