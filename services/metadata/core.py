@@ -113,8 +113,8 @@ def check_update(request: UpdateLedgerRequest) -> None:
 
 def closed_ledger_violation(stored: LedgerMetadata, request: UpdateLedgerRequest) -> str | None:
     """Why this update may not apply to a CLOSED ledger, or None. A closed ledger's last
-    entry and length never change and it never reopens; its segments may (re-replication
-    replaces the bookies of a closed ledger, as BookKeeper's does)."""
+    entry and length never change and it never reopens; its segments may change, so that
+    re-replication can replace the bookies of a closed ledger, as BookKeeper's does."""
     if stored.state is not LedgerState.CLOSED:
         return None
     if request.state not in (None, LedgerState.CLOSED):
@@ -199,7 +199,8 @@ def bookie_events(info: BookieInfo, previous: BookieState | None) -> list[EventS
 
 # -- the outbox: stored changes -> published events --------------------------------------
 
-# Outbox row kinds that are not events by the same name.
+# Outbox row kinds whose events are built from the row; a row of any other kind is
+# published as one event of that kind with the row's data.
 LEDGER_CREATED = "ledger.created"
 LEDGER_CHANGED = "ledger.changed"  # a won compare-and-set
 LEDGER_DELETED = "ledger.deleted"

@@ -18,13 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from services.metadata import core
 from services.metadata.outbox import OutboxPublisher
-from services.metadata.store import (
-    BadVersion,
-    CookieBadVersion,
-    MetadataStore,
-    PostgresMetadataStore,
-    StoreError,
-)
+from services.metadata.postgres import PostgresMetadataStore
+from services.metadata.store import BadVersion, CookieBadVersion, MetadataStore, StoreError
 from shared.metaclient import METADATA_OPS
 from shared.models import (
     BookieIdRequest,
@@ -302,8 +297,7 @@ async def main(rt: ServiceRuntime) -> None:
     service = MetadataService(
         store, bookie_lease_ms=settings.metadata.bookie_lease_ms, on_change=publisher.poke
     )
-    rt.metadata_service = service  # type: ignore[attr-defined]  # for tests and the bench
-    rt.outbox_publisher = publisher  # type: ignore[attr-defined]
+    rt.outbox_publisher = publisher  # type: ignore[attr-defined]  # for tests
     for op in METADATA_OPS:
         await rt.add_endpoint(
             op.replace(".", "_"),

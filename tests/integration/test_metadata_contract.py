@@ -1,6 +1,6 @@
 """One contract, two stores: every test here runs against PostgresMetadataStore (real
-PostgreSQL) and InMemoryMetadataStore, so the in-memory store the simulator uses provably
-behaves like the real one."""
+PostgreSQL) and InMemoryMetadataStore, so the in-memory store provably behaves like the
+real one."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.metadata import core
+from services.metadata.memory import InMemoryMetadataStore
+from services.metadata.postgres import PostgresMetadataStore
 from services.metadata.store import (
     BadVersion,
     CookieBadVersion,
-    InMemoryMetadataStore,
     LedgerClosedError,
     LedgerExists,
     MetadataStore,
     NoSuchCookie,
     NoSuchLedger,
-    PostgresMetadataStore,
 )
 from shared.models import (
     NO_VERSION,

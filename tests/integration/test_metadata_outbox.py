@@ -14,7 +14,7 @@ import pytest
 
 from quire.infra import start_nats
 from services.metadata.outbox import OutboxPublisher
-from services.metadata.store import PostgresMetadataStore
+from services.metadata.postgres import PostgresMetadataStore
 from shared.config import QuireSettings
 from shared.events import ensure_event_stream
 from shared.metaclient import MetadataClient

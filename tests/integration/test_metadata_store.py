@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 from quire.infra import free_port, start_postgres
-from services.metadata.db import metadata
-from services.metadata.store import (
-    BadVersion,
-    ConnectionPool,
-    PostgresMetadataStore,
-    StoreUnavailable,
-    conninfo_from_url,
-)
+from services.metadata.postgres import PostgresMetadataStore, conninfo_from_url, new_pool
+from services.metadata.schema import metadata
+from services.metadata.store import BadVersion, StoreUnavailable
 from shared.models import UpdateLedgerRequest
 from tests.support.metadata import create_request
 
@@ -60,7 +56,9 @@ async def test_migration_matches_models_and_serializes_across_instances(
 
 async def test_unreachable_database_is_unavailable() -> None:
     url = f"postgresql+psycopg://quire@127.0.0.1:{free_port()}/quire"
-    store = PostgresMetadataStore(ConnectionPool(conninfo_from_url(url), 2, 1.0), "x")
+    pool = new_pool(url, size=2, timeout_s=1.0)
+    await pool.open()  # not waiting: the pool keeps trying in the background
+    store = PostgresMetadataStore(pool, "x")
     try:
         with pytest.raises(StoreUnavailable):
             await store.get_ledger(1)
@@ -129,3 +127,23 @@ async def test_postgres_restarted_mid_cas_the_caller_only_trusts_what_it_saw(
     finally:
         await store.close()
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_statement_past_the_timeout_is_unavailable_and_its_connection_replaced(
+    fresh_database_url: str,
+) -> None:
+    """A statement cut off by the timeout leaves its connection in an unknown state: the
+    caller hears UNAVAILABLE, the connection is closed, and the pool (one connection
+    here) replaces it, so the store serves again once PostgreSQL answers."""
+    store = await PostgresMetadataStore.open(fresh_database_url, pool_size=1, timeout_s=1.0)
+    locker = await psycopg.AsyncConnection.connect(conninfo_from_url(fresh_database_url))
+    try:
+        ledger = await store.create_ledger(create_request(), 0)
+        await locker.execute("LOCK TABLE ledgers IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(StoreUnavailable):
+            await store.get_ledger(ledger.ledger_id)
+        await locker.rollback()
+        assert (await store.get_ledger(ledger.ledger_id)).ledger_id == ledger.ledger_id
+    finally:
+        await locker.close()
+        await store.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from services.metadata.db import metadata
+from services.metadata.schema import metadata
 from shared.config import load_settings
 
 config = context.config

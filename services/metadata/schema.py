@@ -1,4 +1,5 @@
-"""The metadata service's PostgreSQL schema, as SQLAlchemy table definitions.
+"""The metadata service's PostgreSQL schema, as SQLAlchemy table definitions (the
+statements that use them are in sql.py).
 
 This module and the Alembic migrations describe the same schema; a test checks that the
 migrations' result matches these definitions, so change both together.
@@ -65,8 +66,9 @@ bookies = Table(
 # -- the transactional outbox -------------------------------------------------------------
 
 # Each change inserts its outbox row in the statement (so the transaction) that makes it.
-# Ids come from a sequence; the publisher publishes in id order (see store.py) and deletes
-# what it published, so the table holds only what is still to publish.
+# Ids come from a sequence; the publisher publishes in id order (outbox.py, with
+# core.OutboxCursor deciding about gaps) and deletes what it published, so the table
+# holds only what is still to publish.
 outbox_id_seq = Sequence("outbox_id_seq", metadata=metadata, start=1, minvalue=1)
 
 outbox = Table(
