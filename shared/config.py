@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.protocol.writer import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE
+from shared.protocol.flow import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE
 
 MIB = 1024 * 1024
 

@@ -39,6 +39,7 @@ from shared.bookie.rules import (
 )
 from shared.digest import DigestManager, DigestType, master_key
 from shared.models import LedgerMetadata, LedgerState, Segment, UpdateLedgerRequest
+from shared.protocol.flow import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE
 from shared.protocol.messages import (
     AddSendFailed,
     BookieAddReply,
@@ -68,7 +69,7 @@ from shared.protocol.messages import (
 )
 from shared.protocol.reader import LedgerReader, lac_from_replies
 from shared.protocol.recovery import LedgerRecovery
-from shared.protocol.writer import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE, LedgerWriter
+from shared.protocol.writer import LedgerWriter
 from shared.quorum import write_set
 from shared.status import BookieStatus, QuireError
 from shared.wire import ReadResult

@@ -1,7 +1,9 @@
 """The client quorum protocol as a library: what a BookKeeper client decides, with no IO.
 
 - `writer.LedgerWriter`: one ledger's writer (LedgerHandle, PendingAddOp): adds, ensemble
-  changes, close, and the flow control of add requests per bookie.
+  changes, close.
+- `flow.AddFlowControl`: the writer's flow control, at most N add requests unanswered per
+  bookie, the rest held and merged.
 - `reader.LedgerReader`: reads from the write set (PendingReadOp), speculative reads.
 - `recovery.LedgerRecovery`: fence, find the last entry, re-write the tail, close
   (LedgerRecoveryOp).

@@ -29,6 +29,7 @@ from enum import Enum
 from shared.digest import DigestManager, DigestMismatch, EntryFrame
 from shared.models import LedgerMetadata, LedgerState, UpdateLedgerRequest
 from shared.protocol.ensemble import RandomLike
+from shared.protocol.flow import DEFAULT_MAX_SEND_BYTES
 from shared.protocol.messages import (
     ABSENT,
     AddSendFailed,
@@ -54,7 +55,7 @@ from shared.protocol.messages import (
     UpdateLedger,
     WritableBookies,
 )
-from shared.protocol.writer import DEFAULT_MAX_SEND_BYTES, LedgerWriter
+from shared.protocol.writer import LedgerWriter
 from shared.quorum import write_set
 from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
 from shared.wire import ReadItem, ReadResult

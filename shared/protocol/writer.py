@@ -15,6 +15,7 @@ from typing import Protocol
 
 from shared.models import LedgerMetadata, LedgerState, Segment, UpdateLedgerRequest
 from shared.protocol.ensemble import RandomLike
+from shared.protocol.flow import DEFAULT_MAX_SEND_BYTES, AddFlowControl
 from shared.protocol.messages import (
     AddSendFailed,
     BookieAddReply,
@@ -26,7 +27,6 @@ from shared.protocol.messages import (
     LedgerUpdated,
     LedgerUpdateFailed,
     ListWritableBookies,
-    SendAdds,
     SendWriteLac,
     UpdateLedger,
     WritableBookies,
@@ -38,11 +38,6 @@ from shared.quorum import AckSet, QuorumSpec, write_set
 from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
 from shared.wire import AddItem, add_flags
 
-# Bounds on what one SendAdds carries (the driver also bounds bytes).
-MAX_ITEMS_PER_SEND = 4096
-DEFAULT_MAX_SEND_BYTES = 1024 * 1024
-# gateway.max_add_requests_per_bookie's default (shared.config), which the simulator runs too.
-DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE = 2
 # Fatal for a writer whatever the quorum: BookKeeper's unrecoverable add errors.
 _UNRECOVERABLE_ADD = frozenset({BookieStatus.FENCED, BookieStatus.UNAUTHORIZED})
 
@@ -87,15 +82,9 @@ class LedgerWriter:
     replaced after. With `recovery` the writer re-writes what a LedgerRecovery found: adds
     carry FLAG_RECOVERY_ADD, and the metadata stays IN_RECOVERY until the close.
 
-    Flow control: at most `max_add_requests_per_bookie` SendAdds go unanswered per bookie
-    (None: no bound). The driver answers each SendAdds with exactly one BookieAddReply or
-    AddSendFailed; meanwhile, further sends to that bookie are held, and on its next answer
-    everything held for it goes out merged (`chunk_adds`). Under a trickle of appends (a
-    rate, not a burst) every append would otherwise be a message of its own to each bookie,
-    and the per-message cost (client, NATS, three journals) saturated the machine at half
-    the entries/s that batches reach; held sends go out together, so batches form by
-    themselves as load grows, with no added wait when a bookie is idle. The add timeouts
-    run meanwhile. A broken writer drops what it held: its adds have failed.
+    Flow control (`flow.py`): at most `max_add_requests_per_bookie` SendAdds go unanswered
+    per bookie (None: no bound), the rest held and merged; the driver answers each SendAdds
+    with exactly one BookieAddReply or AddSendFailed.
 
     Back-pressure: `fits(count)` says whether an add of `count` payloads stays under
     `max_pending_adds` (None: no bound); the driver waits until it does.
@@ -120,7 +109,6 @@ class LedgerWriter:
         max_pending_adds: int | None = None,
         now_ms: int = 0,
     ) -> None:
-        assert max_add_requests_per_bookie is None or max_add_requests_per_bookie >= 1
         assert max_pending_adds is None or max_pending_adds >= 1
         assert lac == last_entry_id, "a new writer starts with nothing pending"
         self.metadata = metadata
@@ -149,13 +137,7 @@ class LedgerWriter:
         self._pending: dict[int, _PendingAdd] = {}
         self._outbox: dict[str, list[tuple[int, AddItem]]] = {}
         self._commands: list[WriterCommand] = []
-        # Flow control per bookie: SendAdds awaiting their answer, the sends held back
-        # meanwhile, and what an answer released (it goes out with the next commands).
-        self._requests_in_flight: dict[str, int] = {}
-        self._held: dict[str, list[SendAdds]] = {}
-        self._released: dict[str, list[tuple[int, AddItem]]] = {}
-        self.add_requests_sent = 0  # every SendAdds handed to the driver
-        self.add_sends_held = 0  # every SendAdds held back (and later merged)
+        self._flow = AddFlowControl(max_add_requests_per_bookie, max_send_bytes)
         # Bookies of the last segment that failed and wait for a replacement.
         self._failed: dict[int, str] = {}
         self._change: _EnsembleChange | None = None
@@ -174,6 +156,16 @@ class LedgerWriter:
         self.close_failed: QuireError | None = None
 
     # -- inputs -------------------------------------------------------------------------------
+
+    @property
+    def add_requests_sent(self) -> int:
+        """Every SendAdds handed to the driver."""
+        return self._flow.requests_sent
+
+    @property
+    def add_sends_held(self) -> int:
+        """Every SendAdds held back by flow control (and later merged)."""
+        return self._flow.sends_held
 
     @property
     def pending_count(self) -> int:
@@ -237,13 +229,13 @@ class LedgerWriter:
         match event:
             case BookieAddReply():
                 self._on_reply(event)
-                self._on_answered(event.bookie_id)
+                self._flow.answered(event.bookie_id)
             case AddSendFailed():
                 for entry_id in event.entry_ids:
                     self._on_bookie_failed(
                         entry_id, event.bookie_id, None, f"bookie {event.bookie_id}: {event.reason}"
                     )
-                self._on_answered(event.bookie_id)
+                self._flow.answered(event.bookie_id)
             case WritableBookies():
                 self._on_writable_bookies(event.bookie_ids)
             case LedgerUpdated():
@@ -636,8 +628,7 @@ class LedgerWriter:
             self._commands.append(FailAdds(self.lac + 1, self.last_entry_id, api, detail))
         self._pending.clear()
         self._outbox.clear()
-        self._held.clear()
-        self._released.clear()
+        self._flow.clear()
         self._change = None
 
     def _progress(self) -> None:
@@ -664,65 +655,6 @@ class LedgerWriter:
         """What the driver must do now, in order: sends (batched per bookie, and held while
         the bookie has its limit of requests unanswered), then completions, failures and
         metadata requests in the order they arose."""
-        sends: list[WriterCommand] = []
-        for bookie_id, queued in self._released.items():
-            # An answer came: what was held goes out merged with what is queued now.
-            merged = [*queued, *self._outbox.pop(bookie_id, [])]
-            for send in chunk_adds(bookie_id, merged, self.max_send_bytes):
-                sends.append(self._sent(send))
-        self._released.clear()
-        for bookie_id, queued in self._outbox.items():
-            for send in chunk_adds(bookie_id, queued, self.max_send_bytes):
-                if self._at_limit(bookie_id):
-                    self._held.setdefault(bookie_id, []).append(send)
-                    self.add_sends_held += 1
-                else:
-                    sends.append(self._sent(send))
-        self._outbox.clear()
+        sends = self._flow.sends(self._outbox)
         commands, self._commands = self._commands, []
         return [*sends, *commands]
-
-    # -- flow control -------------------------------------------------------------------------
-
-    def _at_limit(self, bookie_id: str) -> bool:
-        limit = self.max_add_requests_per_bookie
-        return limit is not None and self._requests_in_flight.get(bookie_id, 0) >= limit
-
-    def _sent(self, send: SendAdds) -> SendAdds:
-        bookie_id = send.bookie_id
-        self._requests_in_flight[bookie_id] = self._requests_in_flight.get(bookie_id, 0) + 1
-        self.add_requests_sent += 1
-        return send
-
-    def _on_answered(self, bookie_id: str) -> None:
-        """One SendAdds to the bookie was answered: what was held for it is released (a
-        broken writer held nothing: `_break` dropped it). A stray answer (no SendAdds of
-        this writer is out to that bookie) changes nothing, as its entries do not."""
-        in_flight = self._requests_in_flight.get(bookie_id, 0)
-        if in_flight == 0:
-            return
-        self._requests_in_flight[bookie_id] = in_flight - 1
-        held = self._held.pop(bookie_id, None)
-        if held:
-            released = self._released.setdefault(bookie_id, [])
-            for send in held:
-                released.extend(zip(send.entry_ids, send.items, strict=True))
-
-
-def chunk_adds(
-    bookie_id: str, queued: list[tuple[int, AddItem]], max_send_bytes: int
-) -> Iterable[SendAdds]:
-    """Split one bookie's queue into sends under max_send_bytes (one oversized item alone)."""
-    start, size = 0, 0
-    for i, (_, item) in enumerate(queued):
-        item_size = len(item.frame) + 32
-        if i > start and (size + item_size > max_send_bytes or i - start >= MAX_ITEMS_PER_SEND):
-            yield _send(bookie_id, queued[start:i])
-            start, size = i, 0
-        size += item_size
-    if start < len(queued):
-        yield _send(bookie_id, queued[start:])
-
-
-def _send(bookie_id: str, queued: list[tuple[int, AddItem]]) -> SendAdds:
-    return SendAdds(bookie_id, tuple(e for e, _ in queued), tuple(i for _, i in queued))

@@ -16,6 +16,7 @@ CORES = [
     "shared/bookie/rules.py",
     "shared/protocol/messages.py",
     "shared/protocol/ensemble.py",
+    "shared/protocol/flow.py",
     "shared/protocol/writer.py",
     "shared/protocol/reader.py",
     "shared/protocol/recovery.py",
