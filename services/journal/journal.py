@@ -223,8 +223,7 @@ def replay(
                 "ledger-state snapshot: ignoring a torn last segment",
                 extra={"reason": snapshot.torn, "position": start.to_json()},
             )
-        for record in snapshot.records:
-            state.apply(record)
+        state.restore(snapshot.records)
     durable = start
     for file_id in ids:
         durable = _ReplayFile(
