@@ -213,8 +213,10 @@ def lastmark(
         {
             "bookie_id": bookie_id,
             "last_log_mark": mark.to_json() if mark else None,
-            "snapshot": snapshot[0].to_json() if snapshot else None,
-            "snapshot_ledgers": len(snapshot[1]) if snapshot else 0,
+            "snapshot": snapshot.position.to_json() if snapshot else None,
+            "snapshot_ledgers": len({r.ledger_id for r in snapshot.records}) if snapshot else 0,
+            "snapshot_rows": len(snapshot.records) if snapshot else 0,
+            "snapshot_torn": snapshot.torn if snapshot else "",
             "journal_files": journal_files(directory) if directory.exists() else [],
             "entry_logs": sorted(
                 i

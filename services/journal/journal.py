@@ -9,7 +9,10 @@ moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
                          here; journal files wholly before file n are deleted
     ledgers.snapshot     the durable ledger facts (key, fenced, LAC, last entry) as of a
                          position, written just before files are deleted, so that replay
-                         still knows every fence and key (replay = snapshot + records after it)
+                         still knows every fence and key (replay = snapshot + records after
+                         it); each time it gets a segment with the ledgers changed since
+                         the last, and is rewritten whole once it holds more than
+                         SNAPSHOT_ROWS_PER_LEDGER_MAX rows a ledger
 
 Durability: a batch is written with one write and made durable with fdatasync before any
 add of it is answered. A write or fsync error is fatal: the process exits at once
@@ -45,6 +48,7 @@ from shared.bookie.journal_format import (
     Record,
     ScanResult,
     ScanStop,
+    Snapshot,
     check_file_header,
     decode_last_mark,
     decode_snapshot,
@@ -53,6 +57,7 @@ from shared.bookie.journal_format import (
     encode_last_mark,
     encode_record,
     encode_snapshot,
+    encode_snapshot_segment,
     file_format_version,
     journal_file_name,
     next_valid_record,
@@ -68,6 +73,10 @@ log = logging.getLogger(__name__)
 # was just committed) and drops the rest a MiB or more at a time.
 PAGE_CACHE_KEEP_BYTES = 4 * MIB
 PAGE_CACHE_DROP_STEP_BYTES = MIB
+# The snapshot file is rewritten whole (one row a ledger) once its appended segments hold
+# more rows than this many a ledger: a rewrite of N ledgers then comes after at least N
+# rows of changes, so its cost is paid by data, not by the ledgers ever seen.
+SNAPSHOT_ROWS_PER_LEDGER_MAX = 2
 _SYNC_LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
 
 
@@ -111,6 +120,10 @@ class JournalStats:
     journal_rolls: int = 0
     journal_checkpoints: int = 0
     journal_files_deleted: int = 0
+    # Ledger-state rows (and bytes) written to the snapshot: per changed ledger, not per
+    # ledger ever seen.
+    journal_snapshot_rows: int = 0
+    journal_snapshot_bytes: int = 0
 
     def rejected(self, status_name: str) -> None:
         self.journal_add_entry_rejected[status_name] = (
@@ -156,6 +169,8 @@ class Replayed:
     durable: JournalPosition  # end of the last valid record
     last_file_id: int  # highest journal file id seen (0 if none)
     mark: JournalPosition | None
+    # Rows in the snapshot file, if the next snapshot may append to it (None: rewrite it).
+    snapshot_rows: int | None = None
 
 
 def _beyond_backups(ids: list[int], mark: JournalPosition, max_backups: int) -> list[int]:
@@ -175,7 +190,7 @@ def replay(
     `skip_invalid_records` (the operator's skipReplayJournalInvalidRecord) says to log it
     and resume at the next valid batch."""
     mark = _read_optional(directory / LAST_MARK, decode_last_mark)
-    snapshot = _read_optional(directory / SNAPSHOT, decode_snapshot)
+    snapshot: Snapshot | None = _read_optional(directory / SNAPSHOT, decode_snapshot)
     ids = journal_files(directory)
     if mark is not None:
         for file_id in _beyond_backups(ids, mark, max_backups):
@@ -192,12 +207,23 @@ def replay(
             f"journal files before {ids[:1]} were deleted but {directory / SNAPSHOT} is "
             "missing: the fenced flags and master keys they held are unknown"
         )
-    state = BookieLedgerState()
+    state = BookieLedgerState(track_changes=True)
     start = JOURNAL_START
     if snapshot is not None:
-        start, records = snapshot
-        for record in records:
-            state.apply(record)
+        start = snapshot.position
+        if ids and ids[0] > start.file_id:
+            # Only when segments after a damaged one were dropped (`Snapshot.torn`).
+            raise JournalStartupError(
+                f"{directory / SNAPSHOT} ends at {start.to_json()} ({snapshot.torn or 'whole'})"
+                f" but journal files before {ids[0]} were deleted: the fenced flags and "
+                "master keys they held are unknown"
+            )
+        if snapshot.torn:
+            log.warning(
+                "ledger-state snapshot: ignoring a torn last segment",
+                extra={"reason": snapshot.torn, "position": start.to_json()},
+            )
+        state.restore(snapshot.records)
     durable = start
     for file_id in ids:
         durable = _ReplayFile(
@@ -210,7 +236,8 @@ def replay(
             files=files,
         ).run(state)
     seen = [*ids, mark.file_id if mark else 0, start.file_id if snapshot else 0]
-    return Replayed(state, durable, max(seen), mark)
+    rows = len(snapshot.records) if snapshot is not None and snapshot.appendable else None
+    return Replayed(state, durable, max(seen), mark, rows)
 
 
 def _read_optional(path: Path, decode: Callable):
@@ -405,7 +432,8 @@ class Journal:
         # `live` includes what is queued (admission decisions); `durable` only what is
         # fsynced (fence replies, snapshots).
         self.live = BookieLedgerState()
-        self.durable = BookieLedgerState()
+        self.durable = BookieLedgerState(track_changes=True)
+        self._snapshot_rows: int | None = None  # Replayed.snapshot_rows, then kept up
         self.durable_position = JOURNAL_START
         self.mark: JournalPosition | None = None
         self._on_commit = on_commit
@@ -437,6 +465,7 @@ class Journal:
         self.live = replayed.state.copy()
         self.durable_position = replayed.durable
         self.mark = replayed.mark
+        self._snapshot_rows = replayed.snapshot_rows
         # Never append to a replayed file: a position the ledgerstore may have read past
         # (bytes lost to a crash) is never reused, and "file n+1 exists" means "file n is
         # complete".
@@ -592,12 +621,8 @@ class Journal:
                 return self.mark, []
             if mark.file_id > 1 and (self.mark is None or mark.file_id > self.mark.file_id):
                 # Replay starts at the mark's file from now on: the facts of the files
-                # before it (fences, keys) must be in the snapshot first. Captured in one
-                # synchronous step, so state and position agree.
-                snapshot = encode_snapshot(self.durable_position, self.durable.snapshot_records())
-                await asyncio.to_thread(
-                    self.files.write_atomic, self.directory / SNAPSHOT, snapshot
-                )
+                # before it (fences, keys) must be in the snapshot first.
+                await self._write_snapshot()
             await asyncio.to_thread(
                 self.files.write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
             )
@@ -608,6 +633,34 @@ class Journal:
             self.stats.journal_checkpoints += 1
             self.stats.journal_files_deleted += len(doomed)
             return mark, doomed
+
+    async def _write_snapshot(self) -> None:
+        """Append the ledgers changed since the last snapshot, or rewrite the file whole
+        when it would hold too many rows (or cannot be appended to). The rows and the
+        position are captured in one synchronous step, so they agree."""
+        changed = self.durable.take_changed()
+        position = self.durable_position
+        rows = self._snapshot_rows
+        whole = rows is None or rows + len(changed) > SNAPSHOT_ROWS_PER_LEDGER_MAX * len(
+            self.durable
+        )
+        records = self.durable.snapshot_records(None if whole else changed)
+        path = self.directory / SNAPSHOT
+        # A failed write may have left part of a segment: rewrite whole next time.
+        self._snapshot_rows = None
+        try:
+            if whole:
+                data = encode_snapshot(position, records)
+                await asyncio.to_thread(self.files.write_atomic, path, data)
+            else:
+                data = encode_snapshot_segment(position, records)
+                await asyncio.to_thread(self.files.append, path, data)
+        except BaseException:
+            self.durable.restore_changed(changed)
+            raise
+        self._snapshot_rows = len(records) if whole else (rows or 0) + len(records)
+        self.stats.journal_snapshot_rows += len(records)
+        self.stats.journal_snapshot_bytes += len(data)
 
     def _delete(self, file_ids: list[int]) -> None:
         for file_id in file_ids:

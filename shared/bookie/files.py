@@ -70,6 +70,16 @@ class FileLayer:
     def write_atomic(self, path: Path, data: bytes) -> None:
         disk.write_atomic(path, data)
 
+    def append(self, path: Path, data: bytes) -> None:
+        """Append `data` to the existing `path` and fsync it (a crash may leave a prefix
+        of it: the reader must tell a torn tail)."""
+        fd = self.open_append(path)
+        try:
+            self.write(fd, data)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
     def unlink(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 

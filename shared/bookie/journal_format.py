@@ -18,7 +18,7 @@ is caught as surely as a flipped payload byte. Record kinds and their bodies:
     FENCE         ledger u64
     LAC           ledger u64 | lac i64       (an explicit LAC, BookKeeper's writeLac)
     LEDGER_STATE  ledger u64 | master_key 20s | flags u8 | lac i64 | last_entry i64
-                  (only in the ledger-state snapshot written at checkpoints)
+                  (only in a version 1 ledger-state snapshot)
     BATCH         count u32 | size u32       (format 2: opens each group commit; the
                                               `size` bytes after it are its `count` records)
     ENTRY_DIGEST  digest u8 | master_key 20s | frame   (format 2: ENTRY plus the code of
@@ -30,6 +30,19 @@ and its pages may land in any order (a record torn in its middle while a later r
 it survived). A bad record followed by valid records of the same batch is therefore a
 torn tail; a bad record followed by a later valid BATCH header is damage to bytes that
 were once fsynced, and the journal refuses to start.
+
+The ledger-state snapshot (`ledgers.snapshot`, version 2) is an 8-byte header, then
+segments, each appended (and fsynced) at a checkpoint:
+
+    file header  magic "QJSN" | version u16 | reserved u16
+    segment      file_id u64 | offset u64 | count u32 | crc u32 | count rows
+    row          ledger u64 | master_key 20s | flags u8 | lac i64 | last_entry i64
+
+`crc` is CRC32C over the segment's position, count and rows. A segment holds the ledgers
+that changed since the one before it, as of its position; the facts as of the last
+segment's position are all the rows in order, a later row of a ledger winning. So a
+checkpoint writes what changed, not every ledger ever seen; the file is rewritten whole
+(one segment) once it holds more rows than twice the ledgers.
 
 A position is (file_id, offset): the byte offset just after a record, i.e. where the next
 record starts. Positions only grow: the journal never appends to a file it replayed.
@@ -50,7 +63,9 @@ from shared.digest import HEADER_SIZE, MASTER_KEY_SIZE, DigestMismatch, parse_he
 
 FORMAT_VERSION = 2  # 2: group commits open with a BATCH record
 READABLE_VERSIONS = (1, 2)
-SNAPSHOT_VERSION = 1
+# 2: segments appended at checkpoints, each with the ledgers changed since the last one
+# (1: one full list of LEDGER_STATE records, still read)
+SNAPSHOT_VERSION = 2
 JOURNAL_MAGIC = b"QJNL"
 SNAPSHOT_MAGIC = b"QJSN"
 FILE_HEADER = struct.Struct(">4sHHQ")
@@ -71,7 +86,9 @@ _LAC = struct.Struct(">Qq")
 _LEDGER_STATE = struct.Struct(f">Q{MASTER_KEY_SIZE}sBqq")
 _BATCH = struct.Struct(">II")
 _DIGEST_CODE = struct.Struct(">B")
-_SNAPSHOT_HEAD = struct.Struct(">4sHHQQI")  # magic, version, reserved, file_id, offset, count
+_SNAPSHOT_FILE_HEAD = struct.Struct(">4sHH")  # magic, version, reserved
+_SNAPSHOT_HEAD_V1 = struct.Struct(">4sHHQQI")  # ... and file_id, offset, count
+_SEGMENT_HEAD = struct.Struct(">QQI")  # file_id, offset, count; then crc u32, then the rows
 _FILE_NAME = re.compile(r"^journal-(\d{6,})\.log$")
 # Beside the journal files in the journal directory:
 LAST_MARK = "lastMark"  # encode_last_mark: where replay starts
@@ -408,24 +425,92 @@ def decode_last_mark(data: bytes) -> JournalPosition:
         raise JournalFormatError(f"bad lastMark: {exc}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A decoded ledger-state snapshot: the ledger facts as of `position`."""
+
+    position: JournalPosition  # replay applies the journal's records after it
+    records: list[LedgerStateRecord]  # in file order: a later record of a ledger wins
+    version: int
+    # Why the bytes after the last complete segment were not read ("" if there were none):
+    # an append torn by a crash. Safe to ignore, because the journal writes the LastLogMark
+    # (and deletes files) only after the append is fsynced; replay still checks that the
+    # journal files after `position` exist.
+    torn: str = ""
+
+    @property
+    def appendable(self) -> bool:
+        """Whether the next checkpoint may append a segment (else it rewrites the file)."""
+        return self.version == SNAPSHOT_VERSION and not self.torn
+
+
 def encode_snapshot(position: JournalPosition, records: Sequence[LedgerStateRecord]) -> bytes:
-    """The durable ledger facts as of `position`: replay starts there, not at file 1."""
-    head = _SNAPSHOT_HEAD.pack(
-        SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, position.file_id, position.offset, len(records)
+    """A whole snapshot file: the facts of every ledger as of `position`, one segment."""
+    head = _SNAPSHOT_FILE_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0)
+    return head + encode_snapshot_segment(position, records)
+
+
+def encode_snapshot_segment(
+    position: JournalPosition, records: Sequence[LedgerStateRecord]
+) -> bytes:
+    """A segment to append to a snapshot file: the facts of the ledgers that changed since
+    the file's last segment, as of `position`."""
+    pack = _LEDGER_STATE.pack
+    body = b"".join(
+        pack(r.ledger_id, r.master_key, int(r.fenced), r.lac, r.last_entry_id) for r in records
     )
-    return head + b"".join(encode_record(r) for r in records)
+    head = _SEGMENT_HEAD.pack(position.file_id, position.offset, len(records))
+    return head + _SIZE.pack(_crc32c.crc32c(body, _crc32c.crc32c(head))) + body
 
 
-def decode_snapshot(data: bytes) -> tuple[JournalPosition, list[LedgerStateRecord]]:
-    if len(data) < _SNAPSHOT_HEAD.size:
+def decode_snapshot(data: bytes) -> Snapshot:
+    if len(data) < _SNAPSHOT_FILE_HEAD.size:
         raise JournalFormatError("snapshot shorter than its header")
-    magic, version, _, file_id, offset, count = _SNAPSHOT_HEAD.unpack_from(data, 0)
-    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+    magic, version, _ = _SNAPSHOT_FILE_HEAD.unpack_from(data, 0)
+    if magic != SNAPSHOT_MAGIC or version not in (1, SNAPSHOT_VERSION):
         raise JournalFormatError("not a Quire ledger-state snapshot")
-    scan = scan_records(memoryview(data)[_SNAPSHOT_HEAD.size :])
+    if version == 1:
+        return _decode_snapshot_v1(data)
+    view = memoryview(data)
+    at = _SNAPSHOT_FILE_HEAD.size
+    records: list[LedgerStateRecord] = []
+    position: JournalPosition | None = None
+    torn = ""
+    segment_size = _SEGMENT_HEAD.size + _SIZE.size
+    while at < len(view):
+        if len(view) - at < segment_size:
+            torn = f"segment header cut short at offset {at}"
+            break
+        file_id, offset, count = _SEGMENT_HEAD.unpack_from(view, at)
+        (crc,) = _SIZE.unpack_from(view, at + _SEGMENT_HEAD.size)
+        end = at + segment_size + count * _LEDGER_STATE.size
+        body = view[at + segment_size : end]
+        if end > len(view):
+            torn = f"segment cut short at offset {at}"
+            break
+        if _crc32c.crc32c(body, _crc32c.crc32c(view[at : at + _SEGMENT_HEAD.size])) != crc:
+            torn = f"segment checksum mismatch at offset {at}"
+            break
+        records.extend(
+            LedgerStateRecord(ledger_id, key, bool(flags & 1), lac, last)
+            for ledger_id, key, flags, lac, last in _LEDGER_STATE.iter_unpack(body)
+        )
+        position = JournalPosition(file_id, offset)
+        at = end
+    if position is None:
+        raise JournalFormatError(f"snapshot without a complete segment ({torn or 'empty'})")
+    return Snapshot(position, records, version, torn)
+
+
+def _decode_snapshot_v1(data: bytes) -> Snapshot:
+    """Version 1: one full list of LEDGER_STATE journal records, each with its crc."""
+    if len(data) < _SNAPSHOT_HEAD_V1.size:
+        raise JournalFormatError("snapshot shorter than its header")
+    _, _, _, file_id, offset, count = _SNAPSHOT_HEAD_V1.unpack_from(data, 0)
+    scan = scan_records(memoryview(data)[_SNAPSHOT_HEAD_V1.size :])
     if scan.stop is not ScanStop.END or len(scan.records) != count:
         raise JournalFormatError(f"damaged snapshot ({scan.reason or 'record count'})")
     records = [s.record for s in scan.records]
     if not all(isinstance(r, LedgerStateRecord) for r in records):
         raise JournalFormatError("snapshot holds records other than ledger state")
-    return JournalPosition(file_id, offset), records  # type: ignore[return-value]
+    return Snapshot(JournalPosition(file_id, offset), records, 1)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ damage), file headers, snapshot and lastMark, positions."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import replace
 
 import pytest
@@ -25,6 +26,7 @@ from shared.bookie.journal_format import (
     encode_record,
     encode_record_generic,
     encode_snapshot,
+    encode_snapshot_segment,
     journal_file_name,
     next_valid_record,
     parse_journal_file_name,
@@ -173,15 +175,39 @@ def test_last_mark_round_trips_and_rejects_garbage() -> None:
 def test_snapshot_round_trips_and_detects_damage() -> None:
     records = [LedgerStateRecord(1, KEY_A, False, 3, 5), LedgerStateRecord(2, KEY_B, True, -1, -1)]
     data = encode_snapshot(JournalPosition(3, 99), records)
-    assert decode_snapshot(data) == (JournalPosition(3, 99), records)
-    for damaged in [
-        data[:-1],
-        _flip(data, len(data) - 3),
-        data[:10],
-        encode_snapshot(JournalPosition(3, 99), records)[:-30],
-    ]:
+    snapshot = decode_snapshot(data)
+    assert (snapshot.position, snapshot.records, snapshot.torn) == (
+        JournalPosition(3, 99),
+        records,
+        "",
+    )
+    assert snapshot.appendable
+    for damaged in [data[:-1], _flip(data, len(data) - 3), data[:10], data[:6], b"QJSN\0\x09\0\0"]:
         with pytest.raises(JournalFormatError):
             decode_snapshot(damaged)
+
+
+def test_snapshot_segments_fold_and_a_torn_last_one_is_ignored() -> None:
+    first = [LedgerStateRecord(1, KEY_A, False, 3, 5), LedgerStateRecord(2, KEY_B, False, 0, 0)]
+    later = [LedgerStateRecord(2, KEY_B, True, 4, 4)]
+    data = encode_snapshot(JournalPosition(3, 99), first)
+    data += encode_snapshot_segment(JournalPosition(4, 16), later)
+    snapshot = decode_snapshot(data)
+    assert snapshot.position == JournalPosition(4, 16)
+    assert snapshot.records == first + later  # the later row of ledger 2 wins when applied
+    segment = encode_snapshot_segment(JournalPosition(5, 16), later)
+    for torn in [data + segment[:-1], data + segment[:10], _flip(data + segment, len(data) + 30)]:
+        snapshot = decode_snapshot(torn)
+        assert snapshot.position == JournalPosition(4, 16) and snapshot.torn
+        assert snapshot.records == first + later and not snapshot.appendable
+
+
+def test_version_1_snapshots_are_still_read() -> None:
+    records = [LedgerStateRecord(1, KEY_A, False, 3, 5), LedgerStateRecord(2, KEY_B, True, -1, -1)]
+    head = struct.pack(">4sHHQQI", b"QJSN", 1, 0, 3, 99, len(records))
+    snapshot = decode_snapshot(head + b"".join(encode_record(r) for r in records))
+    assert (snapshot.position, snapshot.records) == (JournalPosition(3, 99), records)
+    assert not snapshot.appendable  # the next snapshot rewrites it as version 2
 
 
 def test_positions_order_by_file_then_offset() -> None:

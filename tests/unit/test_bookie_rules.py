@@ -11,6 +11,7 @@ from shared.bookie.journal_format import (
     FenceRecord,
     JournalPosition,
     LacRecord,
+    LedgerStateRecord,
     MasterKeyRecord,
     decode_snapshot,
     encode_snapshot,
@@ -113,14 +114,30 @@ def test_snapshot_records_rebuild_the_same_state() -> None:
     ]:
         state.apply(record)
     rebuilt = BookieLedgerState()
-    _, records = decode_snapshot(encode_snapshot(JournalPosition(1, 16), state.snapshot_records()))
-    for record in records:
+    snapshot = decode_snapshot(encode_snapshot(JournalPosition(1, 16), state.snapshot_records()))
+    for record in snapshot.records:
         rebuilt.apply(record)
     assert rebuilt.snapshot_records() == state.snapshot_records()
     # Ledger 3 got an explicit LAC before any key: its key is still unset after reload.
     assert rebuilt.needs_master_key(3)
     assert rebuilt.check_add(3, KEY_B, 0) is BookieStatus.OK
     assert rebuilt.check_add(4, KEY_B, 0) is BookieStatus.FENCED
+
+
+def test_tracked_changes_are_the_ledgers_a_record_touched() -> None:
+    state = BookieLedgerState(track_changes=True)
+    for record in [entry(1, 0), MasterKeyRecord(2, KEY_B), FenceRecord(3), LacRecord(4, 1)]:
+        state.apply(record)
+    assert state.take_changed() == {1, 2, 3, 4}
+    state.apply(entry(1, 1, 0))
+    state.apply(LedgerStateRecord(5, KEY_A, False, -1, -1))  # restored, not a change
+    assert state.take_changed() == {1}
+    assert state.take_changed() == set()
+    state.restore_changed({7})
+    assert state.take_changed() == {7}
+    assert [r.ledger_id for r in state.snapshot_records({5, 1})] == [1, 5]
+    with pytest.raises(AssertionError):
+        state.copy().take_changed()  # the live copy tracks nothing
 
 
 def test_copy_is_independent() -> None:

@@ -19,7 +19,11 @@ from shared.bookie.files import OS_FILES, FileLayer
 from shared.bookie.journal_dir import journal_files
 from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
+    SNAPSHOT,
     EntryRecord,
+    FenceRecord,
+    MasterKeyRecord,
+    decode_snapshot,
     encode_batch,
     encode_file_header,
     encode_record,
@@ -266,6 +270,65 @@ async def test_index_and_entry_logs_agree_after_a_crash_at_any_point_of_a_checkp
             write_journal_more(bookie_dir / "journal")
         replay(bookie_dir / "journal")  # the journal still starts
         await check_store(bookie_dir, expected)
+
+
+async def fence_lives(directory: Path, files: FaultyFiles, fenced: list[int]) -> None:
+    """Three lives of a journal, each fencing ledgers then moving the LastLogMark to its
+    own file: the second writes the snapshot whole, the third appends a segment to it.
+    `fenced` gets each ledger whose fence was acknowledged."""
+    for ledgers in ([1, 2], [3], [4]):
+        if files.crashed:
+            return
+        journal = Journal(directory, journal_settings(), fatal=Fatal(), files=files)
+        writer: asyncio.Task | None = None
+        try:
+            await journal.open()
+            writer = asyncio.create_task(journal.run_writer())
+            for ledger_id in ledgers:
+                waiting = journal.submit(
+                    [MasterKeyRecord(ledger_id, KEY), FenceRecord(ledger_id)], 0
+                )
+                await asyncio.wait({waiting, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if not waiting.done():
+                    return
+                fenced.append(ledger_id)
+            await journal.checkpoint(journal.durable_position)
+        except Crash:
+            return
+        finally:
+            if writer is not None:
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+            await journal.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_crash_at_any_point_of_a_snapshot_append_loses_no_fence(
+    tmp_path: Path, mode: str
+) -> None:
+    dry = FaultyFiles()
+    await fence_lives(tmp_path / "dry", dry, [])
+    assert "write_atomic ledgers.snapshot" in dry.op_names  # whole, then appended:
+    assert "write ledgers.snapshot" in dry.op_names
+    assert decode_snapshot((tmp_path / "dry" / SNAPSHOT).read_bytes()).records[-1].ledger_id == 4
+    torn = 0
+    for crash_at in range(dry.ops + 1):
+        directory = tmp_path / f"{mode}-{crash_at}"
+        files = FaultyFiles(seed=crash_at)
+        files.crash_at(crash_at)
+        fenced: list[int] = []
+        await fence_lives(directory, files, fenced)
+        files.power_loss(mode)
+        snapshot = directory / SNAPSHOT
+        torn += snapshot.exists() and bool(decode_snapshot(snapshot.read_bytes()).torn)
+        state = replay(directory).state  # starts: a torn segment is ignored
+        assert all(state.get(i) is not None and state.get(i).fenced for i in fenced), (
+            crash_at,
+            mode,
+        )
+        await fence_lives(directory, FaultyFiles(), [])  # and goes on after it
+        assert replay(directory).state.get(4).fenced
+    assert torn > 0 or mode == "lose"  # "lose" drops the unsynced append whole
 
 
 async def test_a_flipped_bit_in_an_entry_log_is_never_returned(tmp_path: Path) -> None:
