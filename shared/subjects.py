@@ -35,6 +35,11 @@ class Subjects:
         """Change notifications of one ledger (BookKeeper's metadata watch)."""
         return f"{self.prefix}.meta.watch.ledger.{ledger_id}"
 
+    @property
+    def ledger_watches(self) -> str:
+        """Every ledger's change notifications (to observe them all, e.g. `nats sub`)."""
+        return f"{self.prefix}.meta.watch.ledger.*"
+
     def service(self, kind: str, op: str) -> str:
         """Requests to a singleton-style service, e.g. ("auditor", "status")."""
         return f"{self.prefix}.{kind}.{op}"
