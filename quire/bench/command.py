@@ -28,6 +28,7 @@ from quire.bench.load import LoadResult, LoadSpec, run_load
 from quire.bench.population import IdleSpec, RoundsSpec, measure_idle, run_rounds
 from quire.bench.procstat import Process
 from quire.bench.report import (
+    ROUND_COLUMNS,
     load_average,
     machine_info,
     print_idle,
@@ -342,9 +343,9 @@ def bench(
         elif compare is Compare.ONE_LEDGER:
             # The Pulsar shape's reference: the same total rate from one fast writer.
             one = replace(spec, ledgers=1, writers=1)
-            compared = _run(_measure(make_target(via, access, quorum), one, "quire, one ledger"))
-            quire_result.target = f"quire, {ledgers} ledgers"
-            compared.target = "quire, one ledger"
+            compared = _run(_measure(make_target(via, access, quorum), one, "quire, 1 ledger"))
+            quire_result.target = f"{ledgers:,} ledgers"
+            compared.target = "1 ledger"
     machine["load_average_at_end"] = load_average()
     compared_as = "one_ledger" if compare is Compare.ONE_LEDGER else "jetstream"
     report = report_json(settings, machine, quire_result, compared, compared_as)
@@ -533,6 +534,7 @@ def open_ledgers(
         target = make_target(via, access, Quorum(3, 3, 2))
         machine = machine_info(access.fsync)
         table = rounds_table()
+        err_console.print(" | ".join(ROUND_COLUMNS), highlight=False)
 
         def on_round(row: dict[str, Any]) -> None:
             cells = rounds_row(row)

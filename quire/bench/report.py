@@ -107,8 +107,8 @@ def print_summary(console: Console, report: dict[str, Any]) -> None:
     for name in names:
         if report[name]["ledgers"] > 1:
             console.print(
-                f"{report[name]['label']}: {report[name]['ledgers']:,} ledgers created in "
-                f"{report[name]['ledgers_create_s']} s before the measurement"
+                f"{report[name]['ledgers']:,} ledgers created before the measurement in "
+                f"{report[name]['ledgers_create_s']} s ({report[name]['label']})"
             )
     compared_as = names[-1]
     if "ratio_throughput" in report:
