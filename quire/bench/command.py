@@ -341,8 +341,9 @@ def bench(
                 compared = _run(_measure(js, spec, "jetstream (R3, sync always)"))
             settings["jetstream"] = "3 nats-servers, file stream, replicas 3, sync_interval always"
         elif compare is Compare.ONE_LEDGER:
-            # The Pulsar shape's reference: the same total rate from one fast writer.
-            one = replace(spec, ledgers=1, writers=1)
+            # The Pulsar shape's reference: the same total rate from one fast writer, with
+            # the window of all the writers together (so only the ledger count differs).
+            one = replace(spec, ledgers=1, writers=1, in_flight=in_flight * writers)
             compared = _run(_measure(make_target(via, access, quorum), one, "quire, 1 ledger"))
             quire_result.target = f"{ledgers:,} ledgers"
             compared.target = "1 ledger"

@@ -108,7 +108,7 @@ def print_summary(console: Console, report: dict[str, Any]) -> None:
         if report[name]["ledgers"] > 1:
             console.print(
                 f"{report[name]['ledgers']:,} ledgers created before the measurement in "
-                f"{report[name]['ledgers_create_s']} s ({report[name]['label']})"
+                f"{report[name]['ledgers_create_s']} s"
             )
     compared_as = names[-1]
     if "ratio_throughput" in report:
