@@ -15,7 +15,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,11 +25,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from quire.bench.load import LoadResult, LoadSpec, run_load
+from quire.bench.population import IdleSpec, RoundsSpec, measure_idle, run_rounds
+from quire.bench.procstat import Process
 from quire.bench.report import (
+    ROUND_COLUMNS,
     load_average,
     machine_info,
+    print_idle,
     print_summary,
     report_json,
+    rounds_row,
+    rounds_table,
     write_json,
     write_plot,
 )
@@ -60,6 +66,7 @@ class Via(StrEnum):
 class Compare(StrEnum):
     NONE = "none"
     JETSTREAM = "jetstream"
+    ONE_LEDGER = "one-ledger"  # the same total rate from one writer on one ledger
 
 
 @dataclass
@@ -71,6 +78,13 @@ class ClusterAccess:
     settings: QuireSettings  # NATS url and credentials for the in-process core
     fsync: str
     description: str
+    processes: list[Process] = field(default_factory=list)  # empty: not known (--gateway)
+    gateway_pid: int | None = None
+
+
+def _processes(rows: list[dict[str, Any]]) -> list[Process]:
+    """The processes cluster.json lists (its `services` rows)."""
+    return [Process(row["name"], row["kind"], int(row["pid"])) for row in rows]
 
 
 def _fail(message: str) -> None:
@@ -110,12 +124,15 @@ def cluster_access(
         cluster.start()
         user, password = cluster.nats_credentials or ("", "")
         settings = QuireSettings(nats_url=cluster.nats_url, nats_user=user, nats_password=password)
+        info = cluster.cluster_info()
         yield ClusterAccess(
             cluster.http_url,
             cluster.grpc_address,
             settings,
             _fsync_mode(dict(os.environ)),
             f"started by quire bench ({bookies} bookies)",
+            _processes(info["services"]),
+            info["gateway"]["pid"],
         )
     finally:
         cluster.stop()
@@ -148,6 +165,8 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
         settings,
         _fsync_mode(dict(os.environ)) + ", as the running cluster was configured",
         f"running cluster ({data_dir or gateway})",
+        _processes(info.get("services", [])),
+        info.get("gateway", {}).get("pid"),
     )
 
 
@@ -186,10 +205,16 @@ async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
             progress.update(task, completed=min(elapsed_s, total_s))
 
         await target.open()
+        if spec.ledgers > 1:
+            err_console.print(f"{label}: creating {spec.ledgers:,} ledgers ...")
         try:
             return await run_load(target, spec, update)
         finally:
             await target.aclose()
+            if isinstance(target, ClientTarget) and target.close_errors:
+                err_console.print(
+                    f"[red]{label}: {target.close_errors} of its ledgers failed to close[/red]"
+                )
 
 
 def _run(coro):
@@ -205,10 +230,18 @@ def _run(coro):
 def bench(
     ctx: typer.Context,
     entry_size: Annotated[int, typer.Option(min=1, help="Bytes per entry.")] = 1024,
-    ledgers: Annotated[int, typer.Option(min=1, help="Ledgers written at once.")] = 1,
-    writers: Annotated[
-        int, typer.Option(min=1, help="Concurrent writers (spread over the ledgers).")
+    ledgers: Annotated[
+        int, typer.Option(min=1, help="Ledgers written at once, created before measuring.")
     ] = 1,
+    writers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Writers, writer i on ledger i % ledgers: at least --ledgers, and one per "
+            "ledger unless given.",
+            show_default=False,
+        ),
+    ] = None,
     in_flight: Annotated[
         int, typer.Option(min=1, help="Appends each writer keeps outstanding (its window).")
     ] = 64,
@@ -216,13 +249,22 @@ def bench(
     ensemble: Annotated[int, typer.Option(min=1, help="Ensemble size E.")] = 3,
     write_quorum: Annotated[int, typer.Option(min=1, help="Write quorum Qw.")] = 3,
     ack_quorum: Annotated[int, typer.Option(min=1, help="Ack quorum Qa.")] = 2,
-    rate: Annotated[str, typer.Option(help="Target entries/s over all writers, or `max`.")] = "max",
+    rate: Annotated[
+        str, typer.Option(help="Target entries/s over all writers (each its share), or `max`.")
+    ] = "max",
     duration: Annotated[float, typer.Option(min=0.1, help="Measured seconds.")] = 30.0,
     warmup: Annotated[float, typer.Option(min=0.0, help="Seconds run before measuring.")] = 5.0,
     via: Annotated[Via, typer.Option(help="Client path.")] = Via.INPROCESS,
     compare: Annotated[
-        Compare, typer.Option(help="Also measure a 3-node JetStream cluster, same load.")
+        Compare,
+        typer.Option(
+            help="Also measure a 3-node JetStream cluster, same load; or one writer on one "
+            "ledger at the same total rate (one-ledger)."
+        ),
     ] = Compare.NONE,
+    create_concurrency: Annotated[
+        int, typer.Option(min=1, help="Ledgers created at once before the measurement.")
+    ] = 32,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the results as JSON here.")
     ] = None,
@@ -249,6 +291,9 @@ def bench(
         return
     if not 1 <= ack_quorum <= write_quorum <= ensemble:
         _fail("need 1 <= ack-quorum <= write-quorum <= ensemble")
+    writers = ledgers if writers is None else writers
+    if writers < ledgers:
+        _fail("--writers must be at least --ledgers: every ledger has its own writer")
     target_rate: float | None = None
     if rate != "max":
         try:
@@ -266,6 +311,7 @@ def bench(
         rate=target_rate,
         duration_s=duration,
         warmup_s=warmup,
+        create_concurrency=create_concurrency,
     )
     quorum = Quorum(ensemble, write_quorum, ack_quorum)
     with cluster_access(gateway, data_dir, bookies, grpc_address) as access:
@@ -288,20 +334,28 @@ def bench(
         machine = machine_info(access.fsync)
         target = make_target(via, access, quorum)
         quire_result = _run(_measure(target, spec, f"quire ({via.value})"))
-        jetstream_result = None
+        compared = None
         if compare is Compare.JETSTREAM:
             with tempfile.TemporaryDirectory(prefix="quire-bench-js-") as js_dir:
                 js = JetStreamTarget(Path(js_dir))
-                jetstream_result = _run(_measure(js, spec, "jetstream (R3, sync always)"))
+                compared = _run(_measure(js, spec, "jetstream (R3, sync always)"))
             settings["jetstream"] = "3 nats-servers, file stream, replicas 3, sync_interval always"
+        elif compare is Compare.ONE_LEDGER:
+            # The Pulsar shape's reference: the same total rate from one fast writer, with
+            # the window of all the writers together (so only the ledger count differs).
+            one = replace(spec, ledgers=1, writers=1, in_flight=in_flight * writers)
+            compared = _run(_measure(make_target(via, access, quorum), one, "quire, 1 ledger"))
+            quire_result.target = f"{ledgers:,} ledgers"
+            compared.target = "1 ledger"
     machine["load_average_at_end"] = load_average()
-    report = report_json(settings, machine, quire_result, jetstream_result)
+    compared_as = "one_ledger" if compare is Compare.ONE_LEDGER else "jetstream"
+    report = report_json(settings, machine, quire_result, compared, compared_as)
     print_summary(console, report)
     if json_path is not None:
         write_json(json_path, report)
         console.print(f"JSON written to {json_path}")
     if plot is not None:
-        results = [quire_result] + ([jetstream_result] if jetstream_result else [])
+        results = [quire_result] + ([compared] if compared else [])
         write_plot(plot, results, f"quire bench: {entry_size} B entries, {via.value}")
         console.print(f"plot written to {plot}")
     if quire_result.entries == 0:
@@ -388,3 +442,129 @@ async def _recoveries(
         await writer.aclose()
         await recoverer.aclose()
     return timings_ms
+
+
+GATEWAY_VIA_HELP = "Client path to the gateway, which then holds the ledgers."
+
+
+@app.command()
+def idle(
+    ledgers: Annotated[int, typer.Option(min=1, help="Open idle ledgers to measure.")] = 1_000,
+    seconds: Annotated[float, typer.Option(min=0.5, help="Each CPU measurement window.")] = 10.0,
+    settle: Annotated[
+        float, typer.Option(min=0.0, help="Seconds after the appends before measuring.")
+    ] = 2.0,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Ledgers created (and appended to) at once.")
+    ] = 32,
+    via: Annotated[Via, typer.Option(help=GATEWAY_VIA_HELP)] = Via.HTTP,
+    json_path: Annotated[Path | None, typer.Option("--json")] = None,
+    bookies: Annotated[int, typer.Option(min=1, max=64)] = 4,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
+    ] = None,
+) -> None:
+    """Idle CPU of every process of the cluster (from /proc, % of one core, with children)
+    for SECONDS with no ledgers of ours, then with N open ledgers of one entry each
+    (through the gateway); and the gateway's RSS before and after, so its memory per open
+    ledger. The ledgers are closed at the end."""
+    if via is Via.INPROCESS:
+        _fail("quire bench idle measures ledgers the gateway holds: --via http or grpc")
+    spec = IdleSpec(ledgers, seconds, settle, concurrency=concurrency)
+    with cluster_access(None, data_dir, bookies, None) as access:
+        if not access.processes or access.gateway_pid is None:
+            _fail(f"{data_dir}/cluster.json lists no processes to measure")
+        assert access.gateway_pid is not None
+        target = make_target(via, access, Quorum(3, 3, 2))
+        machine = machine_info(access.fsync)
+
+        async def measure() -> dict[str, Any]:
+            await target.open()
+            try:
+                return await measure_idle(
+                    target, access.processes, access.gateway_pid, spec, err_console.print
+                )
+            finally:
+                await target.aclose()
+
+        figures = _run(measure())
+    machine["load_average_at_end"] = load_average()
+    report = {"settings": {"via": via.value, "cluster": access.description}, "machine": machine}
+    report |= figures
+    print_idle(console, report)
+    if json_path is not None:
+        write_json(json_path, report)
+    if figures["append_errors"]:
+        raise typer.Exit(1)
+
+
+@app.command("open-ledgers")
+def open_ledgers(
+    total: Annotated[int, typer.Option(min=1, help="Stop once this many ledgers are open.")] = (
+        10_000
+    ),
+    per_round: Annotated[int, typer.Option(min=1, help="New ledgers per round.")] = 200,
+    clients: Annotated[
+        int, typer.Option(min=1, help="Concurrent clients, each creating then writing.")
+    ] = 16,
+    batch: Annotated[int, typer.Option(min=1, help="Entries in each new ledger's append.")] = 4,
+    entry_size: Annotated[int, typer.Option(min=1, help="Bytes per entry.")] = 1024,
+    max_round_time: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="Stop after a round slower than this (s).", show_default=False),
+    ] = None,
+    via: Annotated[
+        Via,
+        typer.Option(
+            help="Client path (inprocess: the ledgers are held here, not in the gateway)."
+        ),
+    ] = Via.HTTP,
+    json_path: Annotated[Path | None, typer.Option("--json")] = None,
+    bookies: Annotated[int, typer.Option(min=1, max=64)] = 4,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
+    ] = None,
+) -> None:
+    """Rounds of new ledgers, each created and written with one batch, until TOTAL are open:
+    per round the open ledgers before it, its time, create and append p50/p99. Is a new
+    ledger as fast with 10,000 open as with 10? The ledgers are closed at the end."""
+    spec = RoundsSpec(total, per_round, clients, batch, entry_size, max_round_time)
+    with cluster_access(None, data_dir, bookies, None) as access:
+        target = make_target(via, access, Quorum(3, 3, 2))
+        machine = machine_info(access.fsync)
+        table = rounds_table()
+        err_console.print(" | ".join(ROUND_COLUMNS), highlight=False)
+
+        def on_round(row: dict[str, Any]) -> None:
+            cells = rounds_row(row)
+            err_console.print(" | ".join(cells), highlight=False)  # progress, as it goes
+            table.add_row(*cells)
+
+        async def measure() -> dict[str, Any]:
+            await target.open()
+            try:
+                return await run_rounds(target, spec, on_round)
+            finally:
+                await target.aclose()
+
+        figures = _run(measure())
+    machine["load_average_at_end"] = load_average()
+    settings = {
+        "per_round": per_round,
+        "clients": clients,
+        "batch": batch,
+        "entry_size": entry_size,
+        "via": via.value,
+        "cluster": access.description,
+    }
+    report = {"settings": settings, "machine": machine} | figures
+    console.print(table)
+    console.print(f"{figures['open_ledgers']:,} ledgers open; stopped: {figures['stopped']}")
+    if json_path is not None:
+        write_json(json_path, report)
+    if any(row["errors"] for row in figures["rounds"]):
+        first = next(row["first_error"] for row in figures["rounds"] if row["errors"])
+        err_console.print(f"[red]errors in the rounds; first: {first}[/red]")
+        raise typer.Exit(1)

@@ -1,5 +1,7 @@
-"""The load: W writers over L ledgers, each keeping up to `in_flight` appends outstanding
-(a bounded pipelining window), at a target rate or as fast as acknowledgements come back.
+"""The load: W writers over L ledgers (W >= L: every ledger has its own writer), each keeping
+up to `in_flight` appends outstanding (a bounded pipelining window), at its share of a
+target rate or as fast as acknowledgements come back. The ledgers are created, a bounded
+number at a time, before the clock starts.
 
 Latency is measured per append, from its (scheduled, under a rate) start to its
 acknowledgement, into a log-bucketed histogram, and per second for the plot. Appends that
@@ -31,6 +33,7 @@ class LoadSpec:
     rate: float | None = None  # entries/s over all writers; None = as fast as possible
     duration_s: float = 30.0
     warmup_s: float = 5.0
+    create_concurrency: int = 32  # ledgers created at once before the measurement
 
 
 @dataclass
@@ -50,6 +53,8 @@ class LoadResult:
     timeline: list[TimelinePoint] = field(default_factory=list)
     errors: int = 0
     first_error: str | None = None
+    ledgers: int = 1
+    create_s: float = 0.0  # creating the ledgers, before the measurement
 
     @property
     def entries_per_s(self) -> float:
@@ -73,6 +78,8 @@ class LoadResult:
             "entries": self.entries,
             "elapsed_s": round(self.elapsed_s, 3),
             "errors": self.errors,
+            "ledgers": self.ledgers,
+            "ledgers_create_s": round(self.create_s, 3),
         }
 
 
@@ -119,29 +126,14 @@ async def _writer(
     spec: LoadSpec,
     recorder: _Recorder,
     stop_at: float,
-    interval_s: float | None,
-    start: float,
 ) -> None:
-    """One writer: `in_flight` slots each appending in a loop; under a rate, the slots
-    share one schedule (each append has a start time; latency counts from it, so a
-    stall shows as latency instead of hiding as a lower rate: no coordinated omission)."""
-    payload = os.urandom(spec.entry_size)
-    payloads = [payload] * spec.batch
+    """One writer as fast as acknowledgements come back: `in_flight` slots each appending
+    in a loop."""
+    payloads = [os.urandom(spec.entry_size)] * spec.batch
     clock = time.perf_counter
-    next_start = [start]
 
     async def slot() -> None:
-        while True:
-            if interval_s is None:
-                started = clock()
-            else:
-                started = next_start[0]
-                next_start[0] += interval_s
-                delay = started - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            if started >= stop_at:
-                return
+        while (started := clock()) < stop_at:
             try:
                 await append(payloads)
             except Exception as exc:  # counted and shown; the run goes on
@@ -153,35 +145,100 @@ async def _writer(
     await asyncio.gather(*(slot() for _ in range(spec.in_flight)))
 
 
+async def _paced_writer(
+    append: Append,
+    spec: LoadSpec,
+    recorder: _Recorder,
+    stop_at: float,
+    interval_s: float,
+    start: float,
+) -> None:
+    """One writer at its own rate: an append starts every `interval_s` from `start`, at
+    most `in_flight` of them outstanding. Latency counts from the scheduled start, so a
+    stall shows as latency instead of hiding as a lower rate (no coordinated omission).
+    A quiet writer holds one sleeping coroutine, not one per slot: thousands of slow
+    writers stay cheap in the bench process."""
+    payloads = [os.urandom(spec.entry_size)] * spec.batch
+    window = asyncio.Semaphore(spec.in_flight)
+    outstanding: set[asyncio.Task] = set()
+
+    async def one(started: float) -> None:
+        try:
+            await append(payloads)
+        except Exception as exc:  # counted and shown; the run goes on
+            recorder.failed(exc)
+        else:
+            recorder.record(started, time.perf_counter())
+        finally:
+            window.release()
+
+    started = start
+    try:
+        while started < stop_at:
+            delay = started - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await window.acquire()
+            task = asyncio.create_task(one(started))
+            outstanding.add(task)
+            task.add_done_callback(outstanding.discard)
+            started += interval_s
+        if outstanding:
+            await asyncio.gather(*outstanding)
+    finally:
+        for task in outstanding:
+            task.cancel()
+
+
+async def create_ledgers(target: Target, count: int, concurrency: int) -> list[Append]:
+    """`count` ledgers created `concurrency` at a time (thousands one by one take minutes);
+    their append coroutines in index order."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def create(index: int) -> Append:
+        async with limit:
+            return await target.ledger(index)
+
+    return list(await asyncio.gather(*(create(i) for i in range(count))))
+
+
 async def run_load(
     target: Target,
     spec: LoadSpec,
     progress: Callable[[float, int, int], None] | None = None,
 ) -> LoadResult:
-    """Create the ledgers, run the writers for warm-up + duration, return what they did.
+    """Create the ledgers (before the clock starts), run the writers for warm-up +
+    duration, return what they did. Writer i writes ledger i % ledgers, so with as many
+    writers as ledgers each ledger has its own writer; under a rate each writer runs at
+    rate / writers, their starts spread over one interval.
     `progress(elapsed_s, entries_done, errors)` is called about 10 times a second."""
-    appends = [await target.ledger(i) for i in range(spec.ledgers)]
+    if spec.writers < spec.ledgers:
+        raise ValueError("every ledger needs a writer: writers must be >= ledgers")
+    create_started = time.perf_counter()
+    appends = await create_ledgers(target, spec.ledgers, spec.create_concurrency)
+    create_s = time.perf_counter() - create_started
     loop_start = time.perf_counter()
     measure_from = loop_start + spec.warmup_s
     stop_at = measure_from + spec.duration_s
     recorder = _Recorder(measure_from, spec.entry_size, spec.batch)
-    interval_s = None
     if spec.rate:
-        per_writer_appends_per_s = spec.rate / spec.batch / spec.writers
-        interval_s = 1.0 / per_writer_appends_per_s
-    writers = [
-        asyncio.create_task(
-            _writer(
+        interval_s = spec.batch * spec.writers / spec.rate
+        coroutines = [
+            _paced_writer(
                 appends[i % spec.ledgers],
                 spec,
                 recorder,
                 stop_at,
                 interval_s,
-                loop_start + (interval_s or 0) * i / spec.writers,
+                loop_start + interval_s * i / spec.writers,
             )
-        )
-        for i in range(spec.writers)
-    ]
+            for i in range(spec.writers)
+        ]
+    else:
+        coroutines = [
+            _writer(appends[i % spec.ledgers], spec, recorder, stop_at) for i in range(spec.writers)
+        ]
+    writers = [asyncio.create_task(coroutine) for coroutine in coroutines]
     all_done = asyncio.gather(*writers)
     try:
         while not all_done.done():
@@ -203,4 +260,6 @@ async def run_load(
         timeline=recorder.timeline,
         errors=recorder.errors,
         first_error=recorder.first_error,
+        ledgers=spec.ledgers,
+        create_s=create_s,
     )

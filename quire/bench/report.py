@@ -43,12 +43,19 @@ def machine_info(fsync_mode: str) -> dict[str, Any]:
     }
 
 
-def ratios(quire: LoadResult, jetstream: LoadResult | None) -> dict[str, float | None]:
-    if jetstream is None:
+# What a comparison run is reported as, and how its ratio line reads.
+COMPARED_AS = {
+    "jetstream": "quire / jetstream",
+    "one_ledger": "many ledgers / one ledger (aim: throughput >= 0.8, p99 <= 1.5)",
+}
+
+
+def ratios(quire: LoadResult, compared: LoadResult | None) -> dict[str, float | None]:
+    if compared is None:
         return {}
-    q, j = quire.summary(), jetstream.summary()
-    throughput = q["entries_per_s"] / j["entries_per_s"] if j["entries_per_s"] else None
-    p99 = q["p99_ms"] / j["p99_ms"] if j["p99_ms"] else None
+    q, c = quire.summary(), compared.summary()
+    throughput = q["entries_per_s"] / c["entries_per_s"] if c["entries_per_s"] else None
+    p99 = q["p99_ms"] / c["p99_ms"] if c["p99_ms"] else None
     return {
         "ratio_throughput": round(throughput, 3) if throughput is not None else None,
         "ratio_p99": round(p99, 3) if p99 is not None else None,
@@ -59,16 +66,17 @@ def report_json(
     settings: dict[str, Any],
     machine: dict[str, Any],
     quire: LoadResult,
-    jetstream: LoadResult | None,
+    compared: LoadResult | None,
+    compared_as: str = "jetstream",
 ) -> dict[str, Any]:
-    report: dict[str, Any] = {"settings": settings, "machine": machine, "quire": quire.summary()}
-    if quire.first_error:
-        report["quire"]["first_error"] = quire.first_error
-    if jetstream is not None:
-        report["jetstream"] = jetstream.summary()
-        if jetstream.first_error:
-            report["jetstream"]["first_error"] = jetstream.first_error
-        report.update(ratios(quire, jetstream))
+    """`compared` (JetStream, or one writer on one ledger) goes under `compared_as`."""
+    report: dict[str, Any] = {"settings": settings, "machine": machine}
+    for key, result in (("quire", quire), (compared_as, compared)):
+        if result is not None:
+            report[key] = result.summary() | {"label": result.target}
+            if result.first_error:
+                report[key]["first_error"] = result.first_error
+    report.update(ratios(quire, compared))
     return report
 
 
@@ -91,18 +99,25 @@ def print_summary(console: Console, report: dict[str, Any]) -> None:
     table.add_column("system")
     for column in columns:
         table.add_column(column, justify="right")
-    for name in ("quire", "jetstream"):
-        if name in report:
-            row = report[name]
-            table.add_row(name, *(_fmt(row[k]) for k in keys))
+    names = [name for name in ("quire", *COMPARED_AS) if name in report]
+    for name in names:
+        row = report[name]
+        table.add_row(row["label"], *(_fmt(row[k]) for k in keys))
     console.print(table)
+    for name in names:
+        if report[name]["ledgers"] > 1:
+            console.print(
+                f"{report[name]['ledgers']:,} ledgers created before the measurement in "
+                f"{report[name]['ledgers_create_s']} s"
+            )
+    compared_as = names[-1]
     if "ratio_throughput" in report:
         console.print(
-            f"quire / jetstream: throughput x{report['ratio_throughput']}, "
+            f"{COMPARED_AS[compared_as]}: throughput x{report['ratio_throughput']}, "
             f"p99 x{report['ratio_p99']} (below 1 is better for p99)"
         )
-    for name in ("quire", "jetstream"):
-        if name in report and report[name].get("first_error"):
+    for name in names:
+        if report[name].get("first_error"):
             console.print(
                 f"[red]{name}: {report[name]['errors']} failed appends; first: "
                 f"{report[name]['first_error']}[/red]"
@@ -153,3 +168,63 @@ def write_plot(path: Path, results: list[LoadResult], title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def print_idle(console: Console, report: dict[str, Any]) -> None:
+    """`quire bench idle`: CPU per process without and with the open ledgers; the
+    gateway's memory per open ledger."""
+    ledgers, machine = report["ledgers"], report["machine"]
+    console.print(
+        f"[bold]machine[/bold]: {machine['cpu_count']} cpus ({machine['cpu_model']}), "
+        f"load average {machine['load_average_at_start']} -> "
+        f"{machine.get('load_average_at_end', [])}"
+    )
+    table = Table(title=f"idle CPU, % of one core ({report['settings']['via']})")
+    for column in ("process", "pid", "no ledgers", f"{ledgers:,} open ledgers"):
+        table.add_column(column, justify="left" if column == "process" else "right")
+    for row in report["processes"]:
+        table.add_row(
+            row["name"],
+            str(row["pid"]),
+            f"{row['cpu_pct_no_ledgers']:.2f}",
+            f"{row['cpu_pct_open_ledgers']:.2f}",
+        )
+    table.add_row(
+        "all",
+        "",
+        f"{report['cpu_pct_total_no_ledgers']:.2f}",
+        f"{report['cpu_pct_total_open_ledgers']:.2f}",
+    )
+    console.print(table)
+    rss = report["gateway_rss_kib"]
+    console.print(
+        f"{ledgers:,} ledgers opened (one entry each) in {report['open_s']} s; gateway RSS "
+        f"{rss['before']:,} KiB before, {rss['after_open']:,} after opening, "
+        f"{rss['at_end']:,} at the end: {rss['per_open_ledger']} KiB per open ledger"
+    )
+
+
+ROUND_COLUMNS = (
+    "open before",
+    "round s",
+    "ledgers/s",
+    "create p50 ms",
+    "create p99 ms",
+    "append p50 ms",
+    "append p99 ms",
+    "errors",
+)
+
+
+def rounds_table() -> Table:
+    """`quire bench open-ledgers`: one row per round."""
+    table = Table(title="new ledgers as the open ledgers grow")
+    for column in ROUND_COLUMNS:
+        table.add_column(column, justify="right")
+    return table
+
+
+def rounds_row(row: dict[str, Any]) -> list[str]:
+    keys = ("round_s", "ledgers_per_s", "create_p50_ms", "create_p99_ms")
+    keys += ("append_p50_ms", "append_p99_ms")
+    return [f"{row['open_before']:,}", *(f"{row[k]:,}" for k in keys), str(row["errors"])]

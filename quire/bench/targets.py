@@ -134,15 +134,24 @@ class InProcessTarget(Target):
 
 
 class ClientTarget(Target):
-    """Through the gateway with quire.client (HTTP or gRPC)."""
+    """Through the gateway with quire.client (HTTP or gRPC). The gateway holds the writers
+    of the ledgers made here: closing the target closes them, so a running cluster is not
+    left with thousands of open ledgers after a run."""
 
     name = "quire"
+    CLOSE_CONCURRENCY = 32
+    # Requests outstanding at once: httpx's pool (100 connections) slows down badly with
+    # thousands of requests waiting in it, so they wait here instead (still as latency).
+    MAX_REQUESTS = 100
 
     def __init__(self, via: str, address: str, quorum: Quorum) -> None:
         self.via = via
         self.address = address
         self.quorum = quorum
         self.client = None
+        self.ledger_ids: list[int] = []
+        self.close_errors = 0
+        self._requests = asyncio.Semaphore(self.MAX_REQUESTS)
 
     async def open(self) -> None:
         from quire.client import GrpcClient, HttpClient
@@ -154,24 +163,39 @@ class ClientTarget(Target):
 
     async def ledger(self, index: int) -> Append:
         assert self.client is not None
-        client = self.client
-        created = await client.create(
-            password=PASSWORD,
-            ensemble_size=self.quorum.ensemble,
-            write_quorum=self.quorum.write_quorum,
-            ack_quorum=self.quorum.ack_quorum,
-            metadata={"app": "quire-bench"},
-        )
+        client, requests = self.client, self._requests
+        async with requests:
+            created = await client.create(
+                password=PASSWORD,
+                ensemble_size=self.quorum.ensemble,
+                write_quorum=self.quorum.write_quorum,
+                ack_quorum=self.quorum.ack_quorum,
+                metadata={"app": "quire-bench"},
+            )
         ledger_id = created.ledger_id
+        self.ledger_ids.append(ledger_id)
 
         async def append(payloads: Sequence[bytes]) -> None:
-            await client.append(ledger_id, PASSWORD, payloads)
+            async with requests:
+                await client.append(ledger_id, PASSWORD, payloads)
 
         return append
 
     async def aclose(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
+        if self.client is None:
+            return
+        client, limit = self.client, asyncio.Semaphore(self.CLOSE_CONCURRENCY)
+
+        async def close(ledger_id: int) -> None:
+            async with limit:
+                await client.close(ledger_id, PASSWORD)
+
+        outcomes = await asyncio.gather(
+            *(close(ledger_id) for ledger_id in self.ledger_ids), return_exceptions=True
+        )
+        self.close_errors = sum(isinstance(outcome, BaseException) for outcome in outcomes)
+        self.ledger_ids.clear()
+        await client.aclose()
 
 
 # -- JetStream ---------------------------------------------------------------------------------

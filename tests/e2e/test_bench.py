@@ -1,17 +1,21 @@
 """`quire bench` as a user runs it: its own 3-bookie cluster, a short load, the JetStream
-comparison, and the JSON and plot it writes. It checks that the benchmark works, not how
-fast anything is."""
+comparison, and the JSON and plot it writes; then the many-ledger modes (the Pulsar shape
+against one ledger, `bench idle`, `bench open-ledgers`) at tiny sizes against one running
+`quire up`. It checks that the benchmark works and its counts add up, not how fast
+anything is."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.support.cluster import quire_executable
+from tests.support.cluster import QuireUp, quire_executable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -63,3 +67,111 @@ def test_bench_smoke_with_jetstream_comparison(cluster_dir) -> None:
     # Everything it started is gone: no data dir left behind (they are removed last).
     leftovers = [p.name for p in Path(parent).iterdir() if p.name.startswith("quire-bench")]
     assert leftovers == []
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_dir) -> Iterator[QuireUp]:
+    up = QuireUp(cluster_dir("bench-many") / "quire-data", bookies=3)
+    with up.running():
+        yield up
+
+
+def bench(cluster: QuireUp, report_path: Path, *args: str) -> dict:
+    """`quire bench ARGS --data-dir D --json FILE`; its JSON report."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUIRE_")}
+    done = subprocess.run(
+        [quire_executable(), "bench", *args, "--data-dir", str(cluster.data_dir)]
+        + ["--json", str(report_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(report_path.read_text())
+
+
+def open_ledgers(cluster: QuireUp) -> set[int]:
+    """The ids of the cluster's OPEN ledgers, page by page. The in-process runs leave
+    theirs open (the bench aborts its writers); those through the gateway close theirs."""
+    ledger_ids, params = set(), {"limit": 1000}
+    while True:
+        page = httpx.get(f"{cluster.url}/v1/ledgers", params=params, timeout=10).json()
+        ledger_ids |= {row["ledger_id"] for row in page["ledgers"] if row["state"] == "OPEN"}
+        if page["next_after"] is None:
+            return ledger_ids
+        params["after"] = page["next_after"]
+
+
+@pytest.mark.parametrize("via", ["http", "inprocess"])
+def test_many_slow_writers_next_to_one_fast_writer(cluster, tmp_path, via) -> None:
+    open_before = open_ledgers(cluster)
+    report = bench(
+        cluster,
+        tmp_path / "pulsar.json",
+        "--ledgers", "20",
+        "--rate", "40",  # 2 entries/s per ledger
+        "--in-flight", "2",
+        "--duration", "2",
+        "--warmup", "0.5",
+        "--compare", "one-ledger",
+        "--via", via,
+    )  # fmt: skip
+    assert report["settings"]["writers"] == 20  # one per ledger unless given
+    many, one = report["quire"], report["one_ledger"]
+    assert (many["ledgers"], one["ledgers"]) == (20, 1)
+    assert many["label"] == "20 ledgers" and one["label"] == "1 ledger"
+    for figures in (many, one):
+        assert figures["errors"] == 0 and figures["entries"] == figures["appends"] > 0
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+    assert report["ratio_throughput"] == pytest.approx(
+        many["entries_per_s"] / one["entries_per_s"], rel=0.01
+    )
+    assert report["ratio_p99"] == pytest.approx(many["p99_ms"] / one["p99_ms"], rel=0.01)
+    if via == "http":  # the gateway held them: the bench closed them when it ended
+        assert open_ledgers(cluster) <= open_before
+
+
+def test_idle_cpu_of_every_process_with_open_ledgers(cluster, tmp_path) -> None:
+    open_before = open_ledgers(cluster)
+    report = bench(
+        cluster,
+        tmp_path / "idle.json",
+        "idle",
+        "--ledgers", "10",
+        "--seconds", "1",
+        "--settle", "0",
+        "--via", "grpc",
+    )  # fmt: skip
+    assert report["ledgers"] == 10 and report["append_errors"] == 0
+    listed = {(row["name"], row["pid"]) for row in cluster.cluster_json()["services"]}
+    measured = {(row["name"], row["pid"]) for row in report["processes"]}
+    assert measured == listed  # every process of the cluster, nats and postgres included
+    assert {"gateway", "nats", "postgres"} <= {name for name, _ in measured}
+    for row in report["processes"]:
+        assert row["cpu_pct_no_ledgers"] >= 0 and row["cpu_pct_open_ledgers"] >= 0
+    total = sum(row["cpu_pct_open_ledgers"] for row in report["processes"])
+    assert report["cpu_pct_total_open_ledgers"] == pytest.approx(total, abs=0.1)
+    rss = report["gateway_rss_kib"]
+    assert min(rss["before"], rss["after_open"], rss["at_end"]) > 0
+    assert open_ledgers(cluster) <= open_before
+
+
+def test_open_ledgers_rounds(cluster, tmp_path) -> None:
+    open_before = open_ledgers(cluster)
+    report = bench(
+        cluster,
+        tmp_path / "rounds.json",
+        "open-ledgers",
+        "--total", "30",
+        "--per-round", "10",
+        "--clients", "4",
+    )  # fmt: skip
+    rounds = report["rounds"]
+    assert [row["open_before"] for row in rounds] == [0, 10, 20]
+    assert report["open_ledgers"] == 30 and report["stopped"] == "all ledgers open"
+    for row in rounds:
+        assert row["ledgers"] == 10 and row["errors"] == 0
+        assert 0 < row["create_p50_ms"] <= row["create_p99_ms"]
+        assert 0 < row["append_p50_ms"] <= row["append_p99_ms"]
+    assert open_ledgers(cluster) <= open_before
