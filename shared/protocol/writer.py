@@ -638,6 +638,8 @@ class LedgerWriter:
         """When an explicit LAC is due; None while adds are pending or the bookies have it."""
         if not self.explicit_lac_interval_ms or self.broken is not None or self.recovery:
             return None
+        if self.closed is not None:
+            return None  # the close stored the last entry: readers take it from there
         if self._pending or self.lac <= self._lac_on_bookies:
             return None
         return self._last_add_ms + self.explicit_lac_interval_ms
