@@ -349,8 +349,9 @@ class WriterHandle:
         self.pump()
 
     @property
-    def timer_armed(self) -> bool:
-        return self._timer is not None
+    def quiet(self) -> bool:
+        """Holds no timer, no task and no append: costs nothing but its memory."""
+        return self._timer is None and not self._sends and not self._requests
 
     @property
     def has_requests(self) -> bool:
