@@ -22,7 +22,7 @@ from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
 from shared.metaclient import MetadataClient
 from shared.models import LedgerMetadata
-from shared.protocol.driver import TICK_INTERVAL_S, ProtocolClient, WriterHandle
+from shared.protocol.driver import ProtocolClient, WriterHandle
 from shared.service import connect_nats
 from shared.status import ApiCodes
 from shared.subjects import Subjects
@@ -65,7 +65,6 @@ class InProcessTarget(Target):
         self.client: ProtocolClient | None = None
         self.writers: dict[int, WriterHandle] = {}
         self._nc = None
-        self._ticker: asyncio.Task | None = None
 
     async def open(self) -> None:
         settings = self.settings
@@ -78,17 +77,8 @@ class InProcessTarget(Target):
             add_timeout_ms=settings.gateway.add_bookie_timeout_ms,
             read_timeout_ms=settings.gateway.read_entry_timeout_ms,
         )
+        # Each writer handle keeps its own deadline timer: no ticker to run here.
         self.client = ProtocolClient(bookies, meta, settings.gateway)
-        self._ticker = asyncio.create_task(self._tick())
-
-    async def _tick(self) -> None:
-        """Time passes for every writer (add timeouts, ensemble changes, explicit LAC)."""
-        assert self.client is not None
-        while True:
-            await asyncio.sleep(TICK_INTERVAL_S)
-            now = self.client.clock()
-            for handle in list(self.writers.values()):
-                handle.tick(now)
 
     async def create(self) -> int:
         assert self.client is not None
@@ -120,10 +110,6 @@ class InProcessTarget(Target):
         return append
 
     async def aclose(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
         for handle in list(self.writers.values()):
             await handle.drain(timeout_s=2.0)
             handle.abort(ApiCodes.UNAVAILABLE, "the bench is stopping")

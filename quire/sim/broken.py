@@ -23,6 +23,15 @@ class EarlyAckWriter(LedgerWriter):
         self._pending[self.last_entry_id].acks = AckSet(self.last_entry_id, weaker)
 
 
+class LateDeadlineWriter(LedgerWriter):
+    """Says its next deadline a little late: a tick before it would time out an add, start
+    a delayed ensemble change or send the explicit LAC."""
+
+    def next_deadline_ms(self) -> int | None:
+        deadline = super().next_deadline_ms()
+        return None if deadline is None else deadline + 5
+
+
 class UnfencedRecovery(LedgerRecovery):
     """Skips the fence: reads forward from the last segment's start as if every bookie
     had answered, so the old writer can go on being acknowledged."""
@@ -59,6 +68,7 @@ BROKEN: dict[str, dict] = {
         "write_quorum": 3,
         "ack_quorum": 2,
     },
+    "late-deadline": {"writer_class": LateDeadlineWriter},
     "no-fence": {"recovery_class": UnfencedRecovery},
     "add-after-fence": {"bookie_state_class": FenceBlindLedgerState},
     "unknown-absent": {

@@ -458,9 +458,11 @@ class WriterClient(Client):
             rng=world.rng,
             explicit_lac_interval_ms=config.explicit_lac_interval_ms,
             ensemble_change_retry_ms=100,
+            ensemble_change_delay_ms=config.tick_ms,
             max_add_requests_per_bookie=config.max_add_requests_per_bookie,
             now_ms=world.now_ms,
         )
+        self._tick_at: int | None = None  # the deadline a tick is scheduled for
         self.written: dict[int, bytes] = {}
         self.acked = -1  # the last entry acknowledged to the application
         self.added = 0
@@ -485,7 +487,39 @@ class WriterClient(Client):
         self.run()
 
     def tick(self) -> None:
+        """The world's regular tick: the writer is ticked at its deadlines instead
+        (`_on_deadline`); here a tick before the deadline must do nothing."""
+        now = self.world.now_ms
+        deadline = self.core.next_deadline_ms()
+        if deadline is None or now < deadline:
+            self.core.tick(now)
+            self.world.check(
+                not self.core.take_commands(), "a writer's tick before its deadline does nothing"
+            )
+        self._schedule_deadline()
+
+    def _schedule_deadline(self) -> None:
+        """One tick at the core's next deadline, moved when the deadline comes earlier;
+        time stops for the writer with the world's ticks (`World.tick_until_ms`)."""
+        deadline = self.core.next_deadline_ms()
+        if deadline is None or (self._tick_at is not None and self._tick_at <= deadline):
+            return
+        at = max(deadline, self.world.now_ms)
+        if at > self.world.tick_until_ms:
+            return
+        self._tick_at = at
+        self.world.at(at - self.world.now_ms, self._on_deadline, at)
+
+    def _on_deadline(self, at: int) -> None:
+        if at != self._tick_at:
+            return  # superseded by an earlier deadline
+        self._tick_at = None
         self.core.tick(self.world.now_ms)
+        deadline = self.core.next_deadline_ms()
+        self.world.check(
+            deadline is None or deadline > self.world.now_ms,
+            "a writer's tick at its deadline does what is due",
+        )
         self.run()
 
     def run(self) -> None:
@@ -512,6 +546,7 @@ class WriterClient(Client):
                     )
                 case CloseFailed():
                     self.world.log(f"writer close failed: {command.api.code}")
+        self._schedule_deadline()
 
 
 class RecoveryClient(Client):

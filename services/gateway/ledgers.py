@@ -1,7 +1,8 @@
 """The gateway's operations on ledgers, as the HTTP and gRPC APIs call them: the facade over
 the protocol library's driver (`shared.protocol.driver`). What stays here is the gateway's
 own: the password check, metadata errors as API codes, metrics, the acknowledgement events,
-the registry of this gateway's writer handles and the ticker that lets time pass for them.
+the registry of this gateway's writer handles. Time passes for each handle by its own
+deadlines (`WriterHandle`): nothing here visits every open ledger.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from shared.models import (
     MetaErrorCode,
 )
 from shared.protocol.driver import (
-    TICK_INTERVAL_S,
     Clock,
     ProtocolClient,
     ProtocolObserver,
@@ -115,23 +115,15 @@ class Ledgers(ProtocolObserver):
         )
         self.writers: dict[int, WriterHandle] = {}
         self._acks: dict[int, _AckWindow] = {}
-        self._last_ack_event_ms = clock()
 
     # -- background ---------------------------------------------------------------------------
 
-    async def run_ticker(self) -> None:
-        """Time passes for every writer (add timeouts); acks are summarised once a second."""
+    async def run_ack_events(self) -> None:
+        """Acks are summarised once a second: an event per ledger that had acks, none for
+        a quiet one."""
         while True:
-            await asyncio.sleep(TICK_INTERVAL_S)
-            now = self.clock()
-            for handle in list(self.writers.values()):
-                handle.tick(now)  # timeouts, delayed ensemble changes, explicit LAC
-            if now - self._last_ack_event_ms >= ACK_EVENT_INTERVAL_MS:
-                self._last_ack_event_ms = now
-                self.flush_ack_events()
-
-    def pending_adds(self) -> int:
-        return sum(h.core.pending_count for h in self.writers.values())
+            await asyncio.sleep(ACK_EVENT_INTERVAL_MS / 1000)
+            self.flush_ack_events()
 
     # -- what the driver reports (ProtocolObserver) --------------------------------------------
 
@@ -169,8 +161,8 @@ class Ledgers(ProtocolObserver):
         self.metrics.add_requests.inc(sent)
         self.metrics.add_sends_held.inc(held)
 
-    def writer_pumped(self) -> None:
-        self.metrics.pending_adds.set(self.pending_adds())
+    def pending_adds_changed(self, delta: int) -> None:
+        self.metrics.pending_adds.inc(delta)
 
     def entry_read(self, ok: bool) -> None:
         self.metrics.reads.labels("ok" if ok else "failed").inc()
@@ -180,8 +172,10 @@ class Ledgers(ProtocolObserver):
 
     async def stop(self) -> None:
         """Fail what is still pending (the gateway is going away), then report the acks."""
-        for handle in list(self.writers.values()):
-            await handle.drain(timeout_s=2.0)
+        handles = list(self.writers.values())
+        busy = [h for h in handles if h.has_requests]
+        await asyncio.gather(*(h.drain(timeout_s=2.0) for h in busy))  # 2 s in all
+        for handle in handles:
             handle.abort(ApiCodes.UNAVAILABLE, "the gateway is shutting down")
         self.writers.clear()
         self.flush_ack_events()
@@ -329,6 +323,7 @@ class Ledgers(ProtocolObserver):
         return closed
 
     def _drop_writer(self, handle: WriterHandle) -> None:
+        handle.release()
         if self.writers.get(handle.ledger_id) is handle:
             del self.writers[handle.ledger_id]
         self.metrics.writer_handles.set(len(self.writers))

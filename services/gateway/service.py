@@ -78,7 +78,7 @@ async def main(rt: ServiceRuntime) -> None:
         read_timeout_ms=gateway.read_entry_timeout_ms,
     )
     ledgers = Ledgers(rt.nc, settings, meta, bookies, rt.events, metrics)
-    rt.spawn(ledgers.run_ticker(), "gateway-ticker")
+    rt.spawn(ledgers.run_ack_events(), "gateway-ack-events")
     rt.on_shutdown(ledgers.stop)
 
     try:

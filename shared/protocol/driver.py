@@ -60,7 +60,8 @@ from shared.status import ApiCode, ApiCodes, QuireError
 
 log = logging.getLogger(__name__)
 
-# How often a driven core is ticked while it waits (its timeouts' resolution).
+# How often `drive` ticks a read's or a recovery's core while it waits (their timeouts'
+# resolution); a writer is ticked by its own deadlines instead (`WriterHandle`).
 TICK_INTERVAL_S = 0.05
 SALT_BYTES = 16
 
@@ -93,8 +94,8 @@ class ProtocolObserver:
     def add_requests(self, sent: int, held: int) -> None:
         """A writer sent `sent` more add requests and held back `held` more sends."""
 
-    def writer_pumped(self) -> None:
-        """A writer carried out its commands (its pending adds may have changed)."""
+    def pending_adds_changed(self, delta: int) -> None:
+        """A writer's pending adds grew (or shrank, negative) by `delta`."""
 
     def ensemble_changed(self, command: EnsembleChanged) -> None:
         """A writer or a recovery replaced bookies."""
@@ -161,7 +162,9 @@ class _AppendRequest:
 
 class WriterHandle:
     """Runs one LedgerWriter: sends what it says, feeds it the answers, resolves appends.
-    Time passes for it only through `tick` (its owner's ticker)."""
+    Time passes for it by its core's deadlines (`LedgerWriter.next_deadline_ms`): at most
+    one timer armed on the event loop (a heap of deadlines), none when nothing is due. A
+    quiet handle holds no task: an idle writer costs its one explicit-LAC timer."""
 
     def __init__(self, core: LedgerWriter, client: ProtocolClient) -> None:
         self.core = core
@@ -171,9 +174,12 @@ class WriterHandle:
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed: asyncio.Future[LedgerMetadata] | None = None
         self._pump_scheduled = False
-        # The core's flow-control counters as last reported to the observer.
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_ms = 0  # the deadline the timer is armed for
+        # The core's counters as last reported to the observer.
         self._add_requests_seen = 0
         self._add_sends_held_seen = 0
+        self._pending_seen = 0
 
     @property
     def ledger_id(self) -> int:
@@ -228,10 +234,37 @@ class WriterHandle:
                 case CloseFailed():
                     if self._closed is not None and not self._closed.done():
                         self._closed.set_exception(QuireError(command.api, command.detail))
-        self._report_flow_control()
-        self._client.observer.writer_pumped()
+        self._report_counts()
+        self._arm_timer()
 
-    def _report_flow_control(self) -> None:
+    def _arm_timer(self) -> None:
+        """Arm the timer for the core's next deadline, unless one is armed no later: a
+        deadline that moved later (the oldest add completed) is found when the timer fires."""
+        deadline = self.core.next_deadline_ms()
+        if deadline is None or (self._timer is not None and self._timer_at_ms <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        # At least 1 ms: asyncio may fire a timer up to its clock resolution early, and a
+        # tick before the deadline does nothing but arm the timer again.
+        delay_ms = max(deadline - self._client.clock(), 1)
+        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._on_timer)
+        self._timer_at_ms = deadline
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.tick(self._client.clock())  # re-arms for the next deadline, if any
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _report_counts(self) -> None:
+        pending = self.core.pending_count
+        if pending != self._pending_seen:
+            self._client.observer.pending_adds_changed(pending - self._pending_seen)
+            self._pending_seen = pending
         sent, held = self.core.add_requests_sent, self.core.add_sends_held
         if (sent, held) != (self._add_requests_seen, self._add_sends_held_seen):
             self._client.observer.add_requests(
@@ -315,6 +348,16 @@ class WriterHandle:
         self.core.tick(now_ms)
         self.pump()
 
+    @property
+    def quiet(self) -> bool:
+        """Holds no timer, no task and no append: costs nothing but its memory."""
+        return self._timer is None and not self._sends and not self._requests
+
+    @property
+    def has_requests(self) -> bool:
+        """Appends wait for their outcome."""
+        return bool(self._requests)
+
     async def wait_changed(self, timeout_s: float) -> None:
         """Until an add completes or fails, or `timeout_s` passes."""
         try:
@@ -329,10 +372,16 @@ class WriterHandle:
             await self.wait_changed(remaining_ms / 1000)
 
     def abort(self, api: ApiCode, detail: str) -> None:
+        """Fail what is pending and let go: no timer, no task left behind."""
         self.core.abort(api, detail)
         self.pump()
+        self._cancel_timer()
         for task in self._sends:
             task.cancel()
+
+    def release(self) -> None:
+        """The handle is done with (closed, or dropped by its owner): cancel its timer."""
+        self._cancel_timer()
 
 
 class ProtocolClient:

@@ -104,6 +104,7 @@ class LedgerWriter:
         rng: RandomLike | None = None,
         explicit_lac_interval_ms: int = 0,
         ensemble_change_retry_ms: int = 1_000,
+        ensemble_change_delay_ms: int = 50,
         recovery: bool = False,
         max_add_requests_per_bookie: int | None = None,
         max_pending_adds: int | None = None,
@@ -124,6 +125,7 @@ class LedgerWriter:
         self.max_send_bytes = max_send_bytes
         self.explicit_lac_interval_ms = explicit_lac_interval_ms
         self.ensemble_change_retry_ms = ensemble_change_retry_ms
+        self.ensemble_change_delay_ms = ensemble_change_delay_ms
         self.recovery = recovery
         self.max_add_requests_per_bookie = max_add_requests_per_bookie
         self.max_pending_adds = max_pending_adds
@@ -141,7 +143,7 @@ class LedgerWriter:
         # Bookies of the last segment that failed and wait for a replacement.
         self._failed: dict[int, str] = {}
         self._change: _EnsembleChange | None = None
-        self._change_retry_at_ms = 0
+        self._change_due_ms = 0
         self._close_cas = False  # the close CAS is in flight
         self._lac_on_bookies = lac  # the highest LAC the bookies were sent
         self._last_add_ms = now_ms
@@ -298,7 +300,14 @@ class LedgerWriter:
         elif entry_id < self.metadata.segments[-1].first_entry_id:
             return  # an older segment's bookie: not ours to replace
         # Also for an entry that completed without it: the bookie is replaced after.
-        self._failed.setdefault(index, bookie_id)
+        if index in self._failed:
+            return
+        if not self._failed:
+            # A delayed change waits a little, so that the adds in flight may complete first.
+            self._change_due_ms = max(
+                self._change_due_ms, self._now_ms + self.ensemble_change_delay_ms
+            )
+        self._failed[index] = bookie_id
 
     # -- ensemble change ----------------------------------------------------------------------
 
@@ -312,18 +321,25 @@ class LedgerWriter:
 
     def _maybe_change_ensemble(self, ticking: bool) -> None:
         """Start replacing the failed bookies: at once when an add cannot reach its ack
-        quorum without them; otherwise (delayed write failure) at the next tick, so that
-        the adds in flight may complete first, and after a retry interval when no
-        writable bookie was found."""
-        if self._change is not None or not self._failed or self.broken is not None:
+        quorum without them; otherwise (delayed write failure) at the first tick
+        ensemble_change_delay_ms after the first failure, so that the adds in flight may
+        complete first, and ensemble_change_retry_ms later when no writable bookie was found."""
+        if not self._change_wanted():
             return
-        if self._close_cas or self.closed is not None or (self.closing and not self._pending):
-            return  # nothing left to write: a closing ledger needs no new segment
         if self._quorum_blocked() is None:
-            if not ticking or self._now_ms < self._change_retry_at_ms:
+            if not ticking or self._now_ms < self._change_due_ms:
                 return
         self._change = _EnsembleChange(self.lac + 1, dict(sorted(self._failed.items())))
         self._commands.append(ListWritableBookies())
+
+    def _change_wanted(self) -> bool:
+        """Failed bookies wait for a replacement and no change is in flight."""
+        if self._change is not None or not self._failed or self.broken is not None:
+            return False
+        # A closing ledger with nothing left to write needs no new segment.
+        return not (
+            self._close_cas or self.closed is not None or (self.closing and not self._pending)
+        )
 
     def _on_writable_bookies(self, bookie_ids: Sequence[str]) -> None:
         change = self._change
@@ -370,7 +386,7 @@ class LedgerWriter:
             self._break(ApiCodes.NOT_ENOUGH_BOOKIES, detail)
         else:
             # Delayed write failure: the adds still reach their ack quorum; try again later.
-            self._change_retry_at_ms = self._now_ms + self.ensemble_change_retry_ms
+            self._change_due_ms = self._now_ms + self.ensemble_change_retry_ms
 
     def _cas_change(self, change: _EnsembleChange) -> None:
         assert change.proposed is not None
@@ -390,7 +406,7 @@ class LedgerWriter:
         """The new segment is stored (or, for a recovery, taken locally): now (and only
         now) send to the replacements."""
         self._change = None
-        self._change_retry_at_ms = 0
+        self._change_due_ms = 0
         if stored:
             self._adopt(metadata)
         else:
@@ -600,14 +616,39 @@ class LedgerWriter:
         self._maybe_write_lac(now_ms)
         self._progress()
 
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time at which `tick` would do anything: the oldest pending add's
+        timeout, a delayed ensemble change, the explicit LAC of an idle writer whose LAC the
+        bookies lack. None when nothing is due, whatever the time. A tick before it does
+        nothing; the driver needs to tick only then."""
+        if self.broken is not None:
+            return None
+        deadlines = []
+        if self._pending:
+            oldest = self._pending[self.lac + 1]
+            deadlines.append(oldest.added_at_ms + self.add_entry_timeout_ms)
+        if self._change_wanted():
+            # A change whose ack quorum is blocked starts without a tick (`_progress`).
+            deadlines.append(self._change_due_ms)
+        if (lac_due := self._lac_due_ms()) is not None:
+            deadlines.append(lac_due)
+        return min(deadlines, default=None)
+
+    def _lac_due_ms(self) -> int | None:
+        """When an explicit LAC is due; None while adds are pending or the bookies have it."""
+        if not self.explicit_lac_interval_ms or self.broken is not None or self.recovery:
+            return None
+        if self.closed is not None:
+            return None  # the close stored the last entry: readers take it from there
+        if self._pending or self.lac <= self._lac_on_bookies:
+            return None
+        return self._last_add_ms + self.explicit_lac_interval_ms
+
     def _maybe_write_lac(self, now_ms: int) -> None:
         """Explicit LAC (BookKeeper's explicitLacInterval): an idle writer tells the bookies
         its LAC, which otherwise only rides on the next add."""
-        if not self.explicit_lac_interval_ms or self.broken is not None or self.recovery:
-            return
-        if self._pending or self.lac <= self._lac_on_bookies:
-            return
-        if now_ms - self._last_add_ms < self.explicit_lac_interval_ms:
+        due = self._lac_due_ms()
+        if due is None or now_ms < due:
             return
         self._lac_on_bookies = self.lac
         for bookie_id in self.metadata.segments[-1].bookies:

@@ -34,7 +34,6 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
         )
         meta = MetadataClient(nc, subjects)
         ledgers = Ledgers(nc, client_settings, meta, bookies, None, GatewayMetrics())
-        ticker = asyncio.create_task(ledgers.run_ticker())
         try:
             created = await ledgers.create(
                 ensemble_size=3,
@@ -65,8 +64,6 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
             held = registry.get_sample_value("quire_gateway_add_sends_held_total")
             sent = registry.get_sample_value("quire_gateway_add_requests_total")
         finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
             await ledgers.stop()
     # Every append is acknowledged, in order, whatever was held and merged.
     assert [(first, last) for first, last, _ in results] == [(i, i) for i in range(TRICKLE + 1)]

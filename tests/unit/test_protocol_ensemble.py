@@ -134,8 +134,8 @@ def test_no_ack_is_confirmed_while_the_ensemble_changes() -> None:
     assert others(w.take_commands())[0] == CompleteAdds(0, 0, 0, 1)
 
 
-def test_delayed_write_failure_completes_first_and_replaces_at_the_next_tick() -> None:
-    w = writer(3, 3, 2)
+def test_delayed_write_failure_completes_first_and_replaces_after_the_delay() -> None:
+    w = writer(3, 3, 2, ensemble_change_delay_ms=10)
     w.add([b"a"], 0)
     w.take_commands()
     w.step(AddSendFailed("b2", (0,), "timeout"), 0)
@@ -143,7 +143,9 @@ def test_delayed_write_failure_completes_first_and_replaces_at_the_next_tick() -
     w.step(ok("b0", 0), 0)
     w.step(ok("b1", 0), 0)
     assert others(w.take_commands()) == [CompleteAdds(0, 0, 0, 1)]
-    w.tick(10)
+    w.tick(9)
+    assert w.take_commands() == []
+    w.tick(10)  # ensemble_change_delay_ms after the failure
     assert w.take_commands() == [ListWritableBookies()]
     # No bookie to spare: keep writing on the degraded ensemble, retry later.
     w.step(WritableBookies(("b0", "b1", "b2")), 0)

@@ -16,6 +16,7 @@ from shared.protocol.messages import (
     FailAdds,
     ListWritableBookies,
     SendAdds,
+    SendWriteLac,
     WritableBookies,
 )
 from shared.protocol.writer import LedgerWriter
@@ -323,3 +324,114 @@ def test_back_pressure_fits(max_pending, pending: int, count: int, fits: bool) -
     if pending:
         w.add([b"p"] * pending, 0)
     assert w.fits(count) is fits
+
+
+# -- writer: deadlines ------------------------------------------------------------------------
+
+
+def _idle(explicit_lac_interval_ms: int = 200) -> LedgerWriter:
+    """Entry 0 added at 100 and acknowledged: the bookies lack LAC 0."""
+    w = writer(explicit_lac_interval_ms=explicit_lac_interval_ms)
+    w.add([b"a"], 100)
+    w.take_commands()
+    w.step(ok("b0", 0), 110)
+    w.step(ok("b1", 0), 110)
+    w.take_commands()
+    return w
+
+
+def _fresh() -> LedgerWriter:
+    return writer(explicit_lac_interval_ms=200)
+
+
+def _pending() -> LedgerWriter:
+    w = writer(timeout_ms=1000)
+    w.add([b"a"], 100)
+    w.take_commands()
+    return w
+
+
+def _lac_sent() -> LedgerWriter:
+    w = _idle()
+    w.tick(300)
+    w.take_commands()
+    return w
+
+
+def _delayed_change() -> LedgerWriter:
+    """b2 failed entry 0 at 120; the ack quorum is still reachable."""
+    w = writer(timeout_ms=1000, ensemble_change_delay_ms=50)
+    w.add([b"a"], 100)
+    w.take_commands()
+    w.step(AddSendFailed("b2", (0,), "timeout"), 120)
+    return w
+
+
+def _change_retry() -> LedgerWriter:
+    """The delayed change found no bookie to spare at 180; entry 0 completed."""
+    w = _delayed_change()
+    w.step(ok("b0", 0), 130)
+    w.step(ok("b1", 0), 130)
+    w.take_commands()
+    w.tick(170)
+    w.take_commands()
+    w.step(WritableBookies(("b0", "b1", "b2")), 180)
+    return w
+
+
+def _change_in_flight() -> LedgerWriter:
+    w = _delayed_change()
+    w.tick(170)
+    w.take_commands()
+    return w
+
+
+def _broken() -> LedgerWriter:
+    w = _pending()
+    w.abort(ApiCodes.UNAVAILABLE, "stopping")
+    w.take_commands()
+    return w
+
+
+def _closing_with_a_failed_bookie() -> LedgerWriter:
+    w = _change_retry()
+    w.start_close()
+    w.take_commands()
+    return w
+
+
+@pytest.mark.parametrize(
+    ("state", "deadline", "due"),
+    [
+        (_fresh, None, None),
+        (_pending, 1100, FailAdds),  # add_entry_timeout_ms after the oldest add
+        (_idle, 300, SendWriteLac),  # explicit_lac_interval_ms after the last add
+        (lambda: _idle(explicit_lac_interval_ms=0), None, None),
+        (_lac_sent, None, None),  # idle and the bookies have its LAC: nothing, ever
+        (_delayed_change, 170, ListWritableBookies),  # the delay, before the timeout at 1100
+        (_change_retry, 1180, ListWritableBookies),  # ensemble_change_retry_ms later
+        (_change_in_flight, 1100, FailAdds),  # only the timeout while the change runs
+        (_broken, None, None),
+        (_closing_with_a_failed_bookie, None, None),  # nothing left to write
+    ],
+)
+def test_next_deadline_and_a_tick_before_it_does_nothing(state, deadline, due) -> None:
+    w = state()
+    assert w.take_commands() == []
+    assert w.next_deadline_ms() == deadline
+    if deadline is None:
+        w.tick(10_000_000)
+        assert w.take_commands() == []
+        return
+
+    def snapshot(w: LedgerWriter) -> tuple:
+        return (w.lac, w.broken, w.pending_count, w.closing, w.ensemble_changes, w._change)
+
+    before = snapshot(w)
+    w.tick(deadline - 1)
+    assert w.take_commands() == []
+    assert snapshot(w) == before and w.next_deadline_ms() == deadline
+    w.tick(deadline)
+    assert due in {type(c) for c in w.take_commands()}
+    moved = w.next_deadline_ms()
+    assert moved is None or moved > deadline
