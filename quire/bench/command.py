@@ -47,6 +47,7 @@ from quire.bench.targets import (
     Target,
 )
 from shared.config import QuireSettings
+from shared.status import ApiCodes
 
 console = Console()
 err_console = Console(stderr=True)
@@ -437,7 +438,8 @@ async def _recoveries(
                     f"recovery of ledger {ledger_id} found last entry "
                     f"{recovered.last_entry_id}, expected {entries - 1}"
                 )
-            writer.writers.pop(ledger_id, None)  # fenced now: the writer is done
+            # Fenced now: the writer is done (an abort also stops its deadline timer).
+            writer.writers.pop(ledger_id).abort(ApiCodes.LEDGER_FENCED, "recovered")
     finally:
         await writer.aclose()
         await recoverer.aclose()

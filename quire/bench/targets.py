@@ -24,12 +24,13 @@ from shared.metaclient import MetadataClient
 from shared.models import LedgerMetadata
 from shared.protocol.driver import ProtocolClient, WriterHandle
 from shared.service import connect_nats
-from shared.status import ApiCodes
+from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
 
 Append = Callable[[Sequence[bytes]], Awaitable[None]]
 PASSWORD = "quire-bench"
 JETSTREAM_READY_TIMEOUT_S = 60.0
+CLOSE_TIMEOUT_S = 5.0  # for each ledger the bench closes at the end
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,20 @@ class InProcessTarget(Target):
         return append
 
     async def aclose(self) -> None:
-        for handle in list(self.writers.values()):
-            await handle.drain(timeout_s=2.0)
-            handle.abort(ApiCodes.UNAVAILABLE, "the bench is stopping")
+        """Close every ledger written here (as a gateway's ClientTarget does), so that a
+        running cluster is not left with the bench's ledgers open; a handle that cannot
+        close in time is aborted."""
+        limit = asyncio.Semaphore(ClientTarget.CLOSE_CONCURRENCY)
+
+        async def close(handle: WriterHandle) -> None:
+            async with limit:
+                try:
+                    await handle.close(CLOSE_TIMEOUT_S)
+                except QuireError:
+                    handle.abort(ApiCodes.UNAVAILABLE, "the bench is stopping")
+                handle.release()
+
+        await asyncio.gather(*(close(handle) for handle in self.writers.values()))
         self.writers.clear()
         if self._nc is not None:
             with contextlib.suppress(Exception):
