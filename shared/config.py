@@ -160,8 +160,9 @@ class GatewaySettings(BaseModel):
     max_requests_in_flight_per_client: int = Field(default=1024, ge=1)
     # Adds in flight per ledger before appends wait (back-pressure).
     max_pending_adds_per_ledger: int = Field(default=10_000, ge=1)
-    # Add requests a writer keeps unanswered per bookie; adds queued meanwhile go out
-    # together in one request when an answer comes (batches form as load grows).
+    # Add requests unanswered per bookie, per writer and for the whole client (every
+    # ledger's sends merged); what comes meanwhile goes out together when an answer comes
+    # (batches form as load grows).
     max_add_requests_per_bookie: int = Field(
         default=DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE, ge=1, le=1024
     )

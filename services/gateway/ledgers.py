@@ -158,8 +158,11 @@ class Ledgers(ProtocolObserver):
         self.metrics.adds.labels("failed").inc(count)
 
     def add_requests(self, sent: int, held: int) -> None:
-        self.metrics.add_requests.inc(sent)
+        self.metrics.add_sends.inc(sent)
         self.metrics.add_sends_held.inc(held)
+
+    def bookie_add_batch(self, sends: int) -> None:
+        self.metrics.add_requests.inc()
 
     def pending_adds_changed(self, delta: int) -> None:
         self.metrics.pending_adds.inc(delta)
@@ -178,6 +181,7 @@ class Ledgers(ProtocolObserver):
         for handle in handles:
             handle.abort(ApiCodes.UNAVAILABLE, "the gateway is shutting down")
         self.writers.clear()
+        self.client.adds.close()
         self.flush_ack_events()
 
     # -- metadata -----------------------------------------------------------------------------

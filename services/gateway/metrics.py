@@ -52,7 +52,14 @@ class GatewayMetrics:
         )
         self.add_requests = Counter(
             "quire_gateway_add_requests",
-            "Add requests sent to bookies (entries per request = adds x Qw / this)",
+            "Add requests sent to bookies, each carrying the sends of one or more ledgers "
+            "(entries per request = adds x Qw / this)",
+            registry=self.registry,
+        )
+        self.add_sends = Counter(
+            "quire_gateway_add_sends",
+            "Sends of one ledger's entries to one bookie (merged into add requests: "
+            "sends per request = this / quire_gateway_add_requests)",
             registry=self.registry,
         )
         self.add_sends_held = Counter(

@@ -25,6 +25,7 @@ from shared.digest import DigestManager, master_key
 from shared.metaclient import MetadataError
 from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
 from shared.protocol.ensemble import choose_ensemble
+from shared.protocol.flow import merge_sends, send_size, split_add_reply
 from shared.protocol.messages import (
     AddSendFailed,
     BookieAddReply,
@@ -93,6 +94,9 @@ class ProtocolObserver:
 
     def add_requests(self, sent: int, held: int) -> None:
         """A writer sent `sent` more add requests and held back `held` more sends."""
+
+    def bookie_add_batch(self, sends: int) -> None:
+        """One add request went to a bookie carrying `sends` writers' sends."""
 
     def pending_adds_changed(self, delta: int) -> None:
         """A writer's pending adds grew (or shrank, negative) by `delta`."""
@@ -384,6 +388,98 @@ class WriterHandle:
         self._cancel_timer()
 
 
+class BookieAddBatcher:
+    """The adds of every writer of a client to one bookie, as few requests as the load
+    allows (BookKeeper's per-bookie channel, shared by all the client's ledgers): at most
+    `max_requests_per_bookie` add requests unanswered per bookie; sends that come meanwhile
+    wait and go out merged, up to `max_send_bytes` a request, when one is answered. With
+    thousands of ledgers each adding a trickle, a bookie then gets a few large requests
+    instead of one per ledger (the per-message cost in the client, NATS and each journal
+    is what a many-ledger load runs out of first). An idle bookie gets a send at once."""
+
+    def __init__(
+        self, bookies: BookieTransport, observer: ProtocolObserver, max_requests_per_bookie: int
+    ) -> None:
+        assert max_requests_per_bookie >= 1
+        self._bookies = bookies
+        self._observer = observer
+        self.max_requests_per_bookie = max_requests_per_bookie
+        self._in_flight: dict[str, int] = {}
+        self._queued: dict[str, deque[tuple[SendAdds, asyncio.Future]]] = {}
+        self._batches: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def send(self, command: SendAdds) -> BookieAddReply | AddSendFailed:
+        """The bookie's answer to this send (exactly one, as the writer's flow control
+        expects), whatever it was merged with."""
+        if self._closed:
+            return AddSendFailed(command.bookie_id, command.entry_ids, "the client is closed")
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        bookie_id = command.bookie_id
+        self._queued.setdefault(bookie_id, deque()).append((command, future))
+        if self._in_flight.get(bookie_id, 0) < self.max_requests_per_bookie:
+            self._flush(bookie_id)
+        return await future
+
+    def _flush(self, bookie_id: str) -> None:
+        """Send what waits for the bookie (a waiter that gave up is dropped), as one
+        request of at most max_send_bytes (a larger send goes alone)."""
+        if self._closed:
+            return
+        queued = self._queued.get(bookie_id)
+        batch: list[tuple[SendAdds, asyncio.Future]] = []
+        size, limit = 0, self._bookies.max_send_bytes
+        while queued:
+            command, future = queued[0]
+            if future.done():
+                queued.popleft()
+                continue
+            command_size = send_size(command)
+            if batch and size + command_size > limit:
+                break
+            queued.popleft()
+            batch.append((command, future))
+            size += command_size
+        if not queued:
+            self._queued.pop(bookie_id, None)
+        if not batch:
+            return
+        self._in_flight[bookie_id] = self._in_flight.get(bookie_id, 0) + 1
+        task = asyncio.create_task(self._send_batch(bookie_id, batch))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _send_batch(
+        self, bookie_id: str, batch: list[tuple[SendAdds, asyncio.Future]]
+    ) -> None:
+        commands = [command for command, _ in batch]
+        self._observer.bookie_add_batch(len(commands))
+        replies: Sequence[BookieAddReply | AddSendFailed]
+        try:
+            status, results = await self._bookies.add(bookie_id, merge_sends(commands))
+            replies = split_add_reply(commands, status, results)
+        except BookieUnreachable as exc:
+            replies = [AddSendFailed(bookie_id, c.entry_ids, str(exc)) for c in commands]
+        finally:
+            self._in_flight[bookie_id] -= 1
+            if self._queued.get(bookie_id):
+                self._flush(bookie_id)
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if not future.done():
+                future.set_result(reply)
+
+    def close(self) -> None:
+        """Send nothing more: the requests in flight are cancelled, and so are the sends
+        that wait (their writers are going away with the client)."""
+        self._closed = True
+        for task in self._batches:
+            task.cancel()
+        for queued in self._queued.values():
+            for _, future in queued:
+                future.cancel()
+        self._queued.clear()
+
+
 class ProtocolClient:
     """A BookKeeper client over the transports: creates ledgers (and their writer
     handles), recovers, reads entries and LACs. `settings` bounds and times it all (the
@@ -407,6 +503,7 @@ class ProtocolClient:
         self.rng = rng or random.Random(os.urandom(16))
         self.clock = clock
         self.wall_clock = wall_clock
+        self.adds = BookieAddBatcher(bookies, self.observer, settings.max_add_requests_per_bookie)
 
     # -- metadata -----------------------------------------------------------------------------
 
@@ -486,11 +583,8 @@ class ProtocolClient:
     # -- bookie requests as core events -------------------------------------------------------
 
     async def send_adds(self, command: SendAdds) -> BookieAddReply | AddSendFailed:
-        try:
-            status, results = await self.bookies.add(command.bookie_id, list(command.items))
-            return BookieAddReply(command.bookie_id, command.entry_ids, status, tuple(results))
-        except BookieUnreachable as exc:
-            return AddSendFailed(command.bookie_id, command.entry_ids, str(exc))
+        """One writer's send, merged with other writers' sends to the same bookie."""
+        return await self.adds.send(command)
 
     async def send_reads(self, command: SendReads) -> BookieReadReply | ReadSendFailed:
         try:

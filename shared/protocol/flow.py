@@ -10,14 +10,21 @@ three journals) saturated the machine at half the entries/s that batches reach; 
 go out together, so batches form by themselves as load grows, with no added wait when a
 bookie is idle. The writer's add timeouts run meanwhile; a broken writer drops what was
 held (`clear`): its adds have failed.
+
+The same holds across writers: a client with thousands of ledgers, each adding a trickle,
+would send each ledger's adds to a bookie as a request of its own. `merge_sends` and
+`split_add_reply` let a driver send the sends of many writers to one bookie as one
+request and give each writer its own answer (BookKeeper's per-bookie channel, which
+pipelines the adds of every ledger of a client).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from shared.protocol.messages import SendAdds
-from shared.wire import AddItem
+from shared.protocol.messages import BookieAddReply, SendAdds
+from shared.status import BookieStatus
+from shared.wire import AddItem, AddResult
 
 # Bounds on what one SendAdds carries.
 MAX_ITEMS_PER_SEND = 4096
@@ -103,3 +110,37 @@ def chunk_adds(bookie_id: str, queued: Queued, max_send_bytes: int) -> Iterable[
 
 def _send(bookie_id: str, queued: Queued) -> SendAdds:
     return SendAdds(bookie_id, tuple(e for e, _ in queued), tuple(i for _, i in queued))
+
+
+# -- one request for the adds of many writers ---------------------------------------------
+
+
+def send_size(command: SendAdds) -> int:
+    """The bytes `chunk_adds` counts for a send."""
+    return sum(len(item.frame) + 32 for item in command.items)
+
+
+def merge_sends(commands: Sequence[SendAdds]) -> list[AddItem]:
+    """The items of several writers' sends to one bookie, as one add request, in order."""
+    return [item for command in commands for item in command.items]
+
+
+def split_add_reply(
+    commands: Sequence[SendAdds], status: BookieStatus, results: Sequence[AddResult]
+) -> list[BookieAddReply]:
+    """One merged request's answer as each send's own answer. A bookie answers one result
+    per item, in order; an answer that does not (a refusal of the whole request, or one
+    that breaks that rule) gives each send no results, which its writer counts as that
+    bookie's failure for each of its entries."""
+    total = sum(len(command.items) for command in commands)
+    if status is not BookieStatus.OK or len(results) != total:
+        failed = status if status is not BookieStatus.OK else BookieStatus.IO_ERROR
+        return [BookieAddReply(c.bookie_id, c.entry_ids, failed, ()) for c in commands]
+    replies, start = [], 0
+    for command in commands:
+        end = start + len(command.items)
+        replies.append(
+            BookieAddReply(command.bookie_id, command.entry_ids, status, tuple(results[start:end]))
+        )
+        start = end
+    return replies

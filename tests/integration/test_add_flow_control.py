@@ -1,7 +1,8 @@
 """Add flow control per bookie (gateway.max_add_requests_per_bookie), through the gateway's
 Ledgers (in this process, over the protocol library's driver) against a real stack: while a
 bookie has its limit of add requests unanswered, the adds for it are held and then go out
-merged, so a trickle of appends becomes batches; the gateway's metrics count both."""
+merged, so a trickle of appends becomes batches, within one ledger and across ledgers; the
+gateway's metrics count both."""
 
 from __future__ import annotations
 
@@ -77,3 +78,62 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
     else:
         assert len(requests) > TRICKLE // 2, len(requests)
         assert held == 0
+
+
+LEDGERS = 60
+
+
+async def test_the_sends_of_many_ledgers_to_a_bookie_go_out_merged(
+    settings, fresh_database_url, nc
+) -> None:
+    """One append to each of many ledgers at once: each ledger's writer sends its own add to
+    each bookie, and the gateway merges them into a few requests per bookie (at most
+    max_add_requests_per_bookie unanswered), each writer still getting its own answer."""
+    async with running_stack(settings, fresh_database_url) as stack:
+        client_settings = gateway_settings(stack.settings, max_add_requests_per_bookie=2)
+        subjects = Subjects(client_settings.subject_prefix)
+        bookies = BookieClient(
+            nc,
+            subjects,
+            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
+            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
+        )
+        ledgers = Ledgers(nc, client_settings, MetadataClient(nc, subjects), bookies, None,
+                          GatewayMetrics())  # fmt: skip
+        try:
+            created = [
+                await ledgers.create(
+                    ensemble_size=3,
+                    write_quorum=3,
+                    ack_quorum=3,
+                    digest="crc32c",
+                    password=b"pw",
+                    metadata={},
+                )
+                for _ in range(LEDGERS)
+            ]
+            requests: list[bytes] = []
+
+            async def count(msg) -> None:
+                requests.append(msg.data)
+
+            sub = await nc.subscribe(subjects.bookie("bookie-1", "add"), cb=count)
+            await nc.flush()
+            appends = [
+                ledgers.writers[c.ledger_id].append([b"to %d" % c.ledger_id]) for c in created
+            ]
+            results = await asyncio.wait_for(asyncio.gather(*appends), 30)
+            await nc.flush()
+            await sub.unsubscribe()
+            registry = ledgers.metrics.registry
+            sends = registry.get_sample_value("quire_gateway_add_sends_total")
+            sent = registry.get_sample_value("quire_gateway_add_requests_total")
+            read_back = [await ledgers.read_entry(c.ledger_id, b"pw", 0) for c in created]
+        finally:
+            await ledgers.stop()
+    assert [first for first, _, _ in results] == [0] * LEDGERS
+    assert [payload for payload, _ in read_back] == [b"to %d" % c.ledger_id for c in created]
+    # Every ledger of 3 bookies sent one add to each: 3 x LEDGERS sends, in a few requests.
+    assert sends == 3 * LEDGERS
+    assert len(requests) <= 6, len(requests)
+    assert sent <= 3 * 6

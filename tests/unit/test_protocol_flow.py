@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from shared.protocol.flow import MAX_ITEMS_PER_SEND, AddFlowControl, chunk_adds
-from shared.wire import AddItem
+from shared.protocol.flow import (
+    MAX_ITEMS_PER_SEND,
+    AddFlowControl,
+    chunk_adds,
+    merge_sends,
+    split_add_reply,
+)
+from shared.protocol.messages import SendAdds
+from shared.status import BookieStatus
+from shared.wire import AddItem, AddResult
 
 KEY = bytes(20)
 
@@ -88,3 +96,51 @@ def test_chunk_adds_bounds_each_send(
     sends = list(chunk_adds("b1", queued(*range(count), size=size), max_send_bytes))
     assert [len(s.entry_ids) for s in sends] == expected_lengths
     assert [e for s in sends for e in s.entry_ids] == list(range(count))
+
+
+# -- merging the sends of many writers into one request -----------------------------------
+
+
+def send_of(bookie_id: str, ledger_id: int, *entry_ids: int):
+    items = tuple(AddItem(0, KEY, b"%d/%d" % (ledger_id, e)) for e in entry_ids)
+    return SendAdds(bookie_id, entry_ids, items)
+
+
+def test_merged_sends_are_answered_each_with_its_own_results_in_order() -> None:
+
+    sends = [send_of("b1", 7, 0, 1), send_of("b1", 8, 5), send_of("b1", 7, 2)]
+    items = merge_sends(sends)
+    assert [i.frame for i in items] == [b"7/0", b"7/1", b"8/5", b"7/2"]
+    results = [
+        AddResult(7, 0, BookieStatus.OK),
+        AddResult(7, 1, BookieStatus.FENCED),
+        AddResult(8, 5, BookieStatus.OK),
+        AddResult(7, 2, BookieStatus.OK),
+    ]
+    replies = split_add_reply(sends, BookieStatus.OK, results)
+    assert [r.entry_ids for r in replies] == [(0, 1), (5,), (2,)]
+    assert [r.results for r in replies] == [tuple(results[:2]), (results[2],), (results[3],)]
+    assert {r.status for r in replies} == {BookieStatus.OK}
+
+
+@pytest.mark.parametrize(
+    "status, results, expected",
+    [
+        # A refusal of the whole request: each send gets the refusal.
+        ("READ_ONLY", 0, "READ_ONLY"),
+        # A reply that breaks one-result-per-item: nothing in it is trusted.
+        ("OK", 2, "IO_ERROR"),
+        ("OK", 4, "IO_ERROR"),
+    ],
+)
+def test_a_merged_reply_that_cannot_be_split_fails_every_send(
+    status: str, results: int, expected: str
+) -> None:
+
+    sends = [send_of("b1", 7, 0, 1), send_of("b1", 8, 5)]
+    answer = [AddResult(7, e, BookieStatus.OK) for e in range(results)]
+    replies = split_add_reply(sends, BookieStatus[status], answer)
+    assert [(r.entry_ids, r.status, r.results) for r in replies] == [
+        ((0, 1), BookieStatus[expected], ()),
+        ((5,), BookieStatus[expected], ()),
+    ]
