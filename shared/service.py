@@ -32,6 +32,7 @@ from shared import __version__
 from shared.aio import cancel_all
 from shared.config import QuireSettings, load_settings
 from shared.events import EventPublisher, ensure_event_stream
+from shared.gc_tuning import tune_gc
 from shared.logs import setup_logging
 from shared.subjects import Subjects
 from shared.telemetry import setup_tracing
@@ -240,6 +241,7 @@ def run_service(
         await rt.start()
         try:
             await main(rt)
+            tune_gc()
             log.info("started", extra={"pid": os.getpid()})
             await rt.wait_stopped()
         finally:

@@ -47,6 +47,7 @@ from quire.bench.targets import (
     Target,
 )
 from shared.config import QuireSettings
+from shared.gc_tuning import tune_gc
 from shared.status import ApiCodes
 
 console = Console()
@@ -219,6 +220,7 @@ async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
 
 
 def _run(coro):
+    tune_gc()  # the in-process client holds every ledger's writer (shared/gc_tuning.py)
     try:
         import uvloop
 

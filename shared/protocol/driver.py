@@ -67,6 +67,8 @@ TICK_INTERVAL_S = 0.05
 SALT_BYTES = 16
 
 Clock = Callable[[], int]
+AddReply = BookieAddReply | AddSendFailed
+OnAddReply = Callable[[AddReply], None]
 
 
 def monotonic_ms() -> int:
@@ -175,6 +177,7 @@ class WriterHandle:
         self._client = client
         self._requests: deque[_AppendRequest] = deque()
         self._sends: set[asyncio.Task[None]] = set()
+        self._sends_out = 0  # SendAdds given to the batcher and not yet answered
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed: asyncio.Future[LedgerMetadata] | None = None
         self._pump_scheduled = False
@@ -219,7 +222,8 @@ class WriterHandle:
         for command in self.core.take_commands():
             match command:
                 case SendAdds():
-                    self._spawn(self._send(command))
+                    self._sends_out += 1
+                    self._client.adds.submit(command, self._on_add_reply)
                 case CompleteAdds():
                     self._complete(command)
                 case FailAdds():
@@ -303,10 +307,11 @@ class WriterHandle:
         except BookieUnreachable as exc:  # the next add carries the LAC anyway
             log.debug("explicit LAC not written", extra={"err": str(exc)})
 
-    async def _send(self, command: SendAdds) -> None:
+    def _on_add_reply(self, reply: AddReply) -> None:
         # Exactly one answer per SendAdds (the core's flow control counts on it); a
         # replaced bookie's late answer is harmless: the core maps answers by bookie.
-        self.core.step(await self._client.send_adds(command), self._client.clock())
+        self._sends_out -= 1
+        self.core.step(reply, self._client.clock())
         self._schedule_pump()
 
     async def close(self, timeout_s: float) -> LedgerMetadata:
@@ -354,8 +359,10 @@ class WriterHandle:
 
     @property
     def quiet(self) -> bool:
-        """Holds no timer, no task and no append: costs nothing but its memory."""
-        return self._timer is None and not self._sends and not self._requests
+        """Holds no timer, no task, no send and no append: costs nothing but its memory."""
+        return (
+            self._timer is None and not self._sends and not self._sends_out and not self._requests
+        )
 
     @property
     def has_requests(self) -> bool:
@@ -395,7 +402,11 @@ class BookieAddBatcher:
     wait and go out merged, up to `max_send_bytes` a request, when one is answered. With
     thousands of ledgers each adding a trickle, a bookie then gets a few large requests
     instead of one per ledger (the per-message cost in the client, NATS and each journal
-    is what a many-ledger load runs out of first). An idle bookie gets a send at once."""
+    is what a many-ledger load runs out of first). An idle bookie gets a send at once.
+
+    A send is answered through its callback, exactly once (the writer's flow control
+    counts on it): no task and no future per send, which with one entry per send were
+    most of the client's cost per entry."""
 
     def __init__(
         self, bookies: BookieTransport, observer: ProtocolObserver, max_requests_per_bookie: int
@@ -405,40 +416,44 @@ class BookieAddBatcher:
         self._observer = observer
         self.max_requests_per_bookie = max_requests_per_bookie
         self._in_flight: dict[str, int] = {}
-        self._queued: dict[str, deque[tuple[SendAdds, asyncio.Future]]] = {}
+        self._queued: dict[str, deque[tuple[SendAdds, OnAddReply]]] = {}
         self._batches: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    async def send(self, command: SendAdds) -> BookieAddReply | AddSendFailed:
-        """The bookie's answer to this send (exactly one, as the writer's flow control
-        expects), whatever it was merged with."""
+    def submit(self, command: SendAdds, on_reply: OnAddReply) -> None:
+        """Send `command` (now, or merged with others once the bookie answers); its answer
+        goes to `on_reply`, never from inside this call."""
         if self._closed:
-            return AddSendFailed(command.bookie_id, command.entry_ids, "the client is closed")
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+            failed = AddSendFailed(command.bookie_id, command.entry_ids, "the client is closed")
+            asyncio.get_running_loop().call_soon(on_reply, failed)
+            return
         bookie_id = command.bookie_id
-        self._queued.setdefault(bookie_id, deque()).append((command, future))
+        self._queued.setdefault(bookie_id, deque()).append((command, on_reply))
         if self._in_flight.get(bookie_id, 0) < self.max_requests_per_bookie:
             self._flush(bookie_id)
+
+    async def send(self, command: SendAdds) -> AddReply:
+        """`submit` for a caller that awaits the answer (a recovery's driver)."""
+        future: asyncio.Future[AddReply] = asyncio.get_running_loop().create_future()
+
+        def answered(reply: AddReply) -> None:
+            if not future.done():
+                future.set_result(reply)
+
+        self.submit(command, answered)
         return await future
 
     def _flush(self, bookie_id: str) -> None:
-        """Send what waits for the bookie (a waiter that gave up is dropped), as one
-        request of at most max_send_bytes (a larger send goes alone)."""
-        if self._closed:
-            return
+        """Send what waits for the bookie as one request of at most max_send_bytes (a
+        larger send goes alone)."""
         queued = self._queued.get(bookie_id)
-        batch: list[tuple[SendAdds, asyncio.Future]] = []
+        batch: list[tuple[SendAdds, OnAddReply]] = []
         size, limit = 0, self._bookies.max_send_bytes
         while queued:
-            command, future = queued[0]
-            if future.done():
-                queued.popleft()
-                continue
-            command_size = send_size(command)
+            command_size = send_size(queued[0][0])
             if batch and size + command_size > limit:
                 break
-            queued.popleft()
-            batch.append((command, future))
+            batch.append(queued.popleft())
             size += command_size
         if not queued:
             self._queued.pop(bookie_id, None)
@@ -449,34 +464,35 @@ class BookieAddBatcher:
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
 
-    async def _send_batch(
-        self, bookie_id: str, batch: list[tuple[SendAdds, asyncio.Future]]
-    ) -> None:
+    async def _send_batch(self, bookie_id: str, batch: list[tuple[SendAdds, OnAddReply]]) -> None:
         commands = [command for command, _ in batch]
         self._observer.bookie_add_batch(len(commands))
-        replies: Sequence[BookieAddReply | AddSendFailed]
+        replies: Sequence[AddReply] = ()
         try:
             status, results = await self._bookies.add(bookie_id, merge_sends(commands))
             replies = split_add_reply(commands, status, results)
         except BookieUnreachable as exc:
             replies = [AddSendFailed(bookie_id, c.entry_ids, str(exc)) for c in commands]
         finally:
+            if not replies:  # cancelled (the client is closing): still one answer each
+                replies = [AddSendFailed(bookie_id, c.entry_ids, "cancelled") for c in commands]
             self._in_flight[bookie_id] -= 1
-            if self._queued.get(bookie_id):
+            if self._queued.get(bookie_id) and not self._closed:
                 self._flush(bookie_id)
-        for (_, future), reply in zip(batch, replies, strict=True):
-            if not future.done():
-                future.set_result(reply)
+            for (_, on_reply), reply in zip(batch, replies, strict=True):
+                on_reply(reply)
 
     def close(self) -> None:
-        """Send nothing more: the requests in flight are cancelled, and so are the sends
-        that wait (their writers are going away with the client)."""
+        """Send nothing more: the requests in flight are cancelled, and every send still
+        waiting is answered as failed."""
         self._closed = True
         for task in self._batches:
             task.cancel()
-        for queued in self._queued.values():
-            for _, future in queued:
-                future.cancel()
+        loop = asyncio.get_running_loop()
+        for bookie_id, queued in self._queued.items():
+            for command, on_reply in queued:
+                failed = AddSendFailed(bookie_id, command.entry_ids, "the client is closed")
+                loop.call_soon(on_reply, failed)
         self._queued.clear()
 
 
@@ -582,7 +598,7 @@ class ProtocolClient:
 
     # -- bookie requests as core events -------------------------------------------------------
 
-    async def send_adds(self, command: SendAdds) -> BookieAddReply | AddSendFailed:
+    async def send_adds(self, command: SendAdds) -> AddReply:
         """One writer's send, merged with other writers' sends to the same bookie."""
         return await self.adds.send(command)
 
