@@ -140,7 +140,8 @@ class WriterClient(Client):
         if deadline is None or now < deadline:
             self.core.tick(now)
             self.world.check(
-                not self.core.take_commands(), "a writer's tick before its deadline does nothing"
+                not self.core.take_commands(),
+                f"{self.name}: a writer's tick before its deadline does nothing",
             )
         self._schedule_deadline()
 
@@ -164,7 +165,7 @@ class WriterClient(Client):
         deadline = self.core.next_deadline_ms()
         self.world.check(
             deadline is None or deadline > self.world.now_ms,
-            "a writer's tick at its deadline does what is due",
+            f"{self.name}: a writer's tick at its deadline does what is due",
         )
         self.run()
 
@@ -188,7 +189,7 @@ class WriterClient(Client):
                     self.world.log(f"{self.name} closed at {command.metadata.last_entry_id}")
                     self.world.check(
                         command.metadata.last_entry_id == self.core.lac,
-                        "a writer's close is at its LAC",
+                        f"{self.name}: a writer's close is at its LAC",
                     )
                 case CloseFailed():
                     self.world.log(f"{self.name} close failed: {command.api.code}")
