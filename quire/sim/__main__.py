@@ -1,7 +1,8 @@
-"""`python -m quire.sim --seeds N [--seed S] [--steps K] [--log]`.
+"""`python -m quire.sim --seeds N [--seed S] [--ledgers L] [--steps K] [--log]`.
 
 Runs N seeds (from S, default 0) and ends with the line `N seeds, F failures`; every
-failure prints its seed, what broke and the command that replays it. `--seed S` alone
+failure prints its seed, what broke and the command that replays it. Each seed runs L
+ledgers at once (default 3) over the same bookies. `--seed S` alone
 runs that one seed; `--log` prints its event log (byte-identical on every run);
 `--scenario NAME` prints the transcript of a scripted scenario (quire.sim.scenarios)."""
 
@@ -11,7 +12,7 @@ import argparse
 import sys
 
 from quire.sim.broken import BROKEN
-from quire.sim.run import replay_command, run_config, run_seed, run_seeds
+from quire.sim.run import SEED_LEDGERS, replay_command, run_config, run_seed, run_seeds
 from quire.sim.scenarios import SCENARIOS
 
 
@@ -19,6 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m quire.sim", description=__doc__)
     parser.add_argument("--seeds", type=int, default=None, help="how many seeds to run")
     parser.add_argument("--seed", type=int, default=0, help="the first (or only) seed")
+    parser.add_argument(
+        "--ledgers",
+        type=int,
+        default=SEED_LEDGERS,
+        help=f"ledgers each seed runs at once (default {SEED_LEDGERS})",
+    )
     parser.add_argument("--steps", type=int, default=None, help="cap on events per run")
     parser.add_argument("--log", action="store_true", help="print the event log of --seed")
     parser.add_argument("--scenario", default=None, help="print a scenario's transcript")
@@ -34,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         scenario = run_config(SCENARIOS[args.scenario])
         sys.stdout.write(scenario.log)
         return 0 if scenario.ok else 1
+    if args.ledgers < 1:
+        parser.error("--ledgers must be at least 1")
     overrides = dict(BROKEN[args.broken]) if args.broken else {}
+    overrides["ledgers"] = args.ledgers
     if args.steps:
         overrides["max_events"] = args.steps
     if args.seeds is None:
@@ -48,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(result) -> None:
         print(f"seed {result.seed} FAILED: {result.error}", flush=True)
-        print(f"  replay: {replay_command(result.seed, args.broken)}", flush=True)
+        print(f"  replay: {replay_command(result.seed, args.broken, args.ledgers)}", flush=True)
 
     seeds = range(args.seed, args.seed + args.seeds)
     count, failures, seconds = run_seeds(seeds, on_failure=report, **overrides)

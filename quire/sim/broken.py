@@ -5,6 +5,7 @@ one is untouched."""
 from __future__ import annotations
 
 from quire.sim.model import Faults
+from shared.bookie.journal_format import EntryRecord, LacRecord, Record
 from shared.bookie.rules import BookieLedgerState
 from shared.protocol.recovery import LedgerRecovery, RecoveryPhase
 from shared.protocol.writer import LedgerWriter
@@ -60,6 +61,18 @@ class FenceBlindLedgerState(BookieLedgerState):
         return super().check_add(ledger_id, master_key, flags | FLAG_RECOVERY_ADD)
 
 
+class SharedLacLedgerState(BookieLedgerState):
+    """Keeps its LACs as if the bookie had one, not one per ledger: an add's or a write_lac's
+    LAC raises every ledger's. Harmless with one ledger; only a world of several catches it
+    (a reader, or a recovery's fence, learns another ledger's LAC)."""
+
+    def apply(self, record: Record) -> None:
+        super().apply(record)
+        if isinstance(record, EntryRecord | LacRecord):
+            for facts in self._ledgers.values():
+                facts.lac = max(facts.lac, record.lac)
+
+
 # Name -> the run overrides that break one rule (`python -m quire.sim --break NAME`).
 BROKEN: dict[str, dict] = {
     "early-ack": {
@@ -71,6 +84,7 @@ BROKEN: dict[str, dict] = {
     "late-deadline": {"writer_class": LateDeadlineWriter},
     "no-fence": {"recovery_class": UnfencedRecovery},
     "add-after-fence": {"bookie_state_class": FenceBlindLedgerState},
+    "shared-lac": {"bookie_state_class": SharedLacLedgerState},
     "unknown-absent": {
         "recovery_class": UnknownIsAbsentRecovery,
         "recoveries": 3,

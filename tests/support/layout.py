@@ -22,4 +22,8 @@ CORES = [
     "shared/protocol/recovery.py",
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/core.py")),
     "quire/sim/model.py",
+    "quire/sim/bookie.py",
+    "quire/sim/metadata.py",
+    "quire/sim/clients.py",
+    "quire/sim/ledger.py",
 ]
