@@ -98,17 +98,13 @@ class BookieClient:
         except wire.WireError as exc:
             raise BookieUnreachable(f"fence reply from {bookie_id}: {exc}") from exc
 
-    async def write_lac(
-        self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int
-    ) -> BookieStatus:
+    async def write_lac(self, bookie_id: str, items: list[wire.WriteLacItem]) -> list[BookieStatus]:
+        """Explicit LACs of one or more ledgers: one status each."""
         data = await self._request(
-            bookie_id,
-            "write_lac",
-            wire.encode_write_lac_request(ledger_id, master_key, lac),
-            self._add_timeout_s,
+            bookie_id, "write_lac", wire.encode_write_lac_request(items), self._add_timeout_s
         )
         try:
-            return wire.decode_status_reply(data)
+            return wire.decode_write_lac_reply(data, len(items))
         except wire.WireError as exc:
             raise BookieUnreachable(f"write_lac reply from {bookie_id}: {exc}") from exc
 

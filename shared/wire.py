@@ -15,13 +15,14 @@ message starts with a version byte; every reply then carries a batch status
     read_lac reply  v u8 | status u16 | lac i64 | last_entry i64
     fence request   v u8 | ledger u64 | master_key 20s
     fence reply     v u8 | status u16 | lac i64 | last_entry i64
-    write_lac req   v u8 | ledger u64 | master_key 20s | lac i64
-    write_lac reply v u8 | status u16
+    write_lac req   v u8 | n x (ledger u64 | master_key 20s | lac i64)      (n >= 1)
+    write_lac reply v u8 | n x status u16   (or one status: the whole request refused)
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.digest import MASTER_KEY_SIZE, DigestType
@@ -62,8 +63,8 @@ _READ_RESULT = struct.Struct(">QqHI")
 _LEDGER = struct.Struct(">BQ")
 _LAC_REPLY = struct.Struct(">BHqq")
 _FENCE_REQ = struct.Struct(f">BQ{MASTER_KEY_SIZE}s")
-_WRITE_LAC_REQ = struct.Struct(f">BQ{MASTER_KEY_SIZE}sq")
-_STATUS_REPLY = struct.Struct(">BH")
+_WRITE_LAC_ITEM = struct.Struct(f">Q{MASTER_KEY_SIZE}sq")
+_STATUS = struct.Struct(">H")
 
 
 class WireError(ValueError):
@@ -265,24 +266,35 @@ def decode_fence_request(data: bytes) -> tuple[int, bytes]:
     return ledger_id, key
 
 
-def encode_write_lac_request(ledger_id: int, master_key: bytes, lac: int) -> bytes:
-    return _WRITE_LAC_REQ.pack(VERSION, ledger_id, master_key, lac)
+WriteLacItem = tuple[int, bytes, int]  # ledger id, master key, LAC
 
 
-def decode_write_lac_request(data: bytes) -> tuple[int, bytes, int]:
+def encode_write_lac_request(items: Sequence[WriteLacItem]) -> bytes:
+    """Explicit LACs of one or more ledgers for one bookie (one item is the classic
+    write_lac)."""
+    if not items:
+        raise ValueError("a write_lac request carries at least one item")
+    return bytes([VERSION]) + b"".join(_WRITE_LAC_ITEM.pack(*item) for item in items)
+
+
+def decode_write_lac_request(data: bytes) -> list[WriteLacItem]:
     _check_version(data)
-    if len(data) != _WRITE_LAC_REQ.size:
+    size = len(data) - 1
+    if size < _WRITE_LAC_ITEM.size or size % _WRITE_LAC_ITEM.size:
         raise WireError("write_lac request has the wrong length")
-    _, ledger_id, key, lac = _WRITE_LAC_REQ.unpack(data)
-    return ledger_id, key, lac
+    return list(_WRITE_LAC_ITEM.iter_unpack(memoryview(data)[1:]))
 
 
-def encode_status_reply(status: BookieStatus) -> bytes:
-    return _STATUS_REPLY.pack(VERSION, status)
+def encode_write_lac_reply(statuses: Sequence[BookieStatus]) -> bytes:
+    return bytes([VERSION]) + b"".join(_STATUS.pack(status) for status in statuses)
 
 
-def decode_status_reply(data: bytes) -> BookieStatus:
+def decode_write_lac_reply(data: bytes, count: int) -> list[BookieStatus]:
+    """The status of each of `count` items; a reply of one status answers them all."""
     _check_version(data)
-    if len(data) != _STATUS_REPLY.size:
-        raise WireError("status reply has the wrong length")
-    return _status(_STATUS_REPLY.unpack(data)[1])
+    size = len(data) - 1
+    if size == _STATUS.size:
+        return [_status(_STATUS.unpack_from(data, 1)[0])] * count
+    if size != count * _STATUS.size:
+        raise WireError("write_lac reply has the wrong length")
+    return [_status(st) for (st,) in _STATUS.iter_unpack(memoryview(data)[1:])]

@@ -127,7 +127,7 @@ class InProcessTarget(Target):
         await asyncio.gather(*(close(handle) for handle in self.writers.values()))
         self.writers.clear()
         if self.client is not None:
-            self.client.adds.close()
+            self.client.close()
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.drain()

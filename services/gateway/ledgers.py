@@ -181,7 +181,7 @@ class Ledgers(ProtocolObserver):
         for handle in handles:
             handle.abort(ApiCodes.UNAVAILABLE, "the gateway is shutting down")
         self.writers.clear()
-        self.client.adds.close()
+        self.client.close()
         self.flush_ack_events()
 
     # -- metadata -----------------------------------------------------------------------------

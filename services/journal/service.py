@@ -3,7 +3,7 @@
 Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     add                 batch of entry frames -> per-entry status, answered after fsync
     fence               journal the fenced flag, then answer with the bookie's LAC
-    write_lac           journal an explicit LAC
+    write_lac           journal the explicit LACs of one or more ledgers
     journal.checkpoint  (from the ledgerstore) JSON {"file", "offset"}: move the LastLogMark
     journal.stats       JSON counters (BookKeeper's journal metric names)
 After group commits it publishes `journal.committed` ({"file", "offset"}, core NATS), at
@@ -240,17 +240,35 @@ class JournalService:
             )
 
     async def handle_write_lac(self, request: Request) -> None:
+        """Explicit LACs of one or more ledgers (a client merges those of its ledgers for
+        this bookie into one request): each item checked, the good ones journalled
+        together, one status per item once they are durable."""
         try:
-            ledger_id, master_key, lac = wire.decode_write_lac_request(request.data)
+            items = wire.decode_write_lac_request(request.data)
         except wire.WireError as exc:
             log.warning("bad write_lac request", extra={"err": str(exc)})
-            await request.respond(wire.encode_status_reply(BookieStatus.BAD_REQUEST))
+            await request.respond(wire.encode_write_lac_reply([BookieStatus.BAD_REQUEST]))
             return
-        if lac < -1:
-            await request.respond(wire.encode_status_reply(BookieStatus.BAD_REQUEST))
+        # At most two records an item (the ledger's key first, if it has none).
+        if not self.journal.room_for(2 * len(items)):
+            statuses = [BookieStatus.TOO_MANY_REQUESTS] * len(items)
+            await request.respond(wire.encode_write_lac_reply(statuses))
             return
-        status = await self._journal_meta(ledger_id, master_key, LacRecord(ledger_id, lac))
-        await request.respond(wire.encode_status_reply(status))
+        live = self.journal.live
+        statuses, records = [], []
+        for ledger_id, master_key, lac in items:
+            if lac < -1:
+                statuses.append(BookieStatus.BAD_REQUEST)
+                continue
+            status, facts = meta_records(live, ledger_id, master_key, LacRecord(ledger_id, lac))
+            for record in facts:  # applied at once: the next item of the ledger sees its key
+                live.apply(record)
+            records.extend(facts)
+            statuses.append(status)
+        if records:
+            # room_for checked the whole request: this cannot be refused.
+            await self.journal.submit(records, time.monotonic() * 1000)
+        await request.respond(wire.encode_write_lac_reply(statuses))
 
     async def _journal_meta(
         self, ledger_id: int, master_key: bytes, record: FenceRecord | LacRecord

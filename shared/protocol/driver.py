@@ -233,7 +233,9 @@ class WriterHandle:
                 case ListWritableBookies():
                     self._spawn(self._list_writable())
                 case SendWriteLac():
-                    self._spawn(self._write_lac(command))
+                    self._client.lacs.submit(
+                        command.bookie_id, self.ledger_id, self.core.master_key, command.lac
+                    )
                 case EnsembleChanged():
                     self._client.observer.ensemble_changed(command)
                 case CloseDone():
@@ -298,14 +300,6 @@ class WriterHandle:
             writable = []
         self.core.step(WritableBookies(tuple(writable)), self._client.clock())
         self.pump()
-
-    async def _write_lac(self, command: SendWriteLac) -> None:
-        try:
-            await self._client.bookies.write_lac(
-                command.bookie_id, self.ledger_id, self.core.master_key, command.lac
-            )
-        except BookieUnreachable as exc:  # the next add carries the LAC anyway
-            log.debug("explicit LAC not written", extra={"err": str(exc)})
 
     def _on_add_reply(self, reply: AddReply) -> None:
         # Exactly one answer per SendAdds (the core's flow control counts on it); a
@@ -496,6 +490,61 @@ class BookieAddBatcher:
         self._queued.clear()
 
 
+class BookieLacBatcher:
+    """The explicit LACs (write_lac) of every writer of a client to one bookie, merged: sent
+    at the end of the event-loop turn, or, while a request to that bookie is unanswered,
+    all together when it is answered (a ledger's latest LAC only). Thousands of ledgers
+    that each add about once per explicit_lac_interval_ms would otherwise send one request
+    per ledger and bookie after every add. Fire and forget: a LAC not written reaches the
+    bookies with the ledger's next add anyway."""
+
+    MAX_ITEMS = 4096  # LACs in one request (36 bytes each)
+
+    def __init__(self, bookies: BookieTransport) -> None:
+        self._bookies = bookies
+        self._queued: dict[str, dict[int, tuple[bytes, int]]] = {}  # ledger -> (key, LAC)
+        self._busy: set[str] = set()  # bookies with a request unanswered or a flush due
+        self._requests: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def submit(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
+        if self._closed:
+            return
+        queued = self._queued.setdefault(bookie_id, {})
+        if ledger_id not in queued or queued[ledger_id][1] < lac:
+            queued[ledger_id] = (master_key, lac)
+        if bookie_id not in self._busy:
+            self._busy.add(bookie_id)
+            asyncio.get_running_loop().call_soon(self._flush, bookie_id)
+
+    def _flush(self, bookie_id: str) -> None:
+        queued = self._queued.pop(bookie_id, None)
+        if not queued or self._closed:
+            self._busy.discard(bookie_id)
+            return
+        items = [(ledger_id, key, lac) for ledger_id, (key, lac) in queued.items()]
+        rest = items[self.MAX_ITEMS :]
+        if rest:
+            self._queued[bookie_id] = {ledger_id: (key, lac) for ledger_id, key, lac in rest}
+        task = asyncio.create_task(self._send(bookie_id, items[: self.MAX_ITEMS]))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _send(self, bookie_id: str, items: list[tuple[int, bytes, int]]) -> None:
+        try:
+            await self._bookies.write_lac(bookie_id, items)
+        except BookieUnreachable as exc:  # the next adds carry the LACs anyway
+            log.debug("explicit LACs not written", extra={"err": str(exc), "count": len(items)})
+        finally:
+            self._flush(bookie_id)  # what came meanwhile, or the bookie is free again
+
+    def close(self) -> None:
+        self._closed = True
+        self._queued.clear()
+        for task in self._requests:
+            task.cancel()
+
+
 class ProtocolClient:
     """A BookKeeper client over the transports: creates ledgers (and their writer
     handles), recovers, reads entries and LACs. `settings` bounds and times it all (the
@@ -520,6 +569,12 @@ class ProtocolClient:
         self.clock = clock
         self.wall_clock = wall_clock
         self.adds = BookieAddBatcher(bookies, self.observer, settings.max_add_requests_per_bookie)
+        self.lacs = BookieLacBatcher(bookies)
+
+    def close(self) -> None:
+        """Stop sending: requests in flight are cancelled (the writers are going away)."""
+        self.adds.close()
+        self.lacs.close()
 
     # -- metadata -----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import pytest
 
 from services.gateway.ledgers import Ledgers
 from services.gateway.metrics import GatewayMetrics
+from shared import wire
 from shared.bookie_client import BookieClient
 from shared.metaclient import MetadataClient
 from shared.subjects import Subjects
@@ -137,3 +138,58 @@ async def test_the_sends_of_many_ledgers_to_a_bookie_go_out_merged(
     assert sends == 3 * LEDGERS
     assert len(requests) <= 6, len(requests)
     assert sent <= 3 * 6
+
+
+async def test_the_explicit_lacs_of_many_idle_ledgers_go_out_merged(
+    settings, fresh_database_url, nc
+) -> None:
+    """Ledgers that went idle at the same time each owe their bookies an explicit LAC: the
+    gateway sends them as one write_lac request per bookie, not one per ledger."""
+    async with running_stack(settings, fresh_database_url) as stack:
+        client_settings = gateway_settings(stack.settings, explicit_lac_interval_ms=200)
+        subjects = Subjects(client_settings.subject_prefix)
+        bookies = BookieClient(
+            nc,
+            subjects,
+            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
+            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
+        )
+        ledgers = Ledgers(nc, client_settings, MetadataClient(nc, subjects), bookies, None,
+                          GatewayMetrics())  # fmt: skip
+        requests: list[bytes] = []
+
+        async def count(msg) -> None:
+            requests.append(msg.data)
+
+        try:
+            created = [
+                await ledgers.create(
+                    ensemble_size=3,
+                    write_quorum=3,
+                    ack_quorum=3,
+                    digest="crc32c",
+                    password=b"pw",
+                    metadata={},
+                )
+                for _ in range(LEDGERS)
+            ]
+            sub = await nc.subscribe(subjects.bookie("bookie-1", "write_lac"), cb=count)
+            await nc.flush()
+            # Two entries each: the second carries LAC 0, only an explicit LAC gives LAC 1.
+            await asyncio.gather(
+                *(ledgers.writers[c.ledger_id].append([b"a", b"b"]) for c in created)
+            )
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                lacs = [(await bookies.read_lac("bookie-1", c.ledger_id)).lac for c in created]
+                if lacs == [1] * LEDGERS or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            await nc.flush()
+            await sub.unsubscribe()
+        finally:
+            await ledgers.stop()
+    assert lacs == [1] * LEDGERS  # every ledger's LAC reached the bookie
+    items = sum(len(wire.decode_write_lac_request(data)) for data in requests)
+    assert items >= LEDGERS
+    assert len(requests) <= 6, len(requests)

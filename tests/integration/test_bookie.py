@@ -76,8 +76,12 @@ class Bookie:
         )
 
     async def write_lac(self, ledger_id: int, lac: int, key: bytes = KEY) -> BookieStatus:
-        data = wire.encode_write_lac_request(ledger_id, key, lac)
-        return wire.decode_status_reply(await self.call("write_lac", data))
+        (status,) = await self.write_lacs([(ledger_id, key, lac)])
+        return status
+
+    async def write_lacs(self, items: list[wire.WriteLacItem]) -> list[BookieStatus]:
+        data = wire.encode_write_lac_request(items)
+        return wire.decode_write_lac_reply(await self.call("write_lac", data), len(items))
 
     async def stats(self, kind: str) -> dict:
         return json.loads(await self.call(f"{kind}.stats", b""))
@@ -192,6 +196,32 @@ async def test_explicit_lac(nc, settings) -> None:
         assert (await client.read_lac(12)).lac == 3
 
 
+async def test_explicit_lacs_of_several_ledgers_in_one_request(nc, settings) -> None:
+    """A client merges the explicit LACs of its ledgers for a bookie: each item is checked
+    on its own (key, LAC) and answered in order; the good ones are durable when answered."""
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        assert await client.add([frame(20, e, e - 1) for e in range(3)]) == [BookieStatus.OK] * 3
+        statuses = await client.write_lacs(
+            [
+                (20, KEY, 2),  # known ledger, its key
+                (21, KEY, 5),  # a ledger new here: its key is journalled first
+                (20, OTHER_KEY, 9),  # the wrong key
+                (22, KEY, -2),  # no such LAC
+                (21, KEY, 6),  # the same ledger again, later in the request
+            ]
+        )
+        assert statuses == [
+            BookieStatus.OK,
+            BookieStatus.OK,
+            BookieStatus.UNAUTHORIZED,
+            BookieStatus.BAD_REQUEST,
+            BookieStatus.OK,
+        ]
+        assert [(await client.read_lac(ledger)).lac for ledger in (20, 21)] == [2, 6]
+        assert (await client.read_lac(22)).status is BookieStatus.NO_LEDGER
+
+
 @pytest.mark.parametrize(
     ("op", "data"),
     [
@@ -215,7 +245,7 @@ async def test_malformed_requests_get_bad_request_and_the_bookie_keeps_serving(
         elif op == "read":
             assert wire.decode_read_reply(reply) == (BookieStatus.BAD_REQUEST, [])
         elif op == "write_lac":
-            assert wire.decode_status_reply(reply) is BookieStatus.BAD_REQUEST
+            assert wire.decode_write_lac_reply(reply, 1) == [BookieStatus.BAD_REQUEST]
         else:
             assert wire.decode_lac_reply(reply).status is BookieStatus.BAD_REQUEST
         # A frame without a complete header is a bad item, not a bad batch.

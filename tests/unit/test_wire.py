@@ -43,10 +43,22 @@ def test_small_messages_round_trip() -> None:
     lac = wire.LacReply(BookieStatus.OK, 41, 42)
     assert wire.decode_lac_reply(wire.encode_lac_reply(lac)) == lac
     assert wire.decode_fence_request(wire.encode_fence_request(9, KEY)) == (9, KEY)
-    assert wire.decode_write_lac_request(wire.encode_write_lac_request(9, KEY, 3)) == (9, KEY, 3)
-    assert wire.decode_status_reply(wire.encode_status_reply(BookieStatus.FENCED)) == (
-        BookieStatus.FENCED
+    items = [(9, KEY, 3), (10, KEY, -1), (2**63, KEY, 7)]
+    for batch in (items[:1], items):
+        assert wire.decode_write_lac_request(wire.encode_write_lac_request(batch)) == batch
+    statuses = [BookieStatus.OK, BookieStatus.UNAUTHORIZED, BookieStatus.BAD_REQUEST]
+    assert wire.decode_write_lac_reply(wire.encode_write_lac_reply(statuses), 3) == statuses
+    # One status answers every item (a request refused whole).
+    refused = wire.encode_write_lac_reply([BookieStatus.BAD_REQUEST])
+    assert wire.decode_write_lac_reply(refused, 3) == [BookieStatus.BAD_REQUEST] * 3
+
+
+def test_a_single_write_lac_keeps_the_classic_bytes() -> None:
+    """One item is the write_lac of before: v | ledger | key | lac, answered v | status."""
+    assert wire.encode_write_lac_request([(9, KEY, 3)]) == (
+        b"\x01" + (9).to_bytes(8, "big") + KEY + (3).to_bytes(8, "big")
     )
+    assert wire.encode_write_lac_reply([BookieStatus.FENCED]) == b"\x01\x01\xf8"
 
 
 GOOD_ADD = wire.encode_add_request([wire.AddItem(0, KEY, frame(1, 0))])
@@ -76,16 +88,23 @@ def test_add_reply_round_trips() -> None:
         (wire.decode_read_request, wire.encode_read_request([wire.ReadItem(1, 2)])[:-1]),
         (wire.decode_read_lac_request, b"\x01\x00"),
         (wire.decode_fence_request, b"\x01" + b"\x00" * 8),
-        (wire.decode_write_lac_request, b"\x01"),
+        (wire.decode_write_lac_request, b"\x01"),  # no item
+        (wire.decode_write_lac_request, wire.encode_write_lac_request([(9, KEY, 3)]) + b"!"),
         (wire.decode_add_reply, wire.encode_add_reply(BookieStatus.OK, [])[:2]),
         (wire.decode_add_reply, GOOD_ADD_REPLY[:-1]),  # a result cut short
         (wire.decode_add_reply, GOOD_ADD_REPLY[:-2] + b"\x00\x07"),  # unknown status 7
-        (wire.decode_status_reply, b"\x01\x00\x07"),  # unknown status 7
     ],
 )
 def test_malformed_messages_raise_wire_error(decoder, data: bytes) -> None:
     with pytest.raises(wire.WireError):
         decoder(data)
+
+
+@pytest.mark.parametrize("data", [b"\x01\x00\x07", b"\x01\x00\x00\x00\x00"])
+def test_malformed_write_lac_replies_raise_wire_error(data: bytes) -> None:
+    """An unknown status (7), or a count of statuses that is neither 1 nor the items'."""
+    with pytest.raises(wire.WireError):
+        wire.decode_write_lac_reply(data, 3)
 
 
 def test_master_key_must_be_20_bytes() -> None:
