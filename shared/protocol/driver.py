@@ -426,6 +426,11 @@ class BookieAddBatcher:
         if self._in_flight.get(bookie_id, 0) < self.max_requests_per_bookie:
             self._flush(bookie_id)
 
+    @property
+    def quiet(self) -> bool:
+        """No send waits and no request is in flight."""
+        return not self._queued and not self._batches
+
     async def send(self, command: SendAdds) -> AddReply:
         """`submit` for a caller that awaits the answer (a recovery's driver)."""
         future: asyncio.Future[AddReply] = asyncio.get_running_loop().create_future()
@@ -507,6 +512,11 @@ class BookieLacBatcher:
         self._requests: set[asyncio.Task[None]] = set()
         self._closed = False
 
+    @property
+    def quiet(self) -> bool:
+        """No LAC waits and no request is in flight."""
+        return not self._queued and not self._busy and not self._requests
+
     def submit(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
         if self._closed:
             return
@@ -570,6 +580,11 @@ class ProtocolClient:
         self.wall_clock = wall_clock
         self.adds = BookieAddBatcher(bookies, self.observer, settings.max_add_requests_per_bookie)
         self.lacs = BookieLacBatcher(bookies)
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing of its writers waits to go to a bookie or is on its way."""
+        return self.adds.quiet and self.lacs.quiet
 
     def close(self) -> None:
         """Stop sending: requests in flight are cancelled (the writers are going away)."""

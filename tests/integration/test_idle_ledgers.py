@@ -76,10 +76,11 @@ async def _open_idle_ledgers(ledgers: Ledgers, count: int) -> None:
 
 
 async def _until_quiet(ledgers: Ledgers, timeout_s: float = 60.0) -> None:
-    """Until every writer sent its explicit LAC and holds no timer and no task."""
+    """Until every writer sent its explicit LAC and holds no timer and no task, and the
+    client has no request to a bookie on its way (the explicit LACs go out merged)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while any(
+    while not ledgers.client.quiet or any(
         not h.quiet or h.core.next_deadline_ms() is not None for h in ledgers.writers.values()
     ):
         assert loop.time() < deadline, "the writers did not go quiet"
