@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from services.ledgerstore.core import EntryLocation, LedgerInfo
 from services.ledgerstore.store import LedgerStore
-from shared import wire
+from shared import bench_report, wire
 from shared.bookie.journal_format import (
     EntryRecord,
     JournalPosition,
@@ -139,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where to write (default: a new temp dir)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
-    result = asyncio.run(run(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    bench_report.emit(asyncio.run(run(args)), args.json)
     return 0
 
 

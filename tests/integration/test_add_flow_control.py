@@ -10,12 +10,9 @@ import asyncio
 
 import pytest
 
-from services.gateway.ledgers import Ledgers
-from services.gateway.metrics import GatewayMetrics
 from shared import wire
-from shared.bookie_client import BookieClient
-from shared.metaclient import MetadataClient
 from shared.subjects import Subjects
+from tests.support.gateway import PASSWORD, bookie_client, create_ledgers, in_process_ledgers
 from tests.support.stack import gateway_settings, running_stack
 
 TRICKLE = 50
@@ -27,24 +24,9 @@ async def test_a_trickle_of_appends_is_merged_while_a_request_is_unanswered(
 ) -> None:
     async with running_stack(settings, fresh_database_url) as stack:
         client_settings = gateway_settings(stack.settings, max_add_requests_per_bookie=limit)
-        subjects = Subjects(client_settings.subject_prefix)
-        bookies = BookieClient(
-            nc,
-            subjects,
-            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
-            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
-        )
-        meta = MetadataClient(nc, subjects)
-        ledgers = Ledgers(nc, client_settings, meta, bookies, None, GatewayMetrics())
+        ledgers = in_process_ledgers(nc, client_settings)
         try:
-            created = await ledgers.create(
-                ensemble_size=3,
-                write_quorum=3,
-                ack_quorum=2,
-                digest="crc32c",
-                password=b"pw",
-                metadata={},
-            )
+            (created,) = await create_ledgers(ledgers, 1)
             handle = ledgers.writers[created.ledger_id]
             requests: list[bytes] = []
 
@@ -93,26 +75,9 @@ async def test_the_sends_of_many_ledgers_to_a_bookie_go_out_merged(
     async with running_stack(settings, fresh_database_url) as stack:
         client_settings = gateway_settings(stack.settings, max_add_requests_per_bookie=2)
         subjects = Subjects(client_settings.subject_prefix)
-        bookies = BookieClient(
-            nc,
-            subjects,
-            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
-            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
-        )
-        ledgers = Ledgers(nc, client_settings, MetadataClient(nc, subjects), bookies, None,
-                          GatewayMetrics())  # fmt: skip
+        ledgers = in_process_ledgers(nc, client_settings)
         try:
-            created = [
-                await ledgers.create(
-                    ensemble_size=3,
-                    write_quorum=3,
-                    ack_quorum=3,
-                    digest="crc32c",
-                    password=b"pw",
-                    metadata={},
-                )
-                for _ in range(LEDGERS)
-            ]
+            created = await create_ledgers(ledgers, LEDGERS, ack_quorum=3)
             requests: list[bytes] = []
 
             async def count(msg) -> None:
@@ -129,7 +94,7 @@ async def test_the_sends_of_many_ledgers_to_a_bookie_go_out_merged(
             registry = ledgers.metrics.registry
             sends = registry.get_sample_value("quire_gateway_add_sends_total")
             sent = registry.get_sample_value("quire_gateway_add_requests_total")
-            read_back = [await ledgers.read_entry(c.ledger_id, b"pw", 0) for c in created]
+            read_back = [await ledgers.read_entry(c.ledger_id, PASSWORD, 0) for c in created]
         finally:
             await ledgers.stop()
     assert [first for first, _, _ in results] == [0] * LEDGERS
@@ -148,31 +113,15 @@ async def test_the_explicit_lacs_of_many_idle_ledgers_go_out_merged(
     async with running_stack(settings, fresh_database_url) as stack:
         client_settings = gateway_settings(stack.settings, explicit_lac_interval_ms=200)
         subjects = Subjects(client_settings.subject_prefix)
-        bookies = BookieClient(
-            nc,
-            subjects,
-            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
-            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
-        )
-        ledgers = Ledgers(nc, client_settings, MetadataClient(nc, subjects), bookies, None,
-                          GatewayMetrics())  # fmt: skip
+        bookies = bookie_client(nc, client_settings)
+        ledgers = in_process_ledgers(nc, client_settings)
         requests: list[bytes] = []
 
         async def count(msg) -> None:
             requests.append(msg.data)
 
         try:
-            created = [
-                await ledgers.create(
-                    ensemble_size=3,
-                    write_quorum=3,
-                    ack_quorum=3,
-                    digest="crc32c",
-                    password=b"pw",
-                    metadata={},
-                )
-                for _ in range(LEDGERS)
-            ]
+            created = await create_ledgers(ledgers, LEDGERS, ack_quorum=3)
             sub = await nc.subscribe(subjects.bookie("bookie-1", "write_lac"), cb=count)
             await nc.flush()
             # Two entries each: the second carries LAC 0, only an explicit LAC gives LAC 1.

@@ -14,12 +14,9 @@ import tracemalloc
 import pytest
 
 from services.gateway.ledgers import Ledgers
-from services.gateway.metrics import GatewayMetrics
-from shared.bookie_client import BookieClient
-from shared.metaclient import MetadataClient
 from shared.protocol.driver import WriterHandle
 from shared.protocol.writer import LedgerWriter
-from shared.subjects import Subjects
+from tests.support.gateway import in_process_ledgers
 from tests.support.stack import gateway_settings, running_stack
 
 EXPLICIT_LAC_MS = 100
@@ -93,16 +90,8 @@ async def test_idle_ledgers_cost_no_calls_and_bounded_memory(
     measured: dict[int, dict[str, float]] = {}
     async with running_stack(settings, fresh_database_url) as stack:
         client_settings = gateway_settings(stack.settings, explicit_lac_interval_ms=EXPLICIT_LAC_MS)
-        subjects = Subjects(client_settings.subject_prefix)
-        bookies = BookieClient(
-            nc,
-            subjects,
-            add_timeout_ms=client_settings.gateway.add_bookie_timeout_ms,
-            read_timeout_ms=client_settings.gateway.read_entry_timeout_ms,
-        )
-        meta = MetadataClient(nc, subjects)
         for count in (10, 1_000):
-            ledgers = Ledgers(nc, client_settings, meta, bookies, None, GatewayMetrics())
+            ledgers = in_process_ledgers(nc, client_settings)
             background = asyncio.create_task(ledgers.run_ack_events())  # as the gateway runs
             try:
                 gc.collect()
