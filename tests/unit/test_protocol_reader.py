@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.digest import DigestManager, master_key
-from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.digest import DigestManager
 from shared.protocol.messages import (
     BookieReadReply,
     EntryRead,
@@ -20,22 +19,7 @@ from shared.protocol.messages import (
 from shared.protocol.reader import LedgerReader, lac_from_replies
 from shared.status import ApiCodes, BookieStatus
 from shared.wire import ReadResult
-
-LEDGER = 7
-KEY = master_key(b"pw")
-
-
-def metadata(e: int = 3, w: int = 3, a: int = 2, digest: str = "crc32c") -> LedgerMetadata:
-    return LedgerMetadata(
-        ledger_id=LEDGER,
-        state=LedgerState.OPEN,
-        ensemble_size=e,
-        write_quorum=w,
-        ack_quorum=a,
-        digest=digest,
-        segments=[Segment(first_entry_id=0, bookies=[f"b{i}" for i in range(e)])],
-    )
-
+from tests.support.protocol import LEDGER, metadata
 
 # -- reader ------------------------------------------------------------------------------------
 
