@@ -94,7 +94,7 @@ class ReadSettings:
 @dataclass(slots=True)
 class _PendingRead:
     entry_id: int
-    replicas: tuple[str, ...]  # preference order (read_order), unreachable bookies last
+    replicas: tuple[str, ...]  # preference order (read_order)
     asked: dict[str, int] = field(default_factory=dict)  # outstanding asks: bookie -> sent ms
     queued: str | None = None  # the bookie whose queue holds it, waiting for window room
     spent: set[str] = field(default_factory=set)  # replicas that failed for good
@@ -136,7 +136,7 @@ class LedgerReader:
         self._pending: dict[int, _PendingRead] = {}
         self._results: dict[int, EntryRead | EntryReadFailed] = {}  # the reorder buffer
         self._flows: dict[str, _BookieFlow] = {}
-        self._unreachable: set[str] = set()  # asked last for the entries still to come
+        self._unreachable: set[str] = set()  # chosen only when no other replica will do
         self._commands: list[ReaderCommand] = []
         self._started = False
         self._ended = False
@@ -196,6 +196,8 @@ class LedgerReader:
             status = None
         else:
             self._unreachable.add(event.bookie_id)
+            if event.bookie_id in self._flows:
+                self._reroute(event.bookie_id, now_ms)
             status = BookieStatus.IO_ERROR
         for entry_id in event.entry_ids:
             self._replica_failed(entry_id, event.bookie_id, status, event.reason, now_ms)
@@ -214,6 +216,8 @@ class LedgerReader:
             return
         flow = self._flows.get(bookie_id)
         sent_ms = [flow.asked[e] for e in event.entry_ids if e in flow.asked] if flow else []
+        if sent_ms and any(r.status is BookieStatus.TOO_MANY_REQUESTS for r in event.results):
+            self._bookie_busy(bookie_id, now_ms)  # refused some: as busy as refusing all
         answered = set()
         for result in event.results:
             if result.ledger_id != self.ledger_id or result.entry_id not in event.entry_ids:
@@ -282,12 +286,11 @@ class LedgerReader:
             pending.spent.add(bookie_id)
         if pending.asked or pending.queued is not None:
             return  # another replica is on it (a speculative read)
-        live = [b for b in pending.replicas if b not in pending.spent]
         tries_max = self.settings.read_max_tries * len(pending.replicas)
-        if not live or pending.transient_failures >= tries_max:
+        if len(pending.spent) == len(pending.replicas) or pending.transient_failures >= tries_max:
             self._fail(pending)
             return
-        following = _next_replica(pending.replicas, live, bookie_id)
+        following = self._choose(pending, now_ms, avoid=bookie_id)
         if transient and following != bookie_id:
             if self._spend_token():
                 self.retries += 1
@@ -379,6 +382,37 @@ class LedgerReader:
         )
         flow.resume_ms = now_ms + flow.backoff_ms
         self.backoffs += 1
+        self._reroute(bookie_id, now_ms)
+
+    def _reroute(self, bookie_id: str, now_ms: int) -> None:
+        """The entries waiting for a bookie that backs off or is unreachable go to their
+        next replica that is neither: they were never sent, so that adds no load."""
+        flow = self._flows[bookie_id]
+        waiting, flow.queue = flow.queue, []
+        for entry_id in waiting:
+            pending = self._pending.get(entry_id)
+            if pending is None or pending.queued != bookie_id:
+                continue
+            self._enqueue(pending, self._choose(pending, now_ms, avoid=bookie_id))
+
+    def _choose(self, pending: _PendingRead, now_ms: int, avoid: str | None = None) -> str:
+        """The first replica in preference order after `avoid` (around the ring, so that
+        retries visit every replica) that has not failed for good, is reachable and is not
+        backing off; else the first that has not failed for good; else `avoid` (the entry
+        waits for it)."""
+        replicas = pending.replicas
+        if avoid in replicas:
+            after = replicas.index(avoid) + 1
+            replicas = replicas[after:] + replicas[:after]
+        live = [b for b in replicas if b != avoid and b not in pending.spent]
+        for bookie_id in live:
+            flow = self._flows.get(bookie_id)
+            if bookie_id not in self._unreachable and (flow is None or flow.resume_ms <= now_ms):
+                return bookie_id
+        if live:
+            return live[0]
+        assert avoid is not None, "an entry with every replica spent has failed"
+        return avoid
 
     def _spend_token(self) -> bool:
         if self._tokens < 1:
@@ -399,7 +433,7 @@ class LedgerReader:
         self._deliver()
         if self._ended:
             return
-        self._admit()
+        self._admit(now_ms)
         self._dispatch(now_ms)
 
     def _deliver(self) -> None:
@@ -417,7 +451,7 @@ class LedgerReader:
         self._results.clear()
         self._flows.clear()
 
-    def _admit(self) -> None:
+    def _admit(self, now_ms: int) -> None:
         settings = self.settings
         limit = min(self._last, self.next_entry_id + settings.read_ahead_max_entries - 1)
         while self._next_admitted <= limit:
@@ -425,15 +459,12 @@ class LedgerReader:
             self._next_admitted += 1
             pending = _PendingRead(entry_id, self._replicas(entry_id))
             self._pending[entry_id] = pending
-            self._enqueue(pending, pending.replicas[0])
+            self._enqueue(pending, self._choose(pending, now_ms))
 
     def _replicas(self, entry_id: int) -> tuple[str, ...]:
         bookies = self.metadata.segment_for(entry_id).bookies
         order = read_order(entry_id, self.quorum, self.settings.sticky_read_block_entries)
-        replicas = [bookies[i] for i in order]
-        if self._unreachable:
-            replicas.sort(key=lambda b: b in self._unreachable)  # stable: order kept otherwise
-        return tuple(replicas)
+        return tuple(bookies[i] for i in order)
 
     def _enqueue(self, pending: _PendingRead, bookie_id: str) -> None:
         pending.queued = bookie_id
@@ -473,17 +504,6 @@ class LedgerReader:
                 )
         commands, self._commands = self._commands, []
         return [*sends, *commands]
-
-
-def _next_replica(replicas: tuple[str, ...], live: list[str], failed: str) -> str:
-    """The live replica after `failed` in preference order, around the ring; `failed`
-    itself when it is the only one left."""
-    start = replicas.index(failed)
-    for i in range(1, len(replicas) + 1):
-        candidate = replicas[(start + i) % len(replicas)]
-        if candidate in live:
-            return candidate
-    raise AssertionError("no live replica")  # the caller checked `live`
 
 
 def _read_outcome(failures: list[Failure]) -> tuple[ApiCode, str]:
