@@ -97,8 +97,8 @@ class _PendingRead:
     replicas: tuple[str, ...]  # preference order (read_order)
     asked: dict[str, int] = field(default_factory=dict)  # outstanding asks: bookie -> sent ms
     queued: str | None = None  # the bookie whose queue holds it, waiting for window room
-    spent: set[str] = field(default_factory=set)  # replicas that failed for good
-    failures: list[Failure] = field(default_factory=list)
+    spent: frozenset[str] = frozenset()  # replicas that failed for good
+    failures: tuple[Failure, ...] = ()
     transient_failures: int = 0  # timeouts and TOO_MANY_REQUESTS
     retried: bool = False  # asked of another replica for a retry or speculatively
     speculated: bool = False
@@ -136,6 +136,7 @@ class LedgerReader:
         self._pending: dict[int, _PendingRead] = {}
         self._results: dict[int, EntryRead | EntryReadFailed] = {}  # the reorder buffer
         self._flows: dict[str, _BookieFlow] = {}
+        self._replicas_cached: dict[tuple[int, tuple[int, ...]], tuple[str, ...]] = {}
         self._unreachable: set[str] = set()  # chosen only when no other replica will do
         self._commands: list[ReaderCommand] = []
         self._started = False
@@ -278,12 +279,12 @@ class LedgerReader:
         if pending is None or bookie_id not in pending.asked:
             return  # decided already, or a late answer from a replica we moved past
         self._forget_ask(pending, bookie_id)
-        pending.failures.append((bookie_id, status, detail))
+        pending.failures += ((bookie_id, status, detail),)
         transient = status is None or status is BookieStatus.TOO_MANY_REQUESTS
         if transient:
             pending.transient_failures += 1
         else:
-            pending.spent.add(bookie_id)
+            pending.spent |= {bookie_id}
         if pending.asked or pending.queued is not None:
             return  # another replica is on it (a speculative read)
         tries_max = self.settings.read_max_tries * len(pending.replicas)
@@ -401,6 +402,10 @@ class LedgerReader:
         backing off; else the first that has not failed for good; else `avoid` (the entry
         waits for it)."""
         replicas = pending.replicas
+        if avoid is None and not pending.spent and not self._unreachable:  # the usual case
+            flow = self._flows.get(replicas[0])
+            if flow is None or flow.resume_ms <= now_ms:
+                return replicas[0]
         if avoid in replicas:
             after = replicas.index(avoid) + 1
             replicas = replicas[after:] + replicas[:after]
@@ -462,9 +467,14 @@ class LedgerReader:
             self._enqueue(pending, self._choose(pending, now_ms))
 
     def _replicas(self, entry_id: int) -> tuple[str, ...]:
-        bookies = self.metadata.segment_for(entry_id).bookies
+        segments = self.metadata.segments
+        segment = segments[0] if len(segments) == 1 else self.metadata.segment_for(entry_id)
         order = read_order(entry_id, self.quorum, self.settings.sticky_read_block_entries)
-        return tuple(bookies[i] for i in order)
+        key = (segment.first_entry_id, order)
+        replicas = self._replicas_cached.get(key)
+        if replicas is None:  # at most E x E orders per segment
+            replicas = self._replicas_cached[key] = tuple(segment.bookies[i] for i in order)
+        return replicas
 
     def _enqueue(self, pending: _PendingRead, bookie_id: str) -> None:
         pending.queued = bookie_id
@@ -506,7 +516,7 @@ class LedgerReader:
         return [*sends, *commands]
 
 
-def _read_outcome(failures: list[Failure]) -> tuple[ApiCode, str]:
+def _read_outcome(failures: Sequence[Failure]) -> tuple[ApiCode, str]:
     """NO_ENTRY from every replica is a definite NO_SUCH_ENTRY; otherwise the first other
     failure decides (a replica that did not answer may hold the entry). The summary names
     each replica once, with its last failure and how many there were."""
