@@ -15,13 +15,17 @@ The rules of a range read, and why:
   of a bookie and unanswered, in requests of at most `read_batch_entries`. It starts at
   `read_window_initial_entries`, grows by the entries answered (slow start, doubling each
   round trip; past the last halving by one entry per round trip) while answers come back
-  sooner than `speculative_read_timeout_ms` (a quarter of `read_entry_timeout_ms` when
-  speculation is off), up to `read_window_max_entries`; it halves on a timeout or a
-  TOO_MANY_REQUESTS. A request is therefore small, so its timeout (`read_entry_timeout_ms`)
-  measures the bookie's progress, never the range's size.
+  in less than half of `speculative_read_timeout_ms` (a quarter of `read_entry_timeout_ms`
+  when speculation is off), up to `read_window_max_entries`; it eases off by half a window
+  a round trip while they come back slower than that whole (they queued at the bookie),
+  and halves on a timeout or a TOO_MANY_REQUESTS. A request is therefore small and soon
+  served, so its timeout (`read_entry_timeout_ms`) measures the bookie's progress, never
+  the range's size.
 - **Busy bookies back off.** A timeout or a TOO_MANY_REQUESTS also stops all sending to that
   bookie for a delay that doubles from `read_backoff_initial_ms` to `read_backoff_max_ms`
   (reset by a good answer).
+- **Speculative reads** only for the entries the consumer waits for (within
+  `read_batch_entries` of the next to deliver), once each: the others may just be queued.
 - **A retry budget** (gRPC's retry throttling): a speculative read, or a read of another
   replica after a timeout or a TOO_MANY_REQUESTS, spends a token; an entry read without one
   earns `read_retry_budget_token_ratio`, up to `read_retry_budget_max_tokens` (the bucket
@@ -87,7 +91,8 @@ class ReadSettings:
 
     @property
     def fast_reply_ms(self) -> int:
-        """An answer sooner than this grows its bookie's window."""
+        """An answer in less than half of this grows its bookie's window; one slower than
+        this shrinks it."""
         return self.speculative_read_timeout_ms or max(self.read_entry_timeout_ms // 4, 1)
 
 
@@ -310,7 +315,8 @@ class LedgerReader:
 
     def tick(self, now_ms: int) -> None:
         """Asks older than read_entry_timeout_ms have failed (their bookie is busy); an entry
-        asked longer ago than speculative_read_timeout_ms gets its next replica asked too,
+        that holds up delivery (within read_batch_entries of the next to deliver), asked
+        longer ago than speculative_read_timeout_ms, gets its next replica asked too, once,
         if the retry budget allows."""
         settings = self.settings
         for bookie_id, flow in list(self._flows.items()):  # a retry may add a bookie's flow
@@ -332,6 +338,8 @@ class LedgerReader:
         for entry_id, sent_ms in flow.asked.items():
             if now_ms - sent_ms < self.settings.speculative_read_timeout_ms:
                 break
+            if entry_id >= self.next_entry_id + self.settings.read_batch_entries:
+                break  # only entries the consumer waits for now: the rest may just queue
             pending = self._pending[entry_id]
             if pending.speculated or pending.queued is not None:
                 continue
@@ -363,9 +371,17 @@ class LedgerReader:
         return flow is not None and any(e in flow.asked for e in entry_ids)
 
     def _bookie_answered(self, bookie_id: str, entries: int, latency_ms: int) -> None:
+        """Grow the window while answers are quick; ease it off while they are slow (they
+        queued at the bookie behind the rest of the window): by half a window a round trip,
+        so what is asked stays about what the bookie serves in fast_reply_ms."""
         flow = self._flow(bookie_id)
         flow.backoff_ms = 0
-        if latency_ms >= self.settings.fast_reply_ms:
+        fast_reply_ms = self.settings.fast_reply_ms
+        if latency_ms >= fast_reply_ms:
+            flow.window = max(flow.window - entries / 2, 1.0)
+            flow.threshold = min(flow.threshold, flow.window)
+            return
+        if latency_ms >= fast_reply_ms // 2:
             return
         if flow.window < flow.threshold:
             flow.window += entries

@@ -111,6 +111,7 @@ def run(
     inbox: list[tuple[int, BookieReadReply | ReadSendFailed]] = []
     r.read(first, last, 0)
     now_ms = 0
+    furthest, sent = -1, 0
     while now_ms <= until_ms:
         if take(now_ms):
             for command in r.take_commands():
@@ -121,12 +122,15 @@ def run(
                         inbox.append((now_ms + delay_ms, event))
                 else:
                     seen.delivered.append(command)
-            for bookie in {s.bookie_id for _, s in seen.sends}:
+            for _, send in seen.sends[sent:]:
+                furthest = max(furthest, *send.entry_ids)
+                seen.in_flight_max.setdefault(send.bookie_id, 0)
+            sent = len(seen.sends)
+            for bookie in seen.in_flight_max:
                 in_flight = r.in_flight(bookie)
                 assert in_flight <= r.window(bookie) <= r.settings.read_window_max_entries
                 seen.in_flight_max[bookie] = max(seen.in_flight_max.get(bookie, 0), in_flight)
             if seen.sends:
-                furthest = max(max(s.entry_ids) for _, s in seen.sends)
                 seen.ahead_max = max(seen.ahead_max, furthest - r.next_entry_id)
             if r.done:
                 break
@@ -256,18 +260,25 @@ def test_windows_grow_while_answers_are_fast_and_never_pass_their_bounds() -> No
     assert seen.ahead_max < r.settings.read_ahead_max_entries
 
 
-def test_slow_answers_do_not_grow_the_window() -> None:
-    # Slower than speculative_read_timeout_ms (speculation itself off by the budget).
+@pytest.mark.parametrize(
+    ("delay_ms", "window"),
+    [(10, 100), (30, 16), (60, 1)],
+    ids=["quick_grows", "middling_holds", "slow_eases_off"],
+)
+def test_the_window_follows_how_soon_the_bookie_answers(delay_ms: int, window: int) -> None:
+    """Quicker than half of speculative_read_timeout_ms (50) grows it, slower than all of it
+    shrinks it (the entries queued at the bookie), in between holds it."""
     r = reader(
         1,
         1,
         1,
         speculative_read_timeout_ms=50,
-        read_retry_budget_max_tokens=0,
+        read_window_max_entries=100,
         read_entry_timeout_ms=10_000,
     )
-    run(r, 0, 199, delay_ms=60, tick_ms=10)
-    assert r.window("b0") == 16
+    seen = run(r, 0, 499, delay_ms=delay_ms, tick_ms=5)
+    assert len(seen.delivered) == 500
+    assert r.window("b0") == window
 
 
 @pytest.mark.parametrize(
@@ -322,7 +333,8 @@ def test_a_silent_bookie_times_out_per_request_not_per_range() -> None:
     assert [c.entry_id for c in seen.delivered] == list(range(10_000))
     b0_sends = [s for _, s in seen.sends if s.bookie_id == "b0"]
     assert r.backoffs == len(b0_sends)  # one timeout per request
-    assert [len(s.entry_ids) for s in b0_sends] == [16, 8, 4, 2, 1]  # the window halving
+    sizes = [len(s.entry_ids) for s in b0_sends]
+    assert sizes[:5] == [16, 8, 4, 2, 1] and set(sizes[5:]) <= {1}  # the window halving
 
 
 # -- fallback, retries, the budget -----------------------------------------------------------
