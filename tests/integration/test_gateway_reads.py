@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from contextlib import aclosing
 
+import pytest
+
+from services.gateway.ledgers import Page
+from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
 from shared.wire import decode_read_request
 from tests.support.gateway import PASSWORD, create_ledgers, in_process_ledgers
@@ -74,3 +78,41 @@ async def test_a_long_range_streams_in_order_from_every_bookie(
     assert sorted(asked) == sorted(created.segments[0].bookies)
     assert all(len(entries) >= ENTRIES // 6 for entries in asked.values())
     assert (speculative or 0) < ENTRIES // 100
+
+
+async def test_the_facade_checks_before_the_first_page_and_caps_at_the_lac(
+    settings, fresh_database_url, nc
+) -> None:
+    async with running_stack(settings, fresh_database_url) as stack:
+        ledgers = in_process_ledgers(nc, stack.settings)
+
+        async def pages(*args, **kwargs) -> list[Page]:
+            stream = ledgers.read_stream(*args, **kwargs)
+            async with aclosing(stream):
+                return [page async for page in stream]
+
+        try:
+            (created,) = await create_ledgers(ledgers, 1)
+            lid = created.ledger_id
+            await ledgers.writers[lid].append([b"a", b"b", b"c"])
+            for args, kwargs, api in [
+                ((lid, b"wrong", 0, 2), {}, ApiCodes.UNAUTHORIZED),
+                ((lid, PASSWORD, 0, None), {"unconfirmed": True}, ApiCodes.INVALID_ARGUMENT),
+                ((lid, PASSWORD, 5, 2), {}, ApiCodes.INVALID_ARGUMENT),
+            ]:
+                with pytest.raises(QuireError) as info:
+                    await anext(ledgers.read_stream(*args, **kwargs))
+                assert info.value.api == api
+            assert await pages(lid, PASSWORD, 3, None) == [Page([], 2, final=True)]
+            [*_, last] = await pages(lid, PASSWORD, 1, 100)
+            assert last.final and last.entries[-1] == (2, b"c")
+            # Unconfirmed: past the LAC the range ends quietly where no replica has more.
+            unconfirmed = await pages(lid, PASSWORD, 0, 10, unconfirmed=True)
+            assert [e for page in unconfirmed for e in page.entries] == [
+                (0, b"a"),
+                (1, b"b"),
+                (2, b"c"),
+            ]
+            assert [page.final for page in unconfirmed][-1] and unconfirmed[0].lac == 2
+        finally:
+            await ledgers.stop()
