@@ -831,12 +831,14 @@ class ProtocolClient:
                             failed = command
                         case ReplicaCorrupt():
                             self.observer.replica_corrupt(metadata.ledger_id, command)
-                reported.report(core, self.observer, len(batch), failed is not None)
+                # With `unconfirmed`, an entry no replica has is the range's end, no failure.
+                ended = unconfirmed and failed is not None and failed.api == ApiCodes.NO_SUCH_ENTRY
+                reported.report(core, self.observer, len(batch), failed is not None and not ended)
                 if batch:
                     yield batch
+                if ended:
+                    return
                 if failed is not None:
-                    if unconfirmed and failed.api == ApiCodes.NO_SUCH_ENTRY:
-                        return
                     raise QuireError(failed.api, failed.detail)
                 if core.done:
                     return
