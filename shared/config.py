@@ -156,8 +156,9 @@ class GatewaySettings(BaseModel):
     # The most entries in one read request to a bookie.
     read_batch_entries: int = Field(default=64, ge=1, le=4096)
     # Entries asked of one bookie and unanswered, per read (a window, as TCP's congestion
-    # window): it starts here, grows while the bookie answers sooner than
-    # speculative_read_timeout_ms, and halves on a timeout or a TOO_MANY_REQUESTS.
+    # window): it starts here, grows while the bookie answers in less than half of
+    # speculative_read_timeout_ms, eases off while it answers slower than all of it (the
+    # entries queue there), and halves on a timeout or a TOO_MANY_REQUESTS.
     read_window_initial_entries: int = Field(default=16, ge=1)
     read_window_max_entries: int = Field(default=512, ge=1)
     # readAheadMaxEntries (DistributedLog's): a read asks no entry further than this past

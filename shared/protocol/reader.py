@@ -23,7 +23,8 @@ The rules of a range read, and why:
   the range's size.
 - **Busy bookies back off.** A timeout or a TOO_MANY_REQUESTS also stops all sending to that
   bookie for a delay that doubles from `read_backoff_initial_ms` to `read_backoff_max_ms`
-  (reset by a good answer).
+  (reset by a good answer). The entries that were waiting for it (never sent) go to their
+  next replica that is not backing off, as do those of a bookie found unreachable.
 - **Speculative reads** only for the entries the consumer waits for (within
   `read_batch_entries` of the next to deliver), once each: the others may just be queued.
 - **A retry budget** (gRPC's retry throttling): a speculative read, or a read of another
