@@ -123,8 +123,8 @@ class GatewaySettings(BaseModel):
     tls_key_file: Path | None = None
     # nettyMaxFrameSizeBytes' role: the largest entry a client may append.
     max_entry_size_bytes: int = Field(default=5 * MIB, ge=1)
-    # The most entries one range read may ask for (it is streamed in pages of
-    # max_batch_entries, so this bounds time, not memory).
+    # The most entries one range read may ask for (it is streamed as it is read, so this
+    # bounds time, not memory).
     max_read_entries: int = Field(default=1_000_000, ge=1)
     # The most entries one batch append may carry.
     max_batch_entries: int = Field(default=10_000, ge=1)
@@ -149,8 +149,38 @@ class GatewaySettings(BaseModel):
     # recoveryReadBatchSize: entries a recovery reads at once past the LAC (one batched read
     # per bookie); 1 reads them one by one.
     recovery_read_batch_size: int = Field(default=64, ge=1, le=1024)
-    # readEntryTimeoutSec: a bookie read not answered by then moves to the next replica.
+    # readEntryTimeoutSec: a bookie read not answered by then has failed; its bookie backs
+    # off and the entry is retried (shared/protocol/reader.py). A read request carries at
+    # most read_batch_entries entries, so this times a bookie's progress, not a range's size.
     read_entry_timeout_ms: int = Field(default=2_000, ge=10)
+    # The most entries in one read request to a bookie.
+    read_batch_entries: int = Field(default=64, ge=1, le=4096)
+    # Entries asked of one bookie and unanswered, per read (a window, as TCP's congestion
+    # window): it starts here, grows while the bookie answers in less than half of
+    # speculative_read_timeout_ms, eases off while it answers slower than all of it (the
+    # entries queue there), and halves on a timeout or a TOO_MANY_REQUESTS.
+    read_window_initial_entries: int = Field(default=16, ge=1)
+    read_window_max_entries: int = Field(default=512, ge=1)
+    # readAheadMaxEntries (DistributedLog's): a read asks no entry further than this past
+    # the next one its consumer has not taken; it bounds the reorder buffer (and the memory
+    # of a read of any size) and stops the asking when the consumer stops taking.
+    read_ahead_max_entries: int = Field(default=4_096, ge=1)
+    # stickyReadsEnabled, in blocks: runs of this many entries are asked of one bookie (its
+    # read-ahead serves contiguous entries), the next block of the next bookie.
+    sticky_read_block_entries: int = Field(default=256, ge=1)
+    # The retry budget (gRPC's retry throttling): a speculative read or a retry on another
+    # replica after a timeout or TOO_MANY_REQUESTS costs a token; each entry read at the
+    # first ask earns this ratio of one, up to the max. Without a token the entry waits for
+    # the same bookie's backoff: a busy cluster is not made busier by its readers.
+    read_retry_budget_max_tokens: float = Field(default=64.0, ge=0)
+    read_retry_budget_token_ratio: float = Field(default=0.1, ge=0)
+    # A bookie that timed out or answered TOO_MANY_REQUESTS gets nothing more of a read for
+    # this long, doubling on each further one up to the max (reset by a good answer).
+    read_backoff_initial_ms: int = Field(default=50, ge=1)
+    read_backoff_max_ms: int = Field(default=2_000, ge=1)
+    # An entry fails with TIMEOUT or TOO_MANY_REQUESTS after this many rounds over its
+    # replicas that each ended so (with the defaults, at worst 3 x Qw tries of 2 s each).
+    read_max_tries: int = Field(default=3, ge=1)
     # The longest a LAC long poll may wait.
     long_poll_max_timeout_ms: int = Field(default=60_000, ge=0)
     # An HTTP request not answered by then gets 504 TIMEOUT (a long poll gets its own

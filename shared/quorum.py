@@ -42,9 +42,24 @@ def _write_set_members(first: int, ensemble_size: int, write_quorum: int) -> fro
     return frozenset(_write_set(first, ensemble_size, write_quorum))
 
 
-def read_order(entry_id: int, spec: QuorumSpec) -> tuple[int, ...]:
-    """Ensemble indexes to try when reading `entry_id`, first the write set in order."""
-    return write_set(entry_id, spec)
+def read_order(entry_id: int, spec: QuorumSpec, block_entries: int) -> tuple[int, ...]:
+    """Ensemble indexes to try when reading `entry_id`: its write set, starting from its
+    block's bookie. Entries go to their replicas in blocks of `block_entries` (a sticky read
+    that rotates): block k prefers ensemble index k mod E, so a bookie is asked for runs of
+    contiguous entries (which its read-ahead serves) and the blocks spread over the ensemble.
+    An entry the preferred bookie does not store (E > Qw) goes first to the member of its
+    write set nearest after it around the ensemble, then on around the ring."""
+    size = spec.ensemble_size
+    preferred = (entry_id // block_entries) % size
+    return _read_order(entry_id % size, preferred, size, spec.write_quorum)
+
+
+@lru_cache(maxsize=_WRITE_SETS_CACHED)
+def _read_order(
+    first: int, preferred: int, ensemble_size: int, write_quorum: int
+) -> tuple[int, ...]:
+    members = _write_set(first, ensemble_size, write_quorum)
+    return tuple(sorted(members, key=lambda index: (index - preferred) % ensemble_size))
 
 
 class AckSet:

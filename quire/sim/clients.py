@@ -29,7 +29,7 @@ from shared.protocol.messages import (
     SendWriteLac,
     UpdateLedger,
 )
-from shared.protocol.reader import LedgerReader, lac_from_replies
+from shared.protocol.reader import LedgerReader, ReadSettings, lac_from_replies
 from shared.protocol.recovery import LedgerRecovery
 from shared.status import BookieStatus, QuireError
 
@@ -312,14 +312,15 @@ class ReaderClient(Client):
         if self.lac < self.next_entry:
             return
         metadata = self.ledger.metadata.ledger
-        self.core = LedgerReader(
-            metadata,
-            DigestManager(metadata.digest, self.ledger.password),
+        settings = ReadSettings(
             read_entry_timeout_ms=self.world.config.request_timeout_ms * 2,
             speculative_read_timeout_ms=self.world.config.speculative_read_timeout_ms,
         )
+        self.core = LedgerReader(
+            metadata, DigestManager(metadata.digest, self.ledger.password), settings
+        )
         last = min(self.lac, self.next_entry + 9)
-        self.core.read(range(self.next_entry, last + 1), self.world.now_ms)
+        self.core.read(self.next_entry, last, self.world.now_ms)
         self.run()
 
     def tick(self) -> None:

@@ -203,7 +203,7 @@ class SimLedger:
         reader = LedgerReader(ledger, DigestManager(ledger.digest, self.password))
         assert ledger.last_entry_id is not None
         now_ms = self.world.now_ms
-        reader.read(range(ledger.last_entry_id + 1), now_ms)
+        reader.read(0, ledger.last_entry_id, now_ms)
         got: dict[int, bytes] = {}
         while not reader.done:
             for command in reader.take_commands():

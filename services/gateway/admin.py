@@ -14,6 +14,7 @@ it, `ledgerReplicationActive` and cluster_info's `ledgerReplicationEnabled` are 
 from __future__ import annotations
 
 import base64
+from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query
@@ -23,6 +24,7 @@ from services.gateway.ledgers import Ledgers, metadata_error
 from services.gateway.problems import error_responses
 from shared.metaclient import MetadataError
 from shared.models import MAX_LEDGER_ID, BookieState
+from shared.status import ApiCodes, QuireError
 
 PASSWORD_HEADER = "Quire-Ledger-Password"
 LIST_PAGE = 1000  # BookKeeper's list endpoint pages by this many
@@ -158,14 +160,29 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         end_entry_id: Annotated[int | None, Query(ge=0, le=MAX_LEDGER_ID)] = None,
         password: Password = None,
     ) -> dict[str, str]:
-        """Entries (base64) by entry id, up to the LAC."""
-        entries, _ = await ledgers.read_range(
+        """Entries (base64) by entry id, up to the LAC; at most max_batch_entries of them
+        (the answer is one JSON object, built whole)."""
+        max_entries = ledgers.settings.gateway.max_batch_entries
+        if end_entry_id is None:
+            end_entry_id = start_entry_id + max_entries - 1
+        elif end_entry_id - start_entry_id + 1 > max_entries:
+            raise QuireError(
+                ApiCodes.INVALID_ARGUMENT,
+                f"a range holds at most {max_entries} entries here; "
+                f"got start_entry_id={start_entry_id} end_entry_id={end_entry_id}",
+            )
+        pages = ledgers.read_stream(
             ledger_id,
             password.encode() if password is not None else None,
             start_entry_id,
             end_entry_id,
         )
-        return {str(e): base64.b64encode(p).decode() for e, p in entries}
+        async with aclosing(pages):
+            return {
+                str(e): base64.b64encode(p).decode()
+                async for page in pages
+                for e, p in page.entries
+            }
 
     @router.delete("/api/v1/ledger/delete", tags=["admin"], operation_id="admin_delete_ledger")
     async def delete_ledger(ledger_id: LedgerIdQuery, password: Password = None) -> dict:

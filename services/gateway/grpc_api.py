@@ -27,7 +27,6 @@ from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.auth import TokenAuth
 from services.gateway.ledgers import Ledgers
 from services.gateway.limits import check_entry_size, check_payloads
-from services.gateway.paging import read_pages
 from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID, LedgerMetadata, LedgerState
@@ -312,14 +311,8 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         last = check_id(request.to_entry_id, "to_entry_id")
         if last < first:
             raise invalid(f"to_entry_id {last} is before from_entry_id {first}")
-        pages = read_pages(
-            self._ledgers,
-            ledger_id,
-            password_of(context),
-            first,
-            last,
-            unconfirmed=request.unconfirmed,
-            page_entries=self._settings.max_batch_entries,
+        pages = self._ledgers.read_stream(
+            ledger_id, password_of(context), first, last, request.unconfirmed
         )
         async with aclosing(pages):
             async for page in pages:
@@ -338,14 +331,7 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         while True:
             lac = await self._ledgers.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
             if lac >= following:
-                pages = read_pages(
-                    self._ledgers,
-                    ledger_id,
-                    password,
-                    following,
-                    lac,
-                    page_entries=self._settings.max_batch_entries,
-                )
+                pages = self._ledgers.read_stream(ledger_id, password, following, lac)
                 async with aclosing(pages):
                     async for page in pages:
                         for entry_id, data in page.entries:

@@ -29,7 +29,6 @@ from services.gateway.auth import BearerAuthMiddleware, TokenAuth
 from services.gateway.ledgers import Ledgers
 from services.gateway.limits import check_batch_size, check_entry_size
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.paging import read_pages
 from services.gateway.problems import (
     PROBLEM_MEDIA_TYPE,
     Problem,
@@ -288,24 +287,16 @@ def create_app(
         unconfirmed: bool = False,
         password: Password = None,
     ) -> Any:
-        """Entries first..last, capped at the LAC unless `unconfirmed`. A range longer than
-        one page (max_batch_entries) is streamed page by page, never held whole; an error
-        after the first page cuts the stream (the JSON is then incomplete)."""
+        """Entries first..last, capped at the LAC unless `unconfirmed`. A range is streamed
+        as it is read, never held whole; an error after the first page cuts the stream (the
+        JSON is then incomplete)."""
         if last is not None and not first - 1 <= last < first + settings.max_read_entries:
             raise QuireError(
                 ApiCodes.INVALID_ARGUMENT,
                 f"a range holds 0 to {settings.max_read_entries} entries; "
                 f"got from={first} to={last}",
             )
-        pages = read_pages(
-            ledgers,
-            ledger_id,
-            password_bytes(password),
-            first,
-            last,
-            unconfirmed=unconfirmed,
-            page_entries=settings.max_batch_entries,
-        )
+        pages = ledgers.read_stream(ledger_id, password_bytes(password), first, last, unconfirmed)
         # The first page is read before answering, so that its errors get their status.
         head = await anext(pages)
         if head.final:
@@ -318,7 +309,7 @@ def create_app(
                 async for page in pages:
                     if page.entries:
                         yield b"," + entries_json(page.entries)
-                # The range ends at the LAC the first page saw (paging.py), so that is the LAC.
+                # The range ends at the LAC seen before the first page (Ledgers.read_stream).
                 yield f'], "lac": {head.lac}}}'.encode()
 
         return StreamingResponse(stream(), media_type="application/json")

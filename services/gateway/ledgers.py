@@ -12,7 +12,8 @@ import contextlib
 import hmac
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,7 @@ from shared.protocol.driver import (
     monotonic_ms,
     password_hash,
 )
-from shared.protocol.messages import EnsembleChanged, EntryReadFailed, ReplicaCorrupt
+from shared.protocol.messages import EnsembleChanged, ReplicaCorrupt
 from shared.status import ApiCodes, QuireError
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,15 @@ def metadata_error(exc: MetadataError, ledger_id: int | None = None) -> QuireErr
         case MetaErrorCode.LEDGER_CLOSED:
             return QuireError(ApiCodes.LEDGER_CLOSED, exc.message)
     return QuireError(ApiCodes.INTERNAL, f"metadata service: {exc.code}: {exc.message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A part of a range read, as `Ledgers.read_stream` yields it."""
+
+    entries: list[tuple[int, bytes]]  # (entry id, payload), dense and in order
+    lac: int  # the LAC the read saw when it began
+    final: bool  # no page follows
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -167,11 +177,17 @@ class Ledgers(ProtocolObserver):
     def pending_adds_changed(self, delta: int) -> None:
         self.metrics.pending_adds.inc(delta)
 
-    def entry_read(self, ok: bool) -> None:
-        self.metrics.reads.labels("ok" if ok else "failed").inc()
+    def entries_read(self, ok: bool, count: int) -> None:
+        self.metrics.reads.labels("ok" if ok else "failed").inc(count)
 
     def speculative_reads(self, count: int) -> None:
         self.metrics.speculative_reads.inc(count)
+
+    def read_retries_refused(self, count: int) -> None:
+        self.metrics.read_retries_refused.inc(count)
+
+    def read_backoffs(self, count: int) -> None:
+        self.metrics.read_backoffs.inc(count)
 
     async def stop(self) -> None:
         """Fail what is still pending (the gateway is going away), then report the acks."""
@@ -428,41 +444,59 @@ class Ledgers(ProtocolObserver):
 
     # -- reads --------------------------------------------------------------------------------
 
-    async def read_range(
+    async def read_stream(
         self,
         ledger_id: int,
         password: bytes | None,
         first: int,
         last: int | None,
         unconfirmed: bool = False,
-    ) -> tuple[list[tuple[int, bytes]], int]:
-        """Entries first..last (inclusive), capped at the LAC unless `unconfirmed`; and the
-        LAC. An unconfirmed range ends at the first entry no replica has."""
+    ) -> AsyncIterator[Page]:
+        """Entries first..last (inclusive) in pages as they are read, in order, memory
+        bounded whatever the range (`ProtocolClient.read_stream`). The password and the LAC
+        are checked before the first page (so that its errors can still get a status); a
+        confirmed range ends at the LAC seen then (one LAC describes every page), `last`
+        None meaning "to that LAC". An unconfirmed range needs `last` and ends early at the
+        first entry past the LAC that no replica has. An empty range is one empty page."""
         metadata = await self._authorized(ledger_id, password)
         lac = await self._current_lac(metadata)
-        max_entries = self.settings.gateway.max_batch_entries
         if last is None:
             if unconfirmed:  # as BookKeeper's readUnconfirmedEntries: the range is explicit
                 raise QuireError(ApiCodes.INVALID_ARGUMENT, "an unconfirmed read needs `to`")
-            last = first + max_entries - 1  # a page, capped at the LAC below
-        elif last < first - 1 or last - first + 1 > max_entries:
+            last = lac
+        elif last < first - 1:
             raise QuireError(
-                ApiCodes.INVALID_ARGUMENT,
-                f"a range holds 0 to {max_entries} entries; got from={first} to={last}",
+                ApiCodes.INVALID_ARGUMENT, f"the range from={first} to={last} runs backwards"
             )
         if not unconfirmed:
             last = min(last, lac)
-        entry_ids = list(range(first, last + 1))
-        outcomes = await self.client.read_entries(metadata, password or b"", entry_ids)
-        entries = []
-        for entry_id in entry_ids:
-            outcome = outcomes[entry_id]
-            if isinstance(outcome, EntryReadFailed):
-                if unconfirmed and entry_id > lac and outcome.api == ApiCodes.NO_SUCH_ENTRY:
-                    break
-                raise QuireError(outcome.api, outcome.detail)
-            entries.append((entry_id, outcome.payload))
-        return entries, lac
+        if last < first:
+            yield Page([], lac, final=True)
+            return
+        following = first
+        held: list[tuple[int, bytes]] | None = None  # unconfirmed: final only once it ends
+        stream = self.client.read_stream(
+            metadata, password or b"", first, last, unconfirmed=unconfirmed
+        )
+        async with aclosing(stream):
+            async for batch in stream:
+                entries = [(entry.entry_id, entry.payload) for entry in batch]
+                following = entries[-1][0] + 1
+                if not unconfirmed:
+                    yield Page(entries, lac, final=following > last)
+                    continue
+                if held is not None:
+                    yield Page(held, lac, final=False)
+                held = entries
+        if unconfirmed:
+            if following <= min(last, lac):
+                # Entries up to the LAC were acknowledged: their absence is a loss, not an end.
+                raise QuireError(
+                    ApiCodes.NO_SUCH_ENTRY,
+                    f"entry {following} of ledger {ledger_id} is not on any replica, "
+                    f"though the LAC is {lac}",
+                )
+            yield Page(held or [], lac, final=True)
 
     async def read_entry(
         self, ledger_id: int, password: bytes | None, entry_id: int, unconfirmed: bool = False
@@ -474,10 +508,10 @@ class Ledgers(ProtocolObserver):
                 ApiCodes.NO_SUCH_ENTRY,
                 f"entry {entry_id} is beyond the LAC {lac} of ledger {ledger_id}",
             )
-        outcome = (await self.client.read_entries(metadata, password or b"", [entry_id]))[entry_id]
-        if isinstance(outcome, EntryReadFailed):
-            raise QuireError(outcome.api, outcome.detail)
-        return outcome.payload, lac
+        stream = self.client.read_stream(metadata, password or b"", entry_id, entry_id)
+        async with aclosing(stream):
+            [[entry]] = [batch async for batch in stream]
+        return entry.payload, lac
 
     def replica_corrupt(self, ledger_id: int, command: ReplicaCorrupt) -> None:
         self.metrics.corrupt_replicas.inc()

@@ -84,3 +84,15 @@ class GatewayMetrics:
             "Reads sent to a further replica because the first was slow",
             registry=self.registry,
         )
+        self.read_retries_refused = Counter(
+            "quire_gateway_read_retries_refused",
+            "Speculative reads and retries on another replica that the retry budget refused "
+            "(the entry waited for its busy bookie instead)",
+            registry=self.registry,
+        )
+        self.read_backoffs = Counter(
+            "quire_gateway_read_backoffs",
+            "Times a bookie timed out or answered TOO_MANY_REQUESTS to a read, and the "
+            "reader backed off from it",
+            registry=self.registry,
+        )

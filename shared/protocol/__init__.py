@@ -4,7 +4,8 @@
   changes, close.
 - `flow.AddFlowControl`: the writer's flow control, at most N add requests unanswered per
   bookie, the rest held and merged.
-- `reader.LedgerReader`: reads from the write set (PendingReadOp), speculative reads.
+- `reader.LedgerReader`: reads a range (PendingReadOp) in order, in per-bookie windows,
+  sticky blocks, speculative reads and retries within a budget.
 - `recovery.LedgerRecovery`: fence, find the last entry, re-write the tail, close
   (LedgerRecoveryOp).
 - `ensemble.choose_ensemble`: where a new ledger goes.

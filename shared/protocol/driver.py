@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,7 @@ from shared.protocol.messages import (
     UpdateLedger,
     WritableBookies,
 )
-from shared.protocol.reader import LedgerReader, lac_from_replies
+from shared.protocol.reader import LedgerReader, ReadSettings, lac_from_replies
 from shared.protocol.recovery import LedgerRecovery
 from shared.protocol.transport import BookieTransport, BookieUnreachable, MetadataTransport
 from shared.protocol.writer import LedgerWriter
@@ -109,11 +109,43 @@ class ProtocolObserver:
     def replica_corrupt(self, ledger_id: int, command: ReplicaCorrupt) -> None:
         """A bookie returned a frame that failed its digest."""
 
-    def entry_read(self, ok: bool) -> None:
-        """One entry was read (or failed to be)."""
+    def entries_read(self, ok: bool, count: int) -> None:
+        """`count` entries were read (or one failed to be)."""
 
     def speculative_reads(self, count: int) -> None:
         """A read asked `count` more replicas early."""
+
+    def read_retries_refused(self, count: int) -> None:
+        """The retry budget refused `count` speculative reads or retries on another replica."""
+
+    def read_backoffs(self, count: int) -> None:
+        """Bookies timed out or answered TOO_MANY_REQUESTS `count` times: each backed off."""
+
+
+@dataclass
+class _ReadCounts:
+    """A reader's counters as last reported to the observer."""
+
+    speculative_reads: int = 0
+    retries_refused: int = 0
+    backoffs: int = 0
+
+    def report(
+        self, core: LedgerReader, observer: ProtocolObserver, read: int, failed: bool
+    ) -> None:
+        if read:
+            observer.entries_read(True, read)
+        if failed:
+            observer.entries_read(False, 1)
+        if core.speculative_reads != self.speculative_reads:
+            observer.speculative_reads(core.speculative_reads - self.speculative_reads)
+            self.speculative_reads = core.speculative_reads
+        if core.retries_refused != self.retries_refused:
+            observer.read_retries_refused(core.retries_refused - self.retries_refused)
+            self.retries_refused = core.retries_refused
+        if core.backoffs != self.backoffs:
+            observer.read_backoffs(core.backoffs - self.backoffs)
+            self.backoffs = core.backoffs
 
 
 @dataclass(frozen=True)
@@ -744,33 +776,85 @@ class ProtocolClient:
 
     # -- reads --------------------------------------------------------------------------------
 
-    async def read_entries(
-        self, metadata: LedgerMetadata, password: bytes, entry_ids: list[int]
-    ) -> dict[int, EntryRead | EntryReadFailed]:
-        """Run a LedgerReader over `entry_ids` until each is read or failed."""
-        core = LedgerReader(
-            metadata,
-            DigestManager(metadata.digest, password),
-            read_entry_timeout_ms=self.settings.read_entry_timeout_ms,
-            speculative_read_timeout_ms=self.settings.speculative_read_timeout_ms,
+    def read_settings(self) -> ReadSettings:
+        """The reader's bounds and timeouts, from the client's settings."""
+        s = self.settings
+        return ReadSettings(
+            read_entry_timeout_ms=s.read_entry_timeout_ms,
+            speculative_read_timeout_ms=s.speculative_read_timeout_ms,
+            read_batch_entries=s.read_batch_entries,
+            read_window_initial_entries=min(
+                s.read_window_initial_entries, s.read_window_max_entries
+            ),
+            read_window_max_entries=s.read_window_max_entries,
+            read_ahead_max_entries=s.read_ahead_max_entries,
+            sticky_read_block_entries=s.sticky_read_block_entries,
+            read_retry_budget_max_tokens=s.read_retry_budget_max_tokens,
+            read_retry_budget_token_ratio=s.read_retry_budget_token_ratio,
+            read_backoff_initial_ms=s.read_backoff_initial_ms,
+            read_backoff_max_ms=s.read_backoff_max_ms,
+            read_max_tries=s.read_max_tries,
         )
-        core.read(entry_ids, self.clock())
-        outcomes: dict[int, EntryRead | EntryReadFailed] = {}
 
-        def dispatch(command: Any) -> Any:
-            match command:
-                case SendReads():
-                    return self.send_reads(command)
-                case EntryRead() | EntryReadFailed():
-                    outcomes[command.entry_id] = command
-                    self.observer.entry_read(isinstance(command, EntryRead))
-                case ReplicaCorrupt():
-                    self.observer.replica_corrupt(metadata.ledger_id, command)
-            return None
-
-        await drive(core, dispatch, self.clock, finished=lambda: core.done)
-        self.observer.speculative_reads(core.speculative_reads)
-        return outcomes
+    async def read_stream(
+        self,
+        metadata: LedgerMetadata,
+        password: bytes,
+        first: int,
+        last: int,
+        *,
+        unconfirmed: bool = False,
+    ) -> AsyncIterator[list[EntryRead]]:
+        """Entries first..last in order, in batches as they arrive (a LedgerReader: memory
+        bounded by its read-ahead whatever the range). Raises QuireError with the failed
+        entry's API code; with `unconfirmed`, ends quietly before the first entry that no
+        replica has (NO_SUCH_ENTRY). A consumer that stops iterating (and closes the
+        iterator) cancels what is in flight; nothing more is sent meanwhile, since the core
+        only runs while the iteration does."""
+        core = LedgerReader(
+            metadata, DigestManager(metadata.digest, password), self.read_settings()
+        )
+        core.read(first, last, self.clock())
+        in_flight: set[asyncio.Future] = set()
+        reported = _ReadCounts()
+        try:
+            while True:
+                batch: list[EntryRead] = []
+                failed: EntryReadFailed | None = None
+                for command in core.take_commands():
+                    match command:
+                        case SendReads():
+                            in_flight.add(asyncio.ensure_future(self.send_reads(command)))
+                        case EntryRead():
+                            batch.append(command)
+                        case EntryReadFailed():
+                            failed = command
+                        case ReplicaCorrupt():
+                            self.observer.replica_corrupt(metadata.ledger_id, command)
+                # With `unconfirmed`, an entry no replica has is the range's end, no failure.
+                ended = unconfirmed and failed is not None and failed.api == ApiCodes.NO_SUCH_ENTRY
+                reported.report(core, self.observer, len(batch), failed is not None and not ended)
+                if batch:
+                    yield batch
+                if ended:
+                    return
+                if failed is not None:
+                    raise QuireError(failed.api, failed.detail)
+                if core.done:
+                    return
+                done: set[asyncio.Future] = set()
+                if in_flight:
+                    done, in_flight = await asyncio.wait(
+                        in_flight, timeout=TICK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
+                    )
+                else:  # nothing to wait for but time (a backoff)
+                    await asyncio.sleep(TICK_INTERVAL_S)
+                for task in done:
+                    core.step(task.result(), self.clock())
+                core.tick(self.clock())
+        finally:
+            for task in in_flight:
+                task.cancel()
 
     async def read_lac_from_bookies(self, metadata: LedgerMetadata) -> int:
         """The LAC as the last segment's bookies know it (their highest answer)."""

@@ -1,5 +1,5 @@
-"""Ensemble choice and change, close conflicts, explicit LAC and speculative reads in the
-sans-IO writer and reader: scenarios pushed through the core, checked command by command."""
+"""Ensemble choice and change, close conflicts and explicit LAC in the
+sans-IO writer: scenarios pushed through the core, checked command by command."""
 
 from __future__ import annotations
 
@@ -13,26 +13,22 @@ from shared.protocol.ensemble import choose_ensemble
 from shared.protocol.messages import (
     AddSendFailed,
     BookieAddReply,
-    BookieReadReply,
     CloseDone,
     CloseFailed,
     CompleteAdds,
     EnsembleChanged,
-    EntryRead,
     FailAdds,
     LedgerUpdated,
     LedgerUpdateFailed,
     ListWritableBookies,
     SendAdds,
-    SendReads,
     SendWriteLac,
     UpdateLedger,
     WritableBookies,
 )
-from shared.protocol.reader import LedgerReader
 from shared.protocol.writer import LedgerWriter
 from shared.status import ApiCodes, BookieStatus, QuireError
-from shared.wire import AddResult, ReadResult
+from shared.wire import AddResult
 
 LEDGER = 9
 KEY = master_key(b"pw")
@@ -254,58 +250,6 @@ def test_fenced_bookie_breaks_the_writer_even_after_the_entry_completed() -> Non
     fenced = (AddResult(LEDGER, 0, BookieStatus.FENCED),)
     w.step(BookieAddReply("b2", (0,), BookieStatus.OK, fenced), 0)
     assert w.broken is not None and w.broken.api == ApiCodes.LEDGER_FENCED
-
-
-# -- speculative reads ------------------------------------------------------------------------
-
-
-def frame(entry_id: int) -> bytes:
-    return DigestManager("crc32c").sign(LEDGER, entry_id, entry_id - 1, 1, b"x")
-
-
-def test_a_slow_replica_gets_a_speculative_read_and_the_first_answer_wins() -> None:
-    r = LedgerReader(
-        metadata(),
-        DigestManager("crc32c"),
-        read_entry_timeout_ms=1000,
-        speculative_read_timeout_ms=50,
-    )
-    r.read([0], 0)
-    assert [c.bookie_id for c in r.take_commands()] == ["b0"]
-    r.tick(49)
-    assert r.take_commands() == []
-    r.tick(50)
-    assert [c.bookie_id for c in r.take_commands() if isinstance(c, SendReads)] == ["b1"]
-    reply = BookieReadReply(
-        "b1", (0,), BookieStatus.OK, (ReadResult(LEDGER, 0, BookieStatus.OK, frame(0)),)
-    )
-    r.step(reply, 60)
-    [read] = r.take_commands()
-    assert isinstance(read, EntryRead) and read.payload == b"x" and r.done
-    assert r.speculative_reads == 1
-
-
-def test_speculative_reads_never_fail_an_entry_while_a_replica_may_answer() -> None:
-    r = LedgerReader(
-        metadata(),
-        DigestManager("crc32c"),
-        read_entry_timeout_ms=1000,
-        speculative_read_timeout_ms=10,
-    )
-    r.read([0], 0)
-    r.tick(10)
-    r.tick(20)  # b0, b1, b2 all asked
-    r.take_commands()
-    for bookie in ("b1", "b2"):
-        r.step(BookieReadReply(bookie, (0,), BookieStatus.NO_ENTRY), 30)
-    assert r.take_commands() == [] and not r.done  # b0 is still out
-    r.step(
-        BookieReadReply(
-            "b0", (0,), BookieStatus.OK, (ReadResult(LEDGER, 0, BookieStatus.OK, frame(0)),)
-        ),
-        40,
-    )
-    assert isinstance(r.take_commands()[0], EntryRead)
 
 
 # -- choose_ensemble ----------------------------------------------------------------------
