@@ -201,12 +201,19 @@ def encode_read_request(items: list[ReadItem], timeout_ms: int = 0) -> bytes:
     return b"".join(parts)
 
 
-def decode_read_request(data: bytes) -> ReadRequest:
+def read_request_timeout_ms(data: bytes) -> int:
+    """Check a read request's framing without decoding its items; its timeout_ms."""
     _check_version(data)
     _, count, timeout_ms = _unpack(_READ_HEAD, data, 0)
-    # The length also tells a request without the budget (5 + 17n bytes) from one with it.
+    # The length also tells a request without the timeout (5 + 17n bytes) from one with it.
     if len(data) != _READ_HEAD.size + count * _READ_ITEM.size:
         raise WireError("read request has the wrong length")
+    return timeout_ms
+
+
+def decode_read_request(data: bytes) -> ReadRequest:
+    timeout_ms = read_request_timeout_ms(data)
+    count = (len(data) - _READ_HEAD.size) // _READ_ITEM.size
     items = [
         ReadItem(*_READ_ITEM.unpack_from(data, _READ_HEAD.size + i * _READ_ITEM.size))
         for i in range(count)
