@@ -173,6 +173,8 @@ class LedgerStore:
         self._apply_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
         self._stalled_reason = ""
+        # Entries a read thread is bringing in now -> done when they are in the read cache.
+        self._reading: dict[Key, asyncio.Future[None]] = {}
         self._read_threads = ThreadPoolExecutor(
             settings.num_read_worker_threads, thread_name_prefix="ledgerstore-read"
         )
@@ -424,18 +426,52 @@ class LedgerStore:
 
     async def _read_present(self, items: list[wire.ReadItem]) -> list[wire.ReadResult | None]:
         """Each item from a cache, else from the entry logs (None: not in the index).
-        Whatever a request needs from disk takes one hop to a read thread."""
+        Whatever a request needs from disk takes one hop to a read thread; an entry that
+        another request's disk read (its read-ahead, say) is bringing in is waited for,
+        not read twice (a reader keeps several requests of consecutive blocks in flight)."""
         found = [self._from_cache(item) for item in items]
         misses = [n for n, result in enumerate(found) if result is None]
         if not misses:
             return found
-        plan = self._plan_disk_read([items[n] for n in misses])
-        loop = asyncio.get_running_loop()
-        batch = await loop.run_in_executor(self._read_threads, self._read_disk, plan)
-        self._took(batch)
-        for n in misses:
-            found[n] = batch.found.get((items[n].ledger_id, items[n].entry_id))
+        reading = self._reading
+        coming = {reading[_key(items[n])] for n in misses if _key(items[n]) in reading}
+        own = [n for n in misses if _key(items[n]) not in reading]
+        if own:
+            batch = await self._read_disk_now([items[n] for n in own])
+            for n in own:
+                found[n] = batch.found.get(_key(items[n]))
+        if coming:
+            await asyncio.gather(*coming)
+            late = [n for n in misses if found[n] is None and n not in own]
+            for n in late:
+                found[n] = self._from_cache(items[n])
+            # Not brought in after all (not in the index, corrupt, evicted): look here.
+            rest = [n for n in late if found[n] is None]
+            if rest:
+                batch = await self._read_disk_now([items[n] for n in rest])
+                for n in rest:
+                    found[n] = batch.found.get(_key(items[n]))
         return found
+
+    async def _read_disk_now(self, items: list[wire.ReadItem]) -> DiskBatch:
+        """One hop to a read thread for `items` and their read-ahead; what it brings in
+        is in the read cache before the requests waiting for it (`_reading`) go on."""
+        plan = self._plan_disk_read(items)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        keys = [(ledger_id, e) for ledger_id, ids in plan.asked.items() for e in ids]
+        keys += [(ledger_id, e) for ledger_id, ids in plan.ahead.items() for e in ids]
+        for key in keys:
+            self._reading.setdefault(key, done)
+        try:
+            loop = asyncio.get_running_loop()
+            batch = await loop.run_in_executor(self._read_threads, self._read_disk, plan)
+            self._took(batch)
+            return batch
+        finally:
+            for key in keys:
+                if self._reading.get(key) is done:
+                    del self._reading[key]
+            done.set_result(None)
 
     def _from_cache(self, item: wire.ReadItem) -> wire.ReadResult | None:
         ledger_id, entry_id = item.ledger_id, item.entry_id
@@ -465,7 +501,7 @@ class LedgerStore:
 
     def _plan_disk_read(self, items: list[wire.ReadItem]) -> DiskRead:
         """Per ledger: the entries asked and the ones to read ahead with them (what the
-        reader asks next, `read_ahead_ids`, unless cached already)."""
+        reader asks next, `read_ahead_ids`, unless cached or on their way already)."""
         asked: dict[int, set[int]] = {}
         for item in items:
             asked.setdefault(item.ledger_id, set()).add(item.entry_id)
@@ -475,7 +511,9 @@ class LedgerStore:
             ordered = sorted(ids)
             plan.asked[ledger_id] = ordered
             plan.ahead[ledger_id] = [
-                e for e in read_ahead_ids(ordered, limit) if not self._is_cached(ledger_id, e)
+                e
+                for e in read_ahead_ids(ordered, limit)
+                if (ledger_id, e) not in self._reading and not self._is_cached(ledger_id, e)
             ]
             plan.digest_codes[ledger_id] = self._digest_code(ledger_id)
         return plan
@@ -587,3 +625,7 @@ class LedgerStore:
                 return wire.LacReply(BookieStatus.UNKNOWN_LEDGER_STATE)
             return wire.LacReply(absent_status(False, caught_up))
         return wire.LacReply(BookieStatus.OK, info.lac, info.last_entry_id)
+
+
+def _key(item: wire.ReadItem) -> Key:
+    return item.ledger_id, item.entry_id

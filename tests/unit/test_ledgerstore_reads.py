@@ -193,6 +193,20 @@ async def test_one_index_query_and_one_pread_per_run_and_read_ahead_of_the_next_
     await store.close()
 
 
+async def test_requests_in_flight_together_read_each_entry_from_disk_once(
+    tmp_path: Path,
+) -> None:
+    store = await open_store(tmp_path, [(1, e) for e in range(300)])
+    blocks = [items(1, range(at, at + 100)) for at in (0, 100, 200)]
+    results = await asyncio.gather(*(store.read(block) for block in blocks))
+    assert [r.frame for block in results for r in block] == [frame(1, e) for e in range(300)]
+    # The first read brings in 0-199 (its read-ahead is the second block): the second
+    # waits for it; the third, whose entries nobody is bringing in, reads its own.
+    assert store.stats.index_lookups == 2 and store.stats.entry_log_reads == 2
+    assert store.stats.read_cache_hits == 100
+    await store.close()
+
+
 async def test_gaps_and_the_holes_of_a_striped_ledger(tmp_path: Path) -> None:
     # Ledger 1 has a gap (3, 4 never written here); ledger 2 is one bookie's share of an
     # E3/Qw1 ledger: every third entry. Both in one request, one index query per run.
