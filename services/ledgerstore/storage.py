@@ -13,7 +13,8 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -79,7 +80,9 @@ class EntryLogger:
         self.size = 0
         self._fd = -1
         self._cache_dropped_to = 0  # page cache of the current log handed back up to here
-        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._read_fds: OrderedDict[int, int] = OrderedDict()  # log id -> fd, LRU
+        self._fd_users: dict[int, int] = {}  # fd -> reads using it now
+        self._fds_to_close: set[int] = set()  # evicted while in use
         self._read_lock = threading.Lock()
 
     def log_ids(self) -> list[int]:
@@ -164,7 +167,8 @@ class EntryLogger:
 
     def read_span(self, log_id: int, offset: int, size: int) -> bytes:
         """`size` bytes of log `log_id` from `offset` (a run of entries in one read)."""
-        data = os.pread(self._read_fd(log_id), size, offset)
+        with self._read_fd(log_id) as fd:
+            data = os.pread(fd, size, offset)
         if len(data) != size:
             raise OSError(f"entry log {log_id} ends before offset {offset + size}")
         return data
@@ -173,31 +177,53 @@ class EntryLogger:
         """Ask the kernel to start reading these bytes now (POSIX_FADV_WILLNEED): a
         reader's next request finds them in the page cache."""
         if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self._read_fd(log_id), offset, size, os.POSIX_FADV_WILLNEED)
+            with self._read_fd(log_id) as fd:
+                os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
 
     def read(self, location: EntryLocation) -> bytes:
-        fd = self._read_fd(location.log_id)
-        frame = os.pread(fd, location.size, location.frame_offset)
+        with self._read_fd(location.log_id) as fd:
+            frame = os.pread(fd, location.size, location.frame_offset)
         if len(frame) != location.size:
             raise OSError(f"entry log {location.log_id} ends before {location}")
         return frame
 
-    def _read_fd(self, log_id: int) -> int:
+    @contextmanager
+    def _read_fd(self, log_id: int) -> Iterator[int]:
+        """An open descriptor of log `log_id`, kept open while the caller uses it: the
+        store reads from several threads, and a descriptor closed (and its number reused
+        by another open) under a pread would read another file."""
         with self._read_lock:
             fd = self._read_fds.get(log_id)
             if fd is not None:
                 self._read_fds.move_to_end(log_id)
-                return fd
-            fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
-            if hasattr(os, "posix_fadvise"):
-                # Reads of a log go forward (catch-up reads a ledger's entries in order,
-                # stored in order by the sorted flush): a larger kernel read-ahead.
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            self._read_fds[log_id] = fd
-            if len(self._read_fds) > READ_FDS_MAX:
-                _, old = self._read_fds.popitem(last=False)
+            else:
+                fd = self._open_for_reads(log_id)
+            self._fd_users[fd] = self._fd_users.get(fd, 0) + 1
+        try:
+            yield fd
+        finally:
+            with self._read_lock:
+                self._fd_users[fd] -= 1
+                if not self._fd_users[fd]:
+                    del self._fd_users[fd]
+                    if fd in self._fds_to_close:
+                        self._fds_to_close.discard(fd)
+                        os.close(fd)
+
+    def _open_for_reads(self, log_id: int) -> int:
+        fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+        if hasattr(os, "posix_fadvise"):
+            # Reads of a log go forward (catch-up reads a ledger's entries in order,
+            # stored in order by the sorted flush): a larger kernel read-ahead.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        self._read_fds[log_id] = fd
+        if len(self._read_fds) > READ_FDS_MAX:
+            _, old = self._read_fds.popitem(last=False)
+            if old in self._fd_users:
+                self._fds_to_close.add(old)  # closed by its last reader
+            else:
                 os.close(old)
-            return fd
+        return fd
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -434,19 +434,19 @@ class LedgerStore:
         if not misses:
             return found
         reading = self._reading
-        coming = {reading[_key(items[n])] for n in misses if _key(items[n]) in reading}
+        waiting = [n for n in misses if _key(items[n]) in reading]
+        coming = {reading[_key(items[n])] for n in waiting}
         own = [n for n in misses if _key(items[n]) not in reading]
         if own:
             batch = await self._read_disk_now([items[n] for n in own])
             for n in own:
                 found[n] = batch.found.get(_key(items[n]))
-        if coming:
+        if waiting:
             await asyncio.gather(*coming)
-            late = [n for n in misses if found[n] is None and n not in own]
-            for n in late:
+            for n in waiting:
                 found[n] = self._from_cache(items[n])
             # Not brought in after all (not in the index, corrupt, evicted): look here.
-            rest = [n for n in late if found[n] is None]
+            rest = [n for n in waiting if found[n] is None]
             if rest:
                 batch = await self._read_disk_now([items[n] for n in rest])
                 for n in rest:

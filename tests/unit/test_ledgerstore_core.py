@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from services.ledgerstore import storage
 from services.ledgerstore.cache import WriteCache
 from services.ledgerstore.core import (
     CursorAction,
@@ -122,6 +123,24 @@ def test_entry_logger_rolls_reads_and_resumes_after_checkpoint(tmp_path: Path) -
     assert again[0] == EntryLocation(end[0], end[1], len(frame(3, 0)))
     assert reopened.read(locations[0]) == entries[0][2]
     reopened.close()
+
+
+def test_an_entry_log_descriptor_evicted_while_read_stays_open_until_that_read_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "READ_FDS_MAX", 1)
+    logger = EntryLogger(tmp_path, log_size_limit_bytes=4096)
+    logger.open(None)
+    entries = [(1, e, frame(1, e, payload=os.urandom(3000))) for e in range(2)]
+    locations = logger.append(entries)
+    assert locations[0].log_id != locations[1].log_id
+    with logger._read_fd(locations[0].log_id) as fd:
+        # Another thread's read opens the second log, evicting the first's descriptor.
+        assert logger.read(locations[1]) == entries[1][2]
+        os.fstat(fd)  # still open: a read under way never finds it closed or reused
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed by its last reader
+    logger.close()
 
 
 def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
