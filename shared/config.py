@@ -88,9 +88,10 @@ class LedgerstoreSettings(BaseModel):
     # this and apart from the threads of the journal catch-up and the flush.
     num_read_worker_threads: int = Field(default=4, ge=1, le=64)
     # maxPendingReadRequestsPerThread: read requests waiting for a worker, per worker;
-    # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests is
-    # seconds of work for a bookie: a queue that long means an overload. (A request that
-    # waited past its sender's timeout is dropped unread whatever the length.)
+    # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests of 100
+    # entries are seconds of reading (docs/storage.md has the rates): only an overload
+    # queues that many. A request that waited past its sender's timeout (it carries it)
+    # is dropped unread whatever the length.
     max_pending_read_requests_per_thread: int = Field(default=1_000, ge=1)
     # diskUsageThreshold: above this used fraction of a bookie disk, the bookie turns
     # read-only (adds get READ_ONLY; reads go on).
