@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,12 +37,11 @@ from services.ledgerstore.core import (
     EntryLocation,
     LedgerInfo,
     apply_to_ledgers,
-    id_ranges,
     ledger_dir_index,
-    plan_spans,
     read_ahead_ids,
     verify_stored,
 )
+from services.ledgerstore.disk_reads import DiskBatch, DiskRead, DiskReader
 from services.ledgerstore.storage import (
     EntryIndex,
     EntryLogger,
@@ -109,26 +108,6 @@ class LedgerstoreStats:
     entry_log_read_bytes: int = 0
 
 
-@dataclass
-class DiskRead:
-    """What one request needs from disk, per ledger (planned on the event loop)."""
-
-    asked: dict[int, list[int]]  # ledger -> entry ids asked, ascending
-    ahead: dict[int, list[int]]  # ledger -> entry ids to read ahead (not cached yet)
-    digest_codes: dict[int, int]  # ledger -> digest code, to check the frames asked
-
-
-@dataclass
-class DiskBatch:
-    """What a read thread found for a `DiskRead`."""
-
-    found: dict[Key, wire.ReadResult] = field(default_factory=dict)  # asked and in the index
-    ahead: list[tuple[Key, bytes]] = field(default_factory=list)  # read ahead, unchecked
-    corrupt: list[tuple[Key, str, str]] = field(default_factory=list)  # key, where, why
-    entry_log_reads: int = 0
-    entry_log_read_bytes: int = 0
-
-
 class LedgerStore:
     def __init__(
         self,
@@ -175,6 +154,7 @@ class LedgerStore:
         self._stalled_reason = ""
         # Entries a read thread is bringing in now -> done when they are in the read cache.
         self._reading: dict[Key, asyncio.Future[None]] = {}
+        self._disk = DiskReader(self.index, self.loggers)
         self._read_threads = ThreadPoolExecutor(
             settings.num_read_worker_threads, thread_name_prefix="ledgerstore-read"
         )
@@ -464,7 +444,7 @@ class LedgerStore:
             self._reading.setdefault(key, done)
         try:
             loop = asyncio.get_running_loop()
-            batch = await loop.run_in_executor(self._read_threads, self._read_disk, plan)
+            batch = await loop.run_in_executor(self._read_threads, self._disk.read, plan)
             self._took(batch)
             return batch
         finally:
@@ -524,64 +504,6 @@ class LedgerStore:
             or self._write_cache.get(ledger_id, entry_id) is not None
             or self._flushing.get(ledger_id, entry_id) is not None
         )
-
-    def _read_disk(self, plan: DiskRead) -> DiskBatch:
-        """On a read thread: one index range query per run of the ledger's entry ids, one
-        pread per run of frames near each other in an entry log, the frames asked checked
-        (read-ahead frames are checked when served)."""
-        batch = DiskBatch()
-        located: list[tuple[Key, EntryLocation]] = []
-        asked_keys: set[Key] = set()
-        for ledger_id, asked in plan.asked.items():
-            asked_keys.update((ledger_id, e) for e in asked)
-            wanted = sorted({*asked, *plan.ahead[ledger_id]})
-            keep = set(wanted)
-            for first, last in id_ranges(wanted):
-                for entry_id, location in self.index.lookup_range(ledger_id, first, last):
-                    if entry_id in keep:
-                        located.append(((ledger_id, entry_id), location))
-        for span in plan_spans(located):
-            self._read_span(span, asked_keys, plan.digest_codes, batch)
-        return batch
-
-    def _read_span(
-        self,
-        span: list[tuple[Key, EntryLocation]],
-        asked_keys: set[Key],
-        digest_codes: dict[int, int],
-        batch: DiskBatch,
-    ) -> None:
-        first, last = span[0][1], span[-1][1]
-        size = last.frame_offset + last.size - first.offset
-        logger = self.loggers[first.dir]
-        try:
-            data = logger.read_span(first.log_id, first.offset, size)
-        except OSError as exc:
-            log.error("entry log read failed", extra={"location": str(first), "err": repr(exc)})
-            for key, _ in span:
-                if key in asked_keys:
-                    batch.found[key] = wire.ReadResult(*key, BookieStatus.IO_ERROR)
-            return
-        batch.entry_log_reads += 1
-        batch.entry_log_read_bytes += size
-        read_ahead = False
-        for key, location in span:
-            start = location.frame_offset - first.offset
-            frame = data[start : start + location.size]
-            if key not in asked_keys:
-                batch.ahead.append((key, frame))
-                read_ahead = True
-                continue
-            problem = verify_stored(frame, key[0], key[1], digest_codes[key[0]])
-            if problem is None:
-                batch.found[key] = wire.ReadResult(*key, BookieStatus.OK, frame)
-            else:
-                batch.corrupt.append((key, str(location), problem))
-                batch.found[key] = wire.ReadResult(*key, BookieStatus.CORRUPT)
-        if read_ahead:
-            # The reader's next block likely follows (a flush writes a ledger's entries
-            # in order): the kernel starts reading it while this answer goes out.
-            logger.will_need(first.log_id, first.offset + size, size)
 
     def _took(self, batch: DiskBatch) -> None:
         """Back on the event loop: read-ahead into the read cache, the frames asked too
