@@ -35,6 +35,7 @@ class BookieClient:
         self._nc = nc
         self._subjects = subjects
         self._add_timeout_s = add_timeout_ms / 1000
+        self._read_timeout_ms = read_timeout_ms
         self._read_timeout_s = read_timeout_ms / 1000
 
     @property
@@ -77,9 +78,10 @@ class BookieClient:
     async def read(
         self, bookie_id: str, items: list[wire.ReadItem]
     ) -> tuple[BookieStatus, list[wire.ReadResult]]:
-        data = await self._request(
-            bookie_id, "read", wire.encode_read_request(items), self._read_timeout_s
-        )
+        """The request carries this client's read timeout: the bookie drops it unread once
+        it waited that long in its queue (nobody waits for the answer any more)."""
+        body = wire.encode_read_request(items, self._read_timeout_ms)
+        data = await self._request(bookie_id, "read", body, self._read_timeout_s)
         try:
             return wire.decode_read_reply(data)
         except wire.WireError as exc:

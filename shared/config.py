@@ -79,8 +79,20 @@ class LedgerstoreSettings(BaseModel):
     write_cache_max_size_bytes: int = Field(default=64 * MIB, ge=4096)
     # dbStorage_readAheadCacheMaxSizeMb: entries read from entry logs kept in memory.
     read_ahead_cache_max_size_bytes: int = Field(default=64 * MIB, ge=0)
-    # dbStorage_readAheadCacheBatchSize: entries read at once on a read-cache miss.
+    # dbStorage_readAheadCacheBatchSize: the most entries of a ledger read ahead on a
+    # read-cache miss. A request is read ahead by as many entries as it asked (what its
+    # reader asks next), up to this.
     read_ahead_cache_batch_size: int = Field(default=100, ge=1, le=10_000)
+    # numReadWorkerThreads: read requests served at once; each has at most one blocking
+    # call (index queries, entry log reads) on the ledgerstore's read threads, as many as
+    # this and apart from the threads of the journal catch-up and the flush.
+    num_read_worker_threads: int = Field(default=4, ge=1, le=64)
+    # maxPendingReadRequestsPerThread: read requests waiting for a worker, per worker;
+    # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests of 100
+    # entries are seconds of reading (docs/storage.md has the rates): only an overload
+    # queues that many. A request that waited past its sender's timeout (it carries it)
+    # is dropped unread whatever the length.
+    max_pending_read_requests_per_thread: int = Field(default=1_000, ge=1)
     # diskUsageThreshold: above this used fraction of a bookie disk, the bookie turns
     # read-only (adds get READ_ONLY; reads go on).
     disk_usage_threshold: float = Field(default=0.95, gt=0, le=1)

@@ -170,6 +170,25 @@ class ServiceRuntime:
             )
         )
 
+    async def add_inline_endpoint(self, name: str, subject: str, handler: Handler) -> None:
+        """Serve `subject` by calling `handler` on the subscription's own task, in arrival
+        order, for a handler that never waits for work: it answers at once or hands the
+        request to a bounded queue of its own, which serves it and drains it at shutdown
+        (see `on_shutdown`). Requests beyond `add_endpoint`'s `max_in_flight` wait in the
+        subscription's pending queue instead, unbounded and past their senders' timeouts."""
+
+        async def dispatch(request: Request) -> None:
+            try:
+                await handler(request)
+            except Exception:
+                log.exception("handler failed", extra={"endpoint": name})
+                with contextlib.suppress(Exception):
+                    await request.respond_error("500", "internal error")
+
+        await self.micro.add_endpoint(
+            EndpointConfig(name=name, subject=subject, handler=dispatch, queue_group=f"q-{subject}")
+        )
+
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         """A background task, cancelled at shutdown. If it dies, the service stops."""
         task = asyncio.ensure_future(coro)

@@ -8,7 +8,9 @@ message starts with a version byte; every reply then carries a batch status
     add request     v u8 | n u32 | n x (flags u8 | master_key 20s | len u32 | frame)
                     (flags: bit 0 recovery add, bits 4-7 digest type code)
     add reply       v u8 | status u16 | n u32 | n x (ledger u64 | entry i64 | status u16)
-    read request    v u8 | n u32 | n x (ledger u64 | entry i64 | flags u8)
+    read request    v u8 | n u32 | timeout_ms u32 | n x (ledger u64 | entry i64 | flags u8)
+                    (timeout_ms: how long the client waits for the answer, 0 = no limit; a
+                    bookie drops a request that waited longer in its queue, unread)
     read reply      v u8 | status u16 | n u32 | n x (ledger u64 | entry i64 | status u16 |
                                                      len u32 | frame)
     read_lac req    v u8 | ledger u64
@@ -58,6 +60,7 @@ _COUNT = struct.Struct(">BI")
 _REPLY_HEAD = struct.Struct(">BHI")
 _ADD_ITEM = struct.Struct(f">B{MASTER_KEY_SIZE}sI")
 _ADD_RESULT = struct.Struct(">QqH")
+_READ_HEAD = struct.Struct(">BII")
 _READ_ITEM = struct.Struct(">QqB")
 _READ_RESULT = struct.Struct(">QqHI")
 _LEDGER = struct.Struct(">BQ")
@@ -90,6 +93,12 @@ class ReadItem:
     ledger_id: int
     entry_id: int
     flags: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    items: list[ReadItem]
+    timeout_ms: int = 0  # the client's budget for the answer; 0: it waits without limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,21 +194,31 @@ def decode_add_reply(data: bytes) -> tuple[BookieStatus, list[AddResult]]:
 # -- read --------------------------------------------------------------------------------
 
 
-def encode_read_request(items: list[ReadItem]) -> bytes:
-    parts = [_COUNT.pack(VERSION, len(items))]
+def encode_read_request(items: list[ReadItem], timeout_ms: int = 0) -> bytes:
+    """`timeout_ms`: how long the sender will wait for the answer (0: without limit)."""
+    parts = [_READ_HEAD.pack(VERSION, len(items), timeout_ms)]
     parts.extend(_READ_ITEM.pack(i.ledger_id, i.entry_id, i.flags) for i in items)
     return b"".join(parts)
 
 
-def decode_read_request(data: bytes) -> list[ReadItem]:
+def read_request_timeout_ms(data: bytes) -> int:
+    """Check a read request's framing without decoding its items; its timeout_ms."""
     _check_version(data)
-    _, count = _unpack(_COUNT, data, 0)
-    if len(data) != _COUNT.size + count * _READ_ITEM.size:
+    _, count, timeout_ms = _unpack(_READ_HEAD, data, 0)
+    # The length also tells a request without the timeout (5 + 17n bytes) from one with it.
+    if len(data) != _READ_HEAD.size + count * _READ_ITEM.size:
         raise WireError("read request has the wrong length")
-    return [
-        ReadItem(*_READ_ITEM.unpack_from(data, _COUNT.size + i * _READ_ITEM.size))
+    return timeout_ms
+
+
+def decode_read_request(data: bytes) -> ReadRequest:
+    timeout_ms = read_request_timeout_ms(data)
+    count = (len(data) - _READ_HEAD.size) // _READ_ITEM.size
+    items = [
+        ReadItem(*_READ_ITEM.unpack_from(data, _READ_HEAD.size + i * _READ_ITEM.size))
         for i in range(count)
     ]
+    return ReadRequest(items, timeout_ms)
 
 
 def encode_read_reply(status: BookieStatus, results: list[ReadResult]) -> bytes:

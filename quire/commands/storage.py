@@ -276,7 +276,9 @@ async def _sanity(data_dir: Path, bookie_id: str, count: int, timeout_s: float) 
         status, results = wire.decode_add_reply(reply.data)
         if status is not BookieStatus.OK or any(r.status is not BookieStatus.OK for r in results):
             fail(f"bookie {bookie_id} refused the test adds: {[r.status.name for r in results]}")
-        request = wire.encode_read_request([wire.ReadItem(ledger_id, e) for e in range(count)])
+        request = wire.encode_read_request(
+            [wire.ReadItem(ledger_id, e) for e in range(count)], round(timeout_s * 1000)
+        )
         reply = await nc.request(subjects.bookie(bookie_id, "read"), request, timeout=timeout_s)
         status, results = wire.decode_read_reply(reply.data)
         for result, frame in zip(results, frames, strict=True):

@@ -3,11 +3,18 @@ services.ledgerstore.bench`. Its input is a journal file written directly with t
 journal's format (`shared.bookie.journal_format`), as group commits of one entry per
 ledger; the journal's own figures are `python -m services.journal.bench`.
 
-Measures, on this machine's disk:
+Measures, on this machine's disk (`--mode all`, the default):
 - ledgerstore index lookups/s, cold reads/s (read cache empty, random order) and warm
   reads/s (from the read cache);
 - the index candidates: SQLite (WAL) against LMDB (if the `lmdb` package is installed),
   inserts/s in checkpoint-sized transactions and point lookups/s.
+
+`--mode read` measures a catch-up read: `--entries` entries of `--entry-size` bytes over
+`--writers` ledgers are applied and flushed, the entry logs and the index are dropped from
+the page cache (POSIX_FADV_DONTNEED), then every ledger is read from its first entry in
+requests of `--batch` entries (every `--stride`th entry: 3 is a reader of an E3/Qw3 ledger
+asking each bookie in turn), `--in-flight` requests at a time, cold and then again warm:
+entries/s and MB/s of each.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import sqlite3
 import struct
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from services.ledgerstore.store import LedgerStore
@@ -33,6 +41,7 @@ from shared.bookie.journal_format import (
 )
 from shared.config import LedgerstoreSettings
 from shared.digest import DigestManager
+from shared.status import BookieStatus
 
 KEY = b"k" * 20
 
@@ -182,11 +191,86 @@ def _bench_lmdb(directory: Path, rows: list, probes: list) -> dict:
     }
 
 
+def drop_page_cache(store: LedgerStore) -> None:
+    """Hand back the page cache of the entry logs and the index, as a cold bookie has it."""
+    paths = [path for logger in store.loggers for path in logger.directory.iterdir()]
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+async def read_ledgers(store: LedgerStore, args: argparse.Namespace) -> dict:
+    """Read every entry a reader with this stride asks this bookie for, in requests of
+    `args.batch`, `args.in_flight` requests at a time; entries/s and MB/s."""
+    requests = []
+    for ledger_id, info in sorted(store.ledgers.items()):
+        ids = list(range(0, info.last_entry_id + 1, args.stride))
+        for at in range(0, len(ids), args.batch):
+            requests.append([wire.ReadItem(ledger_id, e) for e in ids[at : at + args.batch]])
+    slots = asyncio.Semaphore(args.in_flight)
+    entries = size = 0
+
+    async def one(items: list[wire.ReadItem]) -> None:
+        nonlocal entries, size
+        async with slots:
+            results = await store.read(items)
+        assert all(r.status is BookieStatus.OK for r in results), "a read failed"
+        entries += len(results)
+        size += sum(len(r.frame) for r in results)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(items) for items in requests))
+    elapsed_s = time.perf_counter() - started
+    return {
+        "entries": entries,
+        "requests": len(requests),
+        "seconds": round(elapsed_s, 3),
+        "entries_per_s": round(entries / elapsed_s),
+        "mb_per_s": round(size / elapsed_s / 1e6, 1),
+    }
+
+
+async def catch_up_reads(bookie_dir: Path, args: argparse.Namespace) -> dict:
+    settings = LedgerstoreSettings()
+    store = LedgerStore(bookie_dir, settings)
+    await store.open()
+    await store.catch_up()
+    await store.checkpoint()
+    await store.close()
+    store = LedgerStore(bookie_dir, settings)
+    drop_page_cache(store)
+    await store.open()
+    cold = await read_ledgers(store, args)
+    warm = await read_ledgers(store, args)
+    stats = asdict(store.stats)
+    await store.close()
+    return {
+        "batch": args.batch,
+        "stride": args.stride,
+        "in_flight": args.in_flight,
+        "cold": cold,
+        "warm": warm,
+        "stats": {key: stats[key] for key in sorted(stats) if key.startswith(READ_STATS)},
+    }
+
+
+READ_STATS = ("ledgerstore_read", "read_cache", "readahead", "index")
+
+
 async def run(args: argparse.Namespace) -> dict:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="quire-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     bookie_dir = base / "bookie"
     write_journal(bookie_dir / "journal", args.entries, args.writers, args.entry_size)
+    if args.mode == "read":
+        return {
+            "machine": {"cpus": os.cpu_count(), "dir": str(base)},
+            "entry_size": args.entry_size,
+            "read": await catch_up_reads(bookie_dir, args),
+        }
     result = {
         "machine": {"cpus": os.cpu_count(), "dir": str(base)},
         "ledgerstore": await ledgerstore_reads(bookie_dir, args.seconds),
@@ -197,11 +281,15 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.ledgerstore.bench")
+    parser.add_argument("--mode", choices=("all", "read"), default="all")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--entries", type=int, default=50_000, help="entries to read")
     parser.add_argument("--writers", type=int, default=64, help="ledgers written at once")
     parser.add_argument("--entry-size", type=int, default=1024)
     parser.add_argument("--index-entries", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=100, help="read mode: entries a request")
+    parser.add_argument("--stride", type=int, default=1, help="read mode: every nth entry")
+    parser.add_argument("--in-flight", type=int, default=4, help="read mode: requests at once")
     parser.add_argument("--dir", help="where to write (default: a new temp dir)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)

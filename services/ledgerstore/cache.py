@@ -56,12 +56,16 @@ class WriteCache:
 
 
 class ReadCache:
-    """Least recently used entries read from the entry logs, at most `max_size_bytes`."""
+    """Least recently used entries read from the entry logs, at most `max_size_bytes`.
+
+    Read-ahead frames come in unverified: their checks cost the reader nothing unless it
+    asks for them (the store verifies a frame when it first serves it, `verified`)."""
 
     def __init__(self, max_size_bytes: int) -> None:
         self.max_size_bytes = max_size_bytes
         self.size_bytes = 0
         self._entries: OrderedDict[Key, bytes] = OrderedDict()
+        self._unverified: set[Key] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,7 +76,13 @@ class ReadCache:
             self._entries.move_to_end((ledger_id, entry_id))
         return frame
 
-    def put(self, ledger_id: int, entry_id: int, frame: bytes) -> None:
+    def is_verified(self, ledger_id: int, entry_id: int) -> bool:
+        return (ledger_id, entry_id) not in self._unverified
+
+    def mark_verified(self, ledger_id: int, entry_id: int) -> None:
+        self._unverified.discard((ledger_id, entry_id))
+
+    def put(self, ledger_id: int, entry_id: int, frame: bytes, *, verified: bool = True) -> None:
         if len(frame) > self.max_size_bytes:
             return
         key = (ledger_id, entry_id)
@@ -81,6 +91,19 @@ class ReadCache:
             self.size_bytes -= len(old)
         self._entries[key] = frame
         self.size_bytes += len(frame)
+        if verified:
+            self._unverified.discard(key)
+        else:
+            self._unverified.add(key)
         while self.size_bytes > self.max_size_bytes:
-            _, evicted = self._entries.popitem(last=False)
+            evicted_key, evicted = self._entries.popitem(last=False)
+            self._unverified.discard(evicted_key)
             self.size_bytes -= len(evicted)
+
+    def remove(self, ledger_id: int, entry_id: int) -> None:
+        """Forget an entry (its frame failed its check when served)."""
+        key = (ledger_id, entry_id)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.size_bytes -= len(old)
+        self._unverified.discard(key)

@@ -64,6 +64,69 @@ def verify_stored(frame: bytes, ledger_id: int, entry_id: int, digest_code: int)
     return None
 
 
+# -- planning a read from disk ------------------------------------------------------------
+
+# Two entries further apart than this in an entry log are read with two preads: reading
+# the bytes between costs less than a second IO below it (a reader asking every third
+# entry of 1 KiB entries skips 2 KiB between them).
+READ_GAP_MAX_BYTES = 64 * 1024
+# The most bytes one pread of a run of entries reads.
+READ_SPAN_MAX_BYTES = 8 * 1024 * 1024
+# Entry ids of one ledger further apart than this are looked up by separate range queries
+# (a sparse request must not scan the index rows between its entries).
+INDEX_GAP_MAX_ENTRIES = 64
+
+
+def read_ahead_ids(asked: Sequence[int], limit: int) -> list[int]:
+    """The entries a reader that asked `asked` (ascending ids of one ledger) asks next: as
+    many again (at most `limit`), after the last, with the request's stride (1: a block of
+    entries; 3: a reader of an E3/Qw3 ledger asking each bookie every third entry); a
+    request without one stride is read ahead as a block."""
+    if not asked or limit <= 0:
+        return []
+    steps = {b - a for a, b in zip(asked, asked[1:], strict=False)}
+    stride = steps.pop() if len(steps) == 1 else 1
+    last = asked[-1]
+    return [last + stride * k for k in range(1, min(len(asked), limit) + 1)]
+
+
+def id_ranges(ids: Sequence[int], gap_max: int = INDEX_GAP_MAX_ENTRIES) -> list[tuple[int, int]]:
+    """Ascending `ids` as [first, last] ranges, one per run whose neighbours are at most
+    `gap_max` apart: one index range query each."""
+    ranges: list[tuple[int, int]] = []
+    for entry_id in ids:
+        if ranges and entry_id - ranges[-1][1] <= gap_max:
+            ranges[-1] = (ranges[-1][0], entry_id)
+        else:
+            ranges.append((entry_id, entry_id))
+    return ranges
+
+
+def plan_spans(
+    located: Sequence[tuple[tuple[int, int], EntryLocation]],
+    gap_max_bytes: int = READ_GAP_MAX_BYTES,
+    span_max_bytes: int = READ_SPAN_MAX_BYTES,
+) -> list[list[tuple[tuple[int, int], EntryLocation]]]:
+    """Group ((ledger, entry), location)s into spans that one pread each reads: same entry log, in
+    file order, neighbours at most `gap_max_bytes` apart, at most `span_max_bytes` long."""
+    ordered = sorted(located, key=lambda kl: (kl[1].dir, kl[1].log_id, kl[1].offset))
+    spans: list[list[tuple[tuple[int, int], EntryLocation]]] = []
+    for key, location in ordered:
+        if spans:
+            first, last = spans[-1][0][1], spans[-1][-1][1]
+            end = last.frame_offset + last.size
+            if (
+                location.dir == first.dir
+                and location.log_id == first.log_id
+                and 0 <= location.offset - end <= gap_max_bytes
+                and location.frame_offset + location.size - first.offset <= span_max_bytes
+            ):
+                spans[-1].append((key, location))
+                continue
+        spans.append([(key, location)])
+    return spans
+
+
 def ledger_dir_index(ledger_id: int, dir_count: int) -> int:
     """Which ledger directory stores a ledger's entries (BookKeeper: ledger id modulo
     the number of ledgerDirectories)."""

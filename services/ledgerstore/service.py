@@ -3,7 +3,9 @@
 Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     read               batch of (ledger, entry) -> stored frames (absent: NO_ENTRY or
                        NO_LEDGER with authority, else UNKNOWN_LEDGER_STATE; see
-                       `shared.bookie.rules`)
+                       `shared.bookie.rules`); through a bounded queue
+                       (`read_queue.ReadQueue`): TOO_MANY_REQUESTS when it is full, dropped
+                       unanswered once it waited past its sender's timeout
     read_lac           a ledger's LAC and last stored entry (an unknown ledger: NO_LEDGER
                        with authority, else UNKNOWN_LEDGER_STATE)
     ledgerstore.stats  JSON counters
@@ -23,6 +25,7 @@ from dataclasses import asdict
 
 from nats.micro.request import Request
 
+from services.ledgerstore.read_queue import ReadQueue
 from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.aio import wait_event
@@ -47,6 +50,12 @@ class LedgerstoreService:
             on_corrupt=self._on_corrupt,
             skip_invalid_journal_records=rt.settings.journal.skip_replay_journal_invalid_record,
         )
+        self.reads = ReadQueue(
+            self.store,
+            self.settings.num_read_worker_threads,
+            self.settings.num_read_worker_threads
+            * self.settings.max_pending_read_requests_per_thread,
+        )
         self._journal_committed = asyncio.Event()
         self._flush_soon = asyncio.Event()
 
@@ -61,14 +70,7 @@ class LedgerstoreService:
         )
 
     async def handle_read(self, request: Request) -> None:
-        try:
-            items = wire.decode_read_request(request.data)
-        except wire.WireError as exc:
-            log.warning("bad read request", extra={"err": str(exc)})
-            await request.respond(wire.encode_read_reply(BookieStatus.BAD_REQUEST, []))
-            return
-        results = await self.store.read(items)
-        await request.respond(wire.encode_read_reply(BookieStatus.OK, results))
+        await self.reads.offer(request, request.data)
 
     async def handle_read_lac(self, request: Request) -> None:
         try:
@@ -81,6 +83,7 @@ class LedgerstoreService:
 
     async def handle_stats(self, request: Request) -> None:
         data = asdict(self.store.stats)
+        data.update(asdict(self.reads.stats))
         data.update(
             applied=self.store.applied.to_json(),
             checkpointed=self.store.checkpointed.to_json() if self.store.checkpointed else None,
@@ -204,7 +207,9 @@ async def main(rt: ServiceRuntime) -> None:
     await service.store.catch_up()
     rt.spawn(service.follow_journal(), "follow-journal")
     rt.spawn(service.checkpoint_forever(), "checkpoint")
-    await rt.add_endpoint("read", rt.subjects.bookie(bookie, "read"), service.handle_read)
+    service.reads.start()
+    rt.on_shutdown(service.reads.drain)  # runs before store.close (last added, first run)
+    await rt.add_inline_endpoint("read", rt.subjects.bookie(bookie, "read"), service.handle_read)
     await rt.add_endpoint(
         "read_lac", rt.subjects.bookie(bookie, "read_lac"), service.handle_read_lac
     )

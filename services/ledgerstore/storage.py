@@ -1,7 +1,8 @@
 """The ledgerstore's files: entry logs, the SQLite index, and the journal tailer.
 
-All methods here block; the store calls them through `asyncio.to_thread` (except index
-point lookups, which are fast enough for the event loop). The formats are in
+All methods here block; the store calls them on its own threads: the read path's
+(index queries, entry log reads) apart from the write path's (journal reads, entry log
+appends and fsyncs, index commits), see `LedgerStore`. The formats are in
 `shared.bookie` (`entrylog_format`, `index_schema`, `journal_format`).
 """
 
@@ -12,7 +13,8 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -78,7 +80,9 @@ class EntryLogger:
         self.size = 0
         self._fd = -1
         self._cache_dropped_to = 0  # page cache of the current log handed back up to here
-        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._read_fds: OrderedDict[int, int] = OrderedDict()  # log id -> fd, LRU
+        self._fd_users: dict[int, int] = {}  # fd -> reads using it now
+        self._fds_to_close: set[int] = set()  # evicted while in use
         self._read_lock = threading.Lock()
 
     def log_ids(self) -> list[int]:
@@ -162,31 +166,64 @@ class EntryLogger:
         return self.log_id, self.size
 
     def read_span(self, log_id: int, offset: int, size: int) -> bytes:
-        """`size` bytes of log `log_id` from `offset` (read-ahead reads many entries at once)."""
-        data = os.pread(self._read_fd(log_id), size, offset)
+        """`size` bytes of log `log_id` from `offset` (a run of entries in one read)."""
+        with self._read_fd(log_id) as fd:
+            data = os.pread(fd, size, offset)
         if len(data) != size:
             raise OSError(f"entry log {log_id} ends before offset {offset + size}")
         return data
 
+    def will_need(self, log_id: int, offset: int, size: int) -> None:
+        """Ask the kernel to start reading these bytes now (POSIX_FADV_WILLNEED): a
+        reader's next request finds them in the page cache."""
+        if hasattr(os, "posix_fadvise"):
+            with self._read_fd(log_id) as fd:
+                os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+
     def read(self, location: EntryLocation) -> bytes:
-        fd = self._read_fd(location.log_id)
-        frame = os.pread(fd, location.size, location.frame_offset)
+        with self._read_fd(location.log_id) as fd:
+            frame = os.pread(fd, location.size, location.frame_offset)
         if len(frame) != location.size:
             raise OSError(f"entry log {location.log_id} ends before {location}")
         return frame
 
-    def _read_fd(self, log_id: int) -> int:
+    @contextmanager
+    def _read_fd(self, log_id: int) -> Iterator[int]:
+        """An open descriptor of log `log_id`, kept open while the caller uses it: the
+        store reads from several threads, and a descriptor closed (and its number reused
+        by another open) under a pread would read another file."""
         with self._read_lock:
             fd = self._read_fds.get(log_id)
             if fd is not None:
                 self._read_fds.move_to_end(log_id)
-                return fd
-            fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
-            self._read_fds[log_id] = fd
-            if len(self._read_fds) > READ_FDS_MAX:
-                _, old = self._read_fds.popitem(last=False)
+            else:
+                fd = self._open_for_reads(log_id)
+            self._fd_users[fd] = self._fd_users.get(fd, 0) + 1
+        try:
+            yield fd
+        finally:
+            with self._read_lock:
+                self._fd_users[fd] -= 1
+                if not self._fd_users[fd]:
+                    del self._fd_users[fd]
+                    if fd in self._fds_to_close:
+                        self._fds_to_close.discard(fd)
+                        os.close(fd)
+
+    def _open_for_reads(self, log_id: int) -> int:
+        fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+        if hasattr(os, "posix_fadvise"):
+            # Reads of a log go forward (catch-up reads a ledger's entries in order,
+            # stored in order by the sorted flush): a larger kernel read-ahead.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        self._read_fds[log_id] = fd
+        if len(self._read_fds) > READ_FDS_MAX:
+            _, old = self._read_fds.popitem(last=False)
+            if old in self._fd_users:
+                self._fds_to_close.add(old)  # closed by its last reader
+            else:
                 os.close(old)
-            return fd
+        return fd
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -216,14 +253,20 @@ class IndexState:
 class EntryIndex:
     """(ledger, entry) -> location, per-ledger facts, and the applied journal position, in
     SQLite (WAL; chosen by benchmark, see docs/storage.md). Everything of one checkpoint
-    commits in one transaction."""
+    commits in one transaction.
+
+    One writer connection (checkpoints) and one reader connection per thread that queries:
+    in WAL mode readers never wait for the writer's transaction, nor for each other."""
 
     def __init__(self, path: Path, files: FileLayer = OS_FILES) -> None:
         self.path = path
         self.files = files
-        self.lookups = 0
-        self._reader: sqlite3.Connection | None = None
+        self.lookups = 0  # queries (a range query counts one)
         self._writer: sqlite3.Connection | None = None
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._open = False
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -240,7 +283,7 @@ class EntryIndex:
             names = {row[1] for row in self._writer.execute(f"PRAGMA table_info({table})")}
             if column not in names:
                 self._writer.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
-        self._reader = self._connect()
+        self._open = True
         row = self._writer.execute(sql.SELECT_CHECKPOINT).fetchone()
         state = IndexState(None, {})
         if row is not None:
@@ -253,23 +296,39 @@ class EntryIndex:
         state.facts = dict(self._writer.execute(sql.SELECT_FACTS))
         return state
 
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's reader connection."""
+        assert self._open, "index is not open"
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def _count(self) -> None:
+        with self._readers_lock:  # queries come from several threads
+            self.lookups += 1
+
     def lookup(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
-        assert self._reader is not None
-        self.lookups += 1
-        row = self._reader.execute(
-            sql.SELECT_ENTRY, (sql.to_sql_id(ledger_id), entry_id)
-        ).fetchone()
+        self._count()
+        row = (
+            self._reader()
+            .execute(sql.SELECT_ENTRY, (sql.to_sql_id(ledger_id), entry_id))
+            .fetchone()
+        )
         return EntryLocation(*row) if row else None
 
     def lookup_range(
         self, ledger_id: int, first: int, last: int
     ) -> list[tuple[int, EntryLocation]]:
         """(entry id, location) of the ledger's stored entries in [first, last], in order."""
-        assert self._reader is not None
-        self.lookups += 1
-        rows = self._reader.execute(
-            sql.SELECT_ENTRY_RANGE, (sql.to_sql_id(ledger_id), first, last)
-        ).fetchall()
+        self._count()
+        rows = (
+            self._reader()
+            .execute(sql.SELECT_ENTRY_RANGE, (sql.to_sql_id(ledger_id), first, last))
+            .fetchall()
+        )
         return [(row[0], EntryLocation(*row[1:])) for row in rows]
 
     def ledger_entries(self, ledger_id: int) -> list[tuple[int, EntryLocation]]:
@@ -324,10 +383,14 @@ class EntryIndex:
         self.files.point("index.committed")
 
     def close(self) -> None:
-        for conn in (self._reader, self._writer):
+        self._open = False
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in [*readers, self._writer]:
             if conn is not None:
                 conn.close()
-        self._reader = self._writer = None
+        self._writer = None
+        self._local = threading.local()
 
 
 # -- following the journal ----------------------------------------------------------------

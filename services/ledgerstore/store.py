@@ -9,7 +9,16 @@ SQLite transaction; only then may the journal move its LastLogMark. After a cras
 point of that, the index names a consistent state: the entry logs are cut back to the
 ends it recorded and the journal is replayed from its position (idempotent: the same
 entries are written again). Reads look in the write cache, the read cache, then the
-entry logs (through the index, reading ahead); every frame read from disk is verified.
+entry logs (through the index, reading ahead); every frame read from disk is verified
+(a read-ahead frame when it is first served).
+
+The read path and the write path do not share a queue that one could fill for the
+other. Reads run their blocking work (index range queries, entry log preads) on the
+store's read threads (`num_read_worker_threads` of them, each index query on its own
+thread's SQLite connection); journal reads, entry log appends and fsyncs and index commits
+run on its two write threads (one catch-up, under the apply lock, and one flush, under the
+checkpoint lock, at a time). A read of an entry that is cached or indexed takes neither
+lock; only an entry found nowhere waits for a catch-up (the authority rule).
 """
 
 from __future__ import annotations
@@ -18,17 +27,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
-from services.ledgerstore.cache import ReadCache, WriteCache
+from services.ledgerstore.cache import Key, ReadCache, WriteCache
 from services.ledgerstore.core import (
     EntryLocation,
     LedgerInfo,
     apply_to_ledgers,
     ledger_dir_index,
+    read_ahead_ids,
     verify_stored,
 )
+from services.ledgerstore.disk_reads import DiskBatch, DiskRead, DiskReader
 from services.ledgerstore.storage import (
     EntryIndex,
     EntryLogger,
@@ -51,8 +64,11 @@ log = logging.getLogger(__name__)
 # Bound on one catch-up: reads of the journal before giving the event loop back.
 CATCH_UP_MAX_READS = 10_000
 UNSURE_FACT = "unsure"  # index fact: why absent entries answer UNKNOWN_LEDGER_STATE
+# The write path's threads: one journal read (catch-up) and one flush at a time.
+WRITE_THREADS = 2
 
 CorruptListener = Callable[[int, int, str], None]
+T = TypeVar("T")
 
 
 def die(reason: str) -> None:
@@ -87,6 +103,9 @@ class LedgerstoreStats:
     flush_latency_ms_max: float = 0.0
     # Catch-ups that had to flush first because the write cache was full (back-pressure).
     throttled_write_requests: int = 0
+    # preads of entry logs by reads (one per run of frames) and the bytes they read.
+    entry_log_reads: int = 0
+    entry_log_read_bytes: int = 0
 
 
 class LedgerStore:
@@ -133,6 +152,18 @@ class LedgerStore:
         self._apply_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
         self._stalled_reason = ""
+        # Entries a read thread is bringing in now -> done when they are in the read cache.
+        self._reading: dict[Key, asyncio.Future[None]] = {}
+        self._disk = DiskReader(self.index, self.loggers)
+        self._read_threads = ThreadPoolExecutor(
+            settings.num_read_worker_threads, thread_name_prefix="ledgerstore-read"
+        )
+        self._write_threads = ThreadPoolExecutor(
+            WRITE_THREADS, thread_name_prefix="ledgerstore-write"
+        )
+
+    async def _on_write_thread(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._write_threads, fn, *args)
 
     @property
     def unflushed_bytes(self) -> int:
@@ -145,9 +176,9 @@ class LedgerStore:
         return self.loggers[0]
 
     async def open(self) -> None:
-        state = await asyncio.to_thread(self.index.open)
+        state = await self._on_write_thread(self.index.open)
         for index, logger in enumerate(self.loggers):
-            await asyncio.to_thread(logger.open, state.log_ends.get(index))
+            await self._on_write_thread(logger.open, state.log_ends.get(index))
         self.ledgers = state.ledgers
         self.unsure = state.facts.get(UNSURE_FACT)
         self.applied = state.position or JOURNAL_START
@@ -167,9 +198,11 @@ class LedgerStore:
         await self.checkpoint()
         async with self._apply_lock:
             for logger in self.loggers:
-                await asyncio.to_thread(logger.close)
+                await self._on_write_thread(logger.close)
             self.index.close()
             self.tailer.close()
+        self._read_threads.shutdown()
+        self._write_threads.shutdown()
 
     # -- applying the journal -------------------------------------------------------------
 
@@ -210,9 +243,9 @@ class LedgerStore:
                     if reads == 0:
                         # One thread hop for the usual catch-up: where the journal ends
                         # now (taken first: the goal), then the records up to there.
-                        target, tail = await asyncio.to_thread(self._end_and_read)
+                        target, tail = await self._on_write_thread(self._end_and_read)
                     else:
-                        tail = await asyncio.to_thread(self.tailer.read)
+                        tail = await self._on_write_thread(self.tailer.read)
                 except OSError as exc:
                     self._note_stall(f"reading the journal: {exc!r}")
                     return False
@@ -298,12 +331,12 @@ class LedgerStore:
             started = time.perf_counter()
             flushing = self._flushing
             try:
-                locations, log_ends = await asyncio.to_thread(self._write_entry_logs, flushing)
+                locations, log_ends = await self._on_write_thread(self._write_entry_logs, flushing)
             except OSError as exc:
                 self._fatal(f"entry log write or fsync: {exc!r}")
                 raise
             try:
-                await asyncio.to_thread(
+                await self._on_write_thread(
                     self.index.commit, locations, ledgers, position, log_ends, facts
                 )
             except Exception as exc:
@@ -345,124 +378,162 @@ class LedgerStore:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def _cached(self, ledger_id: int, entry_id: int) -> bytes | None:
+    async def read(self, items: list[wire.ReadItem]) -> list[wire.ReadResult]:
+        """The entries asked, in order. An entry in a cache or in the index is served
+        without waiting for anything of the write path (no lock of the journal catch-up or
+        of the flush, none of their threads); only entries found nowhere wait for a
+        catch-up (the authority rule: look at everything the journal has before saying
+        "no") and are looked for again."""
+        found = await self._read_present(items)
+        authority = True
+        absent = [n for n, result in enumerate(found) if result is None]
+        if absent:
+            authority = await self.catch_up() and self.unsure is None
+            again = await self._read_present([items[n] for n in absent])
+            for n, result in zip(absent, again, strict=True):
+                found[n] = result
+        results = []
+        for item, result in zip(items, found, strict=True):
+            if result is None:
+                self.stats.ledgerstore_read_entry_absent += 1
+                status = self._absent(item, authority)
+                result = wire.ReadResult(item.ledger_id, item.entry_id, status)
+            results.append(result)
+        self.stats.ledgerstore_read_entry += len(items)
+        self.stats.read_cache_size_bytes = self._read_cache.size_bytes
+        self.stats.read_cache_count = len(self._read_cache)
+        return results
+
+    async def _read_present(self, items: list[wire.ReadItem]) -> list[wire.ReadResult | None]:
+        """Each item from a cache, else from the entry logs (None: not in the index).
+        Whatever a request needs from disk takes one hop to a read thread; an entry that
+        another request's disk read (its read-ahead, say) is bringing in is waited for,
+        not read twice (a reader keeps several requests of consecutive blocks in flight)."""
+        found = [self._from_cache(item) for item in items]
+        misses = [n for n, result in enumerate(found) if result is None]
+        if not misses:
+            return found
+        reading = self._reading
+        waiting = [n for n in misses if _key(items[n]) in reading]
+        coming = {reading[_key(items[n])] for n in waiting}
+        own = [n for n in misses if _key(items[n]) not in reading]
+        if own:
+            batch = await self._read_disk_now([items[n] for n in own])
+            for n in own:
+                found[n] = batch.found.get(_key(items[n]))
+        if waiting:
+            await asyncio.gather(*coming)
+            for n in waiting:
+                found[n] = self._from_cache(items[n])
+            # Not brought in after all (not in the index, corrupt, evicted): look here.
+            rest = [n for n in waiting if found[n] is None]
+            if rest:
+                batch = await self._read_disk_now([items[n] for n in rest])
+                for n in rest:
+                    found[n] = batch.found.get(_key(items[n]))
+        return found
+
+    async def _read_disk_now(self, items: list[wire.ReadItem]) -> DiskBatch:
+        """One hop to a read thread for `items` and their read-ahead; what it brings in
+        is in the read cache before the requests waiting for it (`_reading`) go on."""
+        plan = self._plan_disk_read(items)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        keys = [(ledger_id, e) for ledger_id, ids in plan.asked.items() for e in ids]
+        keys += [(ledger_id, e) for ledger_id, ids in plan.ahead.items() for e in ids]
+        for key in keys:
+            self._reading.setdefault(key, done)
+        try:
+            loop = asyncio.get_running_loop()
+            batch = await loop.run_in_executor(self._read_threads, self._disk.read, plan)
+            self._took(batch)
+            return batch
+        finally:
+            for key in keys:
+                if self._reading.get(key) is done:
+                    del self._reading[key]
+            done.set_result(None)
+
+    def _from_cache(self, item: wire.ReadItem) -> wire.ReadResult | None:
+        ledger_id, entry_id = item.ledger_id, item.entry_id
         frame = self._write_cache.get(ledger_id, entry_id) or self._flushing.get(
             ledger_id, entry_id
         )
         if frame is not None:
             self.stats.write_cache_hits += 1
-            return frame
+            return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frame)
         frame = self._read_cache.get(ledger_id, entry_id)
-        if frame is not None:
-            self.stats.read_cache_hits += 1
-        return frame
+        if frame is None:
+            return None
+        self.stats.read_cache_hits += 1
+        if not self._read_cache.is_verified(ledger_id, entry_id):
+            # Read ahead, not checked yet: checked now, when it is first served.
+            problem = verify_stored(frame, ledger_id, entry_id, self._digest_code(ledger_id))
+            if problem is not None:
+                self._read_cache.remove(ledger_id, entry_id)
+                self._corrupt(ledger_id, entry_id, "read-ahead", problem)
+                return wire.ReadResult(ledger_id, entry_id, BookieStatus.CORRUPT)
+            self._read_cache.mark_verified(ledger_id, entry_id)
+        return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frame)
 
-    def _locate(self, item: wire.ReadItem) -> bytes | EntryLocation | None:
-        """The frame from a cache, else its location on disk, else None (absent)."""
-        frame = self._cached(item.ledger_id, item.entry_id)
-        if frame is not None:
-            return frame
-        location = self.index.lookup(item.ledger_id, item.entry_id)
-        self.stats.index_lookups = self.index.lookups
-        return location
+    def _digest_code(self, ledger_id: int) -> int:
+        info = self.ledgers.get(ledger_id)
+        return info.digest_code if info is not None else 0
 
-    async def read(self, items: list[wire.ReadItem]) -> list[wire.ReadResult]:
-        found = [self._locate(i) for i in items]
-        authority = True
-        if any(f is None for f in found):
-            # The authority rule: look at everything the journal has before saying "no".
-            authority = await self.catch_up() and self.unsure is None
-            found = [
-                f if f is not None else self._locate(i) for i, f in zip(items, found, strict=True)
+    def _plan_disk_read(self, items: list[wire.ReadItem]) -> DiskRead:
+        """Per ledger: the entries asked and the ones to read ahead with them (what the
+        reader asks next, `read_ahead_ids`, unless cached or on their way already)."""
+        asked: dict[int, set[int]] = {}
+        for item in items:
+            asked.setdefault(item.ledger_id, set()).add(item.entry_id)
+        plan = DiskRead({}, {}, {})
+        limit = self.settings.read_ahead_cache_batch_size
+        for ledger_id, ids in asked.items():
+            ordered = sorted(ids)
+            plan.asked[ledger_id] = ordered
+            plan.ahead[ledger_id] = [
+                e
+                for e in read_ahead_ids(ordered, limit)
+                if (ledger_id, e) not in self._reading and not self._is_cached(ledger_id, e)
             ]
-        results = []
-        for item, where in zip(items, found, strict=True):
-            self.stats.ledgerstore_read_entry += 1
-            if where is None:
-                self.stats.ledgerstore_read_entry_absent += 1
-                status = self._absent(item, authority)
-                results.append(wire.ReadResult(item.ledger_id, item.entry_id, status))
-            elif isinstance(where, bytes):
-                results.append(
-                    wire.ReadResult(item.ledger_id, item.entry_id, BookieStatus.OK, where)
-                )
-            else:
-                results.append(await self._read_from_disk(item, where))
-        self.stats.read_cache_size_bytes = self._read_cache.size_bytes
-        self.stats.read_cache_count = len(self._read_cache)
-        return results
+            plan.digest_codes[ledger_id] = self._digest_code(ledger_id)
+        return plan
+
+    def _is_cached(self, ledger_id: int, entry_id: int) -> bool:
+        return (
+            self._read_cache.get(ledger_id, entry_id) is not None
+            or self._write_cache.get(ledger_id, entry_id) is not None
+            or self._flushing.get(ledger_id, entry_id) is not None
+        )
+
+    def _took(self, batch: DiskBatch) -> None:
+        """Back on the event loop: read-ahead into the read cache, the frames asked too
+        (another replica's reader or a speculative read may ask again), counters."""
+        for (ledger_id, entry_id), frame in batch.ahead:
+            self._read_cache.put(ledger_id, entry_id, frame, verified=False)
+        for (ledger_id, entry_id), result in batch.found.items():
+            if result.status is BookieStatus.OK:
+                self._read_cache.put(ledger_id, entry_id, result.frame)
+        for (ledger_id, entry_id), where, problem in batch.corrupt:
+            self._corrupt(ledger_id, entry_id, where, problem)
+        stats = self.stats
+        stats.read_cache_misses += len(batch.found)
+        if batch.ahead:
+            stats.readahead_batch_count += 1
+            stats.readahead_batch_size += len(batch.ahead)
+        stats.index_lookups = self.index.lookups
+        stats.entry_log_reads += batch.entry_log_reads
+        stats.entry_log_read_bytes += batch.entry_log_read_bytes
 
     def _absent(self, item: wire.ReadItem, authority: bool) -> BookieStatus:
         info = self.ledgers.get(item.ledger_id)
         first_entry_id = info.first_entry_id if info is not None else None
         return absent_entry_status(item.entry_id, first_entry_id, authority, self.limbo)
 
-    async def _read_from_disk(
-        self, item: wire.ReadItem, location: EntryLocation
-    ) -> wire.ReadResult:
-        """Read the entry and up to dbStorage_readAheadCacheBatchSize entries after it of
-        the same ledger (stored next to it by the sorted flush) into the read cache."""
-        ledger_id, entry_id = item.ledger_id, item.entry_id
-        self.stats.read_cache_misses += 1
-        batch = self.settings.read_ahead_cache_batch_size
-        span = self.index.lookup_range(ledger_id, entry_id + 1, entry_id + batch - 1)
-        self.stats.index_lookups = self.index.lookups
-        wanted = [(entry_id, location), *span]
-        try:
-            frames = await asyncio.to_thread(self._read_frames, wanted)
-        except OSError as exc:
-            log.error(
-                "entry read failed",
-                extra={"ledger_id": ledger_id, "entry_id": entry_id, "err": repr(exc)},
-            )
-            return wire.ReadResult(ledger_id, entry_id, BookieStatus.IO_ERROR)
-        self.stats.readahead_batch_count += 1
-        self.stats.readahead_batch_size += len(frames) - 1
-        info = self.ledgers.get(ledger_id)
-        digest_code = info.digest_code if info else 0
-        for (other_id, _), frame in list(zip(wanted, frames, strict=True))[1:]:
-            if verify_stored(frame, ledger_id, other_id, digest_code) is None:
-                self._read_cache.put(ledger_id, other_id, frame)
-        problem = verify_stored(frames[0], ledger_id, entry_id, digest_code)
-        if problem is not None:
-            self._corrupt(ledger_id, entry_id, location, problem)
-            return wire.ReadResult(ledger_id, entry_id, BookieStatus.CORRUPT)
-        self._read_cache.put(ledger_id, entry_id, frames[0])
-        return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frames[0])
-
-    def _read_frames(self, wanted: list[tuple[int, EntryLocation]]) -> list[bytes]:
-        """The frames at `wanted` locations (blocking): one read per run of entries that
-        lie back to back in one entry log."""
-        frames: list[bytes] = []
-        run: list[EntryLocation] = []
-        for _, location in wanted:
-            if run and not _follows(run[-1], location):
-                frames.extend(self._read_run(run))
-                run = []
-            run.append(location)
-        frames.extend(self._read_run(run))
-        return frames
-
-    def _read_run(self, run: list[EntryLocation]) -> list[bytes]:
-        first, last = run[0], run[-1]
-        logger = self.loggers[first.dir]
-        end = last.frame_offset + last.size
-        data = logger.read_span(first.log_id, first.offset, end - first.offset)
-        return [
-            data[loc.frame_offset - first.offset : loc.frame_offset - first.offset + loc.size]
-            for loc in run
-        ]
-
-    def _corrupt(self, ledger_id: int, entry_id: int, location: EntryLocation, why: str) -> None:
+    def _corrupt(self, ledger_id: int, entry_id: int, where: str, why: str) -> None:
         self.stats.ledgerstore_read_entry_corrupt += 1
         log.error(
             "stored entry is corrupt",
-            extra={
-                "ledger_id": ledger_id,
-                "entry_id": entry_id,
-                "location": str(location),
-                "reason": why,
-            },
+            extra={"ledger_id": ledger_id, "entry_id": entry_id, "location": where, "reason": why},
         )
         if self._on_corrupt is not None:
             self._on_corrupt(ledger_id, entry_id, why)
@@ -478,9 +549,5 @@ class LedgerStore:
         return wire.LacReply(BookieStatus.OK, info.lac, info.last_entry_id)
 
 
-def _follows(previous: EntryLocation, location: EntryLocation) -> bool:
-    return (
-        location.dir == previous.dir
-        and location.log_id == previous.log_id
-        and location.offset == previous.frame_offset + previous.size
-    )
+def _key(item: wire.ReadItem) -> Key:
+    return item.ledger_id, item.entry_id

@@ -19,6 +19,7 @@ import pytest
 from shared import wire
 from shared.bookie.journal_dir import journal_files
 from shared.bookie.journal_format import FILE_HEADER_SIZE, EntryRecord, scan_records
+from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
 from shared.digest import DigestManager, master_key
 from shared.requests import request
@@ -126,6 +127,34 @@ async def test_adds_are_journaled_before_ack_and_read_back_byte_exact(nc, settin
         assert stats["journal_add_entry"] == 60
         assert 1 <= stats["journal_sync"] <= 30
         assert stats["journal_flush_batch_records_sum"] == 60
+
+
+async def test_bookie_client_reads_carry_its_read_timeout(nc, settings) -> None:
+    """The budget a bookie drops a queued read by is the client's own read timeout; the
+    bookie's read queue shows in its stats."""
+    bookies = BookieClient(
+        nc, Subjects(settings.subject_prefix), add_timeout_ms=1000, read_timeout_ms=1234
+    )
+    client = Bookie(nc, settings)
+    async with bookie(settings):
+        assert await client.add([frame(5, 0)]) == [BookieStatus.OK]
+        seen: list[wire.ReadRequest] = []
+        subject = Subjects(settings.subject_prefix).bookie(settings.bookie_id, "read")
+
+        async def record(msg) -> None:  # a plain subscriber: a copy of every request
+            seen.append(wire.decode_read_request(msg.data))
+
+        sub = await nc.subscribe(subject, cb=record)
+        status, [result] = await bookies.read(settings.bookie_id, [wire.ReadItem(5, 0)])
+        deadline = asyncio.get_running_loop().time() + 10
+        while not seen and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # the copy's callback runs on its own task
+        await sub.unsubscribe()
+        assert (status, result.frame) == (BookieStatus.OK, frame(5, 0))
+        assert seen == [wire.ReadRequest([wire.ReadItem(5, 0)], 1234)]
+        stats = await client.stats("ledgerstore")
+        assert stats["read_entry_requests"] == 1
+        assert stats["read_entry_rejected"] == stats["read_entry_expired"] == 0
 
 
 async def test_absent_entries_and_ledgers(nc, settings) -> None:

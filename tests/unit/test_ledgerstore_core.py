@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from services.ledgerstore import storage
 from services.ledgerstore.cache import WriteCache
 from services.ledgerstore.core import (
     CursorAction,
@@ -16,8 +17,11 @@ from services.ledgerstore.core import (
     LedgerInfo,
     apply_to_ledgers,
     frame_matches,
+    id_ranges,
     locate,
     next_file,
+    plan_spans,
+    read_ahead_ids,
 )
 from services.ledgerstore.storage import EntryIndex, EntryLogger, JournalTailer, TailStatus
 from shared.bookie.journal_format import (
@@ -121,6 +125,24 @@ def test_entry_logger_rolls_reads_and_resumes_after_checkpoint(tmp_path: Path) -
     reopened.close()
 
 
+def test_an_entry_log_descriptor_evicted_while_read_stays_open_until_that_read_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "READ_FDS_MAX", 1)
+    logger = EntryLogger(tmp_path, log_size_limit_bytes=4096)
+    logger.open(None)
+    entries = [(1, e, frame(1, e, payload=os.urandom(3000))) for e in range(2)]
+    locations = logger.append(entries)
+    assert locations[0].log_id != locations[1].log_id
+    with logger._read_fd(locations[0].log_id) as fd:
+        # Another thread's read opens the second log, evicting the first's descriptor.
+        assert logger.read(locations[1]) == entries[1][2]
+        os.fstat(fd)  # still open: a read under way never finds it closed or reused
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed by its last reader
+    logger.close()
+
+
 def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
     index = EntryIndex(tmp_path / "index.sqlite")
     state = index.open()
@@ -204,3 +226,52 @@ def test_write_cache_flushes_sorted_by_ledger_then_entry_whatever_the_arrival_or
     assert len(cache) == len(arrivals)
     assert cache.get(2, 3) == b"2:3 again" and cache.get(3, 0) is None
     assert cache.size_bytes == sum(len(frame) for _, _, frame in cache.sorted_entries())
+
+
+@pytest.mark.parametrize(
+    ("asked", "limit", "expected"),
+    [
+        ([], 100, []),
+        ([7], 100, [8]),
+        ([0, 1, 2, 3], 100, [4, 5, 6, 7]),
+        ([0, 1, 2, 3], 2, [4, 5]),  # at most dbStorage_readAheadCacheBatchSize
+        ([0, 3, 6], 100, [9, 12, 15]),  # a reader asking this bookie every third entry
+        ([0, 1, 5], 100, [6, 7, 8]),  # no single stride: the block after
+        ([4], 0, []),
+    ],
+)
+def test_read_ahead_is_what_the_reader_asks_next(asked, limit, expected) -> None:
+    assert read_ahead_ids(asked, limit) == expected
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        ([], []),
+        ([5], [(5, 5)]),
+        (list(range(200)), [(0, 199)]),
+        (list(range(0, 300, 3)), [(0, 297)]),
+        ([0, 1, 1000, 1001, 5000], [(0, 1), (1000, 1001), (5000, 5000)]),  # no scan between
+    ],
+)
+def test_id_ranges_give_one_index_query_per_run(ids, expected) -> None:
+    assert id_ranges(ids, gap_max=64) == expected
+
+
+def _loc(log_id: int, offset: int, size: int = 100, dir_index: int = 0) -> EntryLocation:
+    return EntryLocation(log_id, offset, size, dir_index)
+
+
+def test_plan_spans_reads_nearby_frames_of_one_log_together() -> None:
+    head = _loc(1, 0).frame_offset  # frames follow their entry's head
+    step = head + 100
+    back_to_back = [((1, e), _loc(1, e * step)) for e in range(3)]
+    assert plan_spans(back_to_back) == [back_to_back]
+    # Out of order in, file order out; a gap within the limit joins, beyond it splits.
+    near = [((1, 1), _loc(1, 5 * step)), ((1, 0), _loc(1, 0))]
+    assert plan_spans(near, gap_max_bytes=4 * step) == [sorted(near, key=lambda kl: kl[1].offset)]
+    assert len(plan_spans(near, gap_max_bytes=4 * step - 1)) == 2
+    # Another log or another ledger directory: another pread; so is a span too long.
+    apart = [((1, 0), _loc(1, 0)), ((1, 1), _loc(2, step)), ((1, 2), _loc(1, step, 100, 1))]
+    assert len(plan_spans(apart)) == 3
+    assert len(plan_spans(back_to_back, span_max_bytes=2 * step)) == 2

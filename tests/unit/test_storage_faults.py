@@ -363,13 +363,14 @@ async def test_write_cache_double_buffer_read_cache_and_read_ahead(tmp_path: Pat
     assert await store.catch_up()
     assert store.stats.throttled_write_requests >= 1 and store.stats.flush >= 1
     await store.checkpoint()
-    results = await store.read([wire.ReadItem(1, 0)])
-    assert results[0].status is BookieStatus.OK
-    assert store.stats.readahead_batch_count == 1 and store.stats.readahead_batch_size == 7
+    # Read-ahead serves what the reader asks next: as many entries again as it asked.
+    results = await store.read([wire.ReadItem(1, e) for e in range(4)])
+    assert [r.status for r in results] == [BookieStatus.OK] * 4
+    assert store.stats.readahead_batch_count == 1 and store.stats.readahead_batch_size == 4
     lookups = store.stats.index_lookups
-    results = await store.read([wire.ReadItem(1, e) for e in range(1, 8)])
-    assert [r.status for r in results] == [BookieStatus.OK] * 7
-    assert store.stats.read_cache_hits == 7 and store.stats.index_lookups == lookups
+    results = await store.read([wire.ReadItem(1, e) for e in range(4, 8)])
+    assert [r.status for r in results] == [BookieStatus.OK] * 4
+    assert store.stats.read_cache_hits == 4 and store.stats.index_lookups == lookups
     await store.close()
 
 

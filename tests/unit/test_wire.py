@@ -29,7 +29,9 @@ def test_add_reply_round_trip() -> None:
 
 def test_read_round_trip() -> None:
     items = [wire.ReadItem(1, 0), wire.ReadItem(2**63 - 1, -1, 1)]
-    assert wire.decode_read_request(wire.encode_read_request(items)) == items
+    assert wire.decode_read_request(wire.encode_read_request(items)) == wire.ReadRequest(items, 0)
+    budget = wire.decode_read_request(wire.encode_read_request(items, timeout_ms=2_000))
+    assert budget == wire.ReadRequest(items, 2_000)
     results = [
         wire.ReadResult(1, 0, BookieStatus.OK, frame(1, 0)),
         wire.ReadResult(1, 1, BookieStatus.NO_ENTRY),
@@ -86,6 +88,9 @@ def test_add_reply_round_trips() -> None:
         (wire.decode_add_request, GOOD_ADD + b"!"),  # trailing bytes
         (wire.decode_add_request, GOOD_ADD[:3]),  # truncated count
         (wire.decode_read_request, wire.encode_read_request([wire.ReadItem(1, 2)])[:-1]),
+        (wire.decode_read_request, wire.encode_read_request([wire.ReadItem(1, 2)])[:8]),
+        # A request without the timeout field (the format before it) is the wrong length.
+        (wire.decode_read_request, b"\x01\x00\x00\x00\x01" + bytes(17)),
         (wire.decode_read_lac_request, b"\x01\x00"),
         (wire.decode_fence_request, b"\x01" + b"\x00" * 8),
         (wire.decode_write_lac_request, b"\x01"),  # no item
