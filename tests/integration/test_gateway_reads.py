@@ -33,7 +33,7 @@ async def test_a_long_range_streams_in_order_from_every_bookie(
 
         def counter(bookie_id: str):
             async def count(msg) -> None:
-                entries = [item.entry_id for item in decode_read_request(msg.data)]
+                entries = [item.entry_id for item in decode_read_request(msg.data).items]
                 assert len(entries) <= client_settings.gateway.read_batch_entries
                 asked.setdefault(bookie_id, []).extend(entries)
 
