@@ -146,14 +146,23 @@ class GrpcClient(QuireClient):
         except grpc.aio.AioRpcError as error:
             raise _client_error(error) from None
 
-    async def read(
-        self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
-    ) -> list[Entry]:
-        request = pb.ReadRequest(
-            ledger_id=ledger_id, from_entry_id=first, to_entry_id=last, unconfirmed=unconfirmed
-        )
+    async def read_stream(
+        self,
+        ledger_id: int,
+        password: str,
+        first: int,
+        last: int | None,
+        unconfirmed: bool = False,
+    ) -> AsyncIterator[Entry]:
+        request = pb.ReadRequest(ledger_id=ledger_id, from_entry_id=first, unconfirmed=unconfirmed)
+        if last is not None:
+            request.to_entry_id = last
         call = self._stub.Read(request, metadata=self._metadata(password))
-        return [entry async for entry in self._entries(call)]
+        try:
+            async for entry in self._entries(call):
+                yield entry
+        finally:
+            call.cancel()  # a reader that stopped early stops the gateway's read
 
     async def tail(self, ledger_id: int, password: str, first: int = 0) -> AsyncIterator[Entry]:
         request = pb.TailRequest(ledger_id=ledger_id, from_entry_id=first)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -25,9 +25,8 @@ from grpc_status import rpc_status
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.auth import TokenAuth
-from services.gateway.ledgers import Ledgers
+from services.gateway.ledgers import Ledgers, Page
 from services.gateway.limits import check_entry_size, check_payloads
-from services.gateway.paging import read_pages
 from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID, LedgerMetadata, LedgerState
@@ -309,20 +308,25 @@ class LedgersServicer(pb_grpc.LedgersServicer):
     async def _read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.Entry]:
         ledger_id = check_id(request.ledger_id, "ledger_id")
         first = check_id(request.from_entry_id, "from_entry_id")
-        last = check_id(request.to_entry_id, "to_entry_id")
-        if last < first:
-            raise invalid(f"to_entry_id {last} is before from_entry_id {first}")
-        pages = read_pages(
-            self._ledgers,
-            ledger_id,
-            password_of(context),
-            first,
-            last,
-            unconfirmed=request.unconfirmed,
-            page_entries=self._settings.max_batch_entries,
+        last = (
+            check_id(request.to_entry_id, "to_entry_id")
+            if request.HasField("to_entry_id")
+            else None  # up to the LAC
         )
+        if last is not None and last < first:
+            raise invalid(f"to_entry_id {last} is before from_entry_id {first}")
+        pages = self._ledgers.read_stream(
+            ledger_id, password_of(context), first, last, request.unconfirmed
+        )
+        async for entry in self._entries(pages):
+            yield entry
+
+    async def _entries(self, pages: AsyncGenerator[Page, None]) -> AsyncIterator[pb.Entry]:
+        """Each page's entries as messages, as the pages are read (each page counted: what
+        the gateway holds of the range at once). A cancelled call stops the read."""
         async with aclosing(pages):
             async for page in pages:
+                self._ledgers.metrics.read_stream_batches.observe(len(page.entries))
                 for entry_id, data in page.entries:
                     yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
 
@@ -338,19 +342,10 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         while True:
             lac = await self._ledgers.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
             if lac >= following:
-                pages = read_pages(
-                    self._ledgers,
-                    ledger_id,
-                    password,
-                    following,
-                    lac,
-                    page_entries=self._settings.max_batch_entries,
-                )
-                async with aclosing(pages):
-                    async for page in pages:
-                        for entry_id, data in page.entries:
-                            yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
-                        following += len(page.entries)
+                pages = self._ledgers.read_stream(ledger_id, password, following, lac)
+                async for entry in self._entries(pages):
+                    yield entry
+                    following = entry.entry_id + 1
                 continue
             metadata = await self._ledgers.get(ledger_id)
             if metadata.state is LedgerState.CLOSED and following > (metadata.last_entry_id or -1):

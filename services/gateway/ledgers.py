@@ -12,17 +12,19 @@ import contextlib
 import hmac
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
+from services.gateway.paging import Page, read_pages
 from shared.bookie_client import BookieClient, BookieUnreachable
 from shared.config import QuireSettings
 from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import (
+    MAX_LEDGER_ID,
     BookieInfo,
     LedgerMetadata,
     LedgerState,
@@ -463,6 +465,35 @@ class Ledgers(ProtocolObserver):
                 raise QuireError(outcome.api, outcome.detail)
             entries.append((entry_id, outcome.payload))
         return entries, lac
+
+    async def read_stream(
+        self,
+        ledger_id: int,
+        password: bytes | None,
+        first: int,
+        last: int | None,
+        unconfirmed: bool = False,
+    ) -> AsyncGenerator[Page, None]:
+        """Entries first..last (inclusive) in pages, each read when the previous one has been
+        taken (`paging.read_pages`, pages of max_batch_entries): a confirmed range is capped
+        at the LAC the first page sees, and `last` None reads up to it. The first page
+        checks the password and reads the LAC; an empty range still yields it (empty)."""
+        if last is None:
+            if unconfirmed:  # as BookKeeper's readUnconfirmedEntries: the range is explicit
+                raise QuireError(ApiCodes.INVALID_ARGUMENT, "an unconfirmed read needs `to`")
+            last = MAX_LEDGER_ID  # capped at the first page's LAC (read_pages)
+        pages = read_pages(
+            self,
+            ledger_id,
+            password,
+            first,
+            last,
+            unconfirmed=unconfirmed,
+            page_entries=self.settings.gateway.max_batch_entries,
+        )
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                yield page
 
     async def read_entry(
         self, ledger_id: int, password: bytes | None, entry_id: int, unconfirmed: bool = False
