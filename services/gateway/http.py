@@ -262,10 +262,7 @@ class ProblemsAndMetrics:
             await self.app(scope, receive, send_wrapper)
         except ResponseCut as cut:
             # Returning with the body incomplete has the server close the connection.
-            log.warning(
-                "response cut after it started",
-                extra={"path": scope.get("path"), "code": cut.error.api.code, "detail": str(cut)},
-            )
+            log.warning("response cut after it started: %s", cut, extra={"path": scope.get("path")})
             status = cut.error.api.http_status
         except Exception:
             log.exception("request failed", extra={"path": scope.get("path")})
