@@ -14,8 +14,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from click.testing import Result
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
+from quire.cli import app as cli_app
 from quire.client import Entry, GrpcClient, HttpClient, QuireClient, QuireClientError
 from tests.support.stack import (
     Stack,
@@ -240,3 +243,42 @@ async def test_a_late_failure_leaves_the_json_document_incomplete(
     assert received.startswith(b'{"entries": [{"entry_id": 0,')
     with pytest.raises(json.JSONDecodeError):
         json.loads(received)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def quire_cli(*args: str) -> Result:
+    """`quire ARGS` in a thread of its own (it runs its own event loop, while the stack's
+    runs on in the test's)."""
+    return CliRunner().invoke(cli_app, list(args))
+
+
+async def test_the_cli_reads_a_long_range_in_one_request(stack: Stack, long_ledger: int) -> None:
+    route = (("method", "GET"), ("route", "/v1/ledgers/{ledger_id}/entries"), ("status", "200"))
+    counts = BatchCount(stack.http)
+    await counts.start()
+    lid = str(long_ledger)
+    done = await asyncio.to_thread(
+        quire_cli, "ledger", "read", lid, "-p", PASSWORD, "--gateway", stack.url, "-o", "json"
+    )
+    assert done.exit_code == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [Entry(r["entry_id"], base64.b64decode(r["data"])) for r in rows] == EXPECTED
+    assert await counts.delta("quire_gateway_http_requests_total", route) == 1
+    table = await asyncio.to_thread(
+        quire_cli, "ledger", "read", lid, "-p", PASSWORD, "--gateway", stack.url, "--to", "1"
+    )
+    assert table.stdout.splitlines() == ["entry_id\tsize\tdata", "0\t7\tentry-0", "1\t7\tentry-1"]
+
+
+async def test_the_cli_fails_a_read_that_breaks_off(
+    broken_stack: Stack, half_lost_ledger: tuple[int, int]
+) -> None:
+    lid, readable = half_lost_ledger
+    args = ["ledger", "read", str(lid), "-p", PASSWORD, "--gateway", broken_stack.url]
+    done = await asyncio.to_thread(quire_cli, *args, "-o", "json")
+    assert done.exit_code == 1 and "error:" in done.stderr
+    assert done.stdout.count('"entry_id"') == readable  # printed as they came
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(done.stdout)
