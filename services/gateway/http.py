@@ -11,7 +11,6 @@ import binascii
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Path, Query, Request, Response
@@ -159,23 +158,43 @@ def accepts_ndjson(request: Request) -> bool:
     return any(part.split(";")[0].strip().lower() == NDJSON for part in accept.split(","))
 
 
+class RangeResponse(StreamingResponse):
+    """A range read's streamed answer. However it ends (whole, failed, its client gone,
+    its deadline passed) it closes its body and the pages under it, so that the read stops
+    at once and asks the bookies nothing more."""
+
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        pages: AsyncGenerator[Page, None],
+        media_type: str,
+    ) -> None:
+        super().__init__(body, media_type=media_type)
+        self.generators = (body, pages)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for generator in self.generators:
+                await generator.aclose()
+
+
 async def page_entries(
     head: Page, pages: AsyncGenerator[Page, None], metrics: GatewayMetrics
 ) -> AsyncIterator[list[tuple[int, bytes]]]:
     """The entries of the head page and of each page after it, as they are read; each page
-    counted (what the gateway holds of the range at once). Closes the pages however it ends:
-    a client that goes away stops the read."""
-    async with aclosing(pages):
-        metrics.read_stream_batches.observe(len(head.entries))
-        yield head.entries
-        async for page in pages:
-            metrics.read_stream_batches.observe(len(page.entries))
-            yield page.entries
+    counted (what the gateway holds of the range at once)."""
+    metrics.read_stream_batches.observe(len(head.entries))
+    yield head.entries
+    async for page in pages:
+        metrics.read_stream_batches.observe(len(page.entries))
+        yield page.entries
 
 
 async def json_body(
     head: Page, pages: AsyncGenerator[Page, None], metrics: GatewayMetrics
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The documented JSON document, written as the pages come. An error after the head is
     a ResponseCut: the document stays incomplete."""
     yield b'{"entries": ['
@@ -193,7 +212,7 @@ async def json_body(
 
 async def ndjson_body(
     head: Page, pages: AsyncGenerator[Page, None], metrics: GatewayMetrics
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """One JSON object a line: the entries, then `{"lac": m}` once the range is read whole,
     or `{"error": {problem}}` when it fails. A body that ends with neither was cut."""
     try:
@@ -369,7 +388,6 @@ def create_app(
     @app.get(
         "/v1/ledgers/{ledger_id}/entries",
         responses={**ERROR_RESPONSES, **READ_RANGE_RESPONSE},
-        response_class=StreamingResponse,
         tags=["entries"],
     )
     async def read_range(
@@ -379,7 +397,7 @@ def create_app(
         last: Annotated[int | None, Query(alias="to", ge=0, le=MAX_LEDGER_ID)] = None,
         unconfirmed: bool = False,
         password: Password = None,
-    ) -> StreamingResponse:
+    ) -> RangeResponse:
         """Entries first..last (`to` omitted: up to the LAC), capped at the LAC unless
         `unconfirmed`, written out as they are read: a range of any length, never held whole.
         JSON by default, `{"entries": [...], "lac": m}`: an error after the first entries
@@ -389,8 +407,8 @@ def create_app(
         # The first page is read before answering, so that its errors get their status.
         head = await anext(pages)
         if accepts_ndjson(request):
-            return StreamingResponse(ndjson_body(head, pages, metrics), media_type=NDJSON)
-        return StreamingResponse(json_body(head, pages, metrics), media_type="application/json")
+            return RangeResponse(ndjson_body(head, pages, metrics), pages, NDJSON)
+        return RangeResponse(json_body(head, pages, metrics), pages, "application/json")
 
     @app.get(
         "/v1/ledgers/{ledger_id}/entries/{entry_id}",
