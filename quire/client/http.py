@@ -163,8 +163,10 @@ class HttpClient(QuireClient):
                         raise QuireClientError(
                             problem["code"], problem.get("detail", ""), problem.get("status")
                         )
+                    elif set(item) == {"lac"}:
+                        return  # the range is read whole
                     else:
-                        return  # {"lac": m}: the range is read whole
+                        raise QuireClientError("HTTP_ERROR", f"not a line of a read: {line:.200}")
             except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 detail = f"the read of ledger {ledger_id} broke off: {exc}"
                 raise QuireClientError(CUT, detail) from exc
