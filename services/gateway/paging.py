@@ -1,5 +1,5 @@
-"""Range reads in pages: the one copy of the paging rule that the HTTP range read and the
-gRPC `Read` and `Tail` streams share.
+"""Range reads in pages: the paging rule `Ledgers.read_stream` reads by (and through it
+the HTTP range read and the gRPC `Read` and `Tail` streams).
 
 A bookie read batch holds at most `max_batch_entries` entries, so a longer range is read a
 page at a time and handed on as it arrives, never held whole. The rule:
