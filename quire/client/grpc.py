@@ -157,10 +157,13 @@ class GrpcClient(QuireClient):
         request = pb.ReadRequest(ledger_id=ledger_id, from_entry_id=first, unconfirmed=unconfirmed)
         if last is not None:
             request.to_entry_id = last
-        call = self._stub.Read(request, metadata=self._metadata(password))
+        call = self._stub.ReadBatches(request, metadata=self._metadata(password))
         try:
-            async for entry in self._entries(call):
-                yield entry
+            async for batch in call:
+                for message in batch.entries:
+                    yield Entry(message.entry_id, message.data)
+        except grpc.aio.AioRpcError as error:
+            raise _client_error(error) from None
         finally:
             call.cancel()  # a reader that stopped early stops the gateway's read
 

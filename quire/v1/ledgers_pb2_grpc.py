@@ -69,6 +69,11 @@ class LedgersStub:
                 request_serializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
                 response_deserializer=quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
                 _registered_method=True)
+        self.ReadBatches = channel.unary_stream(
+                '/quire.v1.Ledgers/ReadBatches',
+                request_serializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
+                response_deserializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
+                _registered_method=True)
         self.Tail = channel.unary_stream(
                 '/quire.v1.Ledgers/Tail',
                 request_serializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
@@ -138,6 +143,14 @@ class LedgersServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadBatches(self, request, context):
+        """Read's entries, several to a message (at most about 1 MiB of payload each): a message
+        costs the same to send and to receive whatever it holds, so a long range reads faster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Tail(self, request, context):
         """Follows the LAC like a long-poll reader until cancelled.
         """
@@ -200,6 +213,11 @@ def add_LedgersServicer_to_server(servicer, server):
                     servicer.Read,
                     request_deserializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.FromString,
                     response_serializer=quire_dot_v1_dot_ledgers__pb2.Entry.SerializeToString,
+            ),
+            'ReadBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadBatches,
+                    request_deserializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.FromString,
+                    response_serializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.SerializeToString,
             ),
             'Tail': grpc.unary_stream_rpc_method_handler(
                     servicer.Tail,
@@ -411,6 +429,33 @@ class Ledgers:
             '/quire.v1.Ledgers/Read',
             quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
             quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/quire.v1.Ledgers/ReadBatches',
+            quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
+            quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,9 +1,10 @@
 """What the read surfaces themselves cost: one range streamed whole through HTTP (the JSON
-document, and NDJSON read by `HttpClient.read_stream`) and gRPC `Read` (read by
-`GrpcClient.read_stream`), from the gateway's own app and servicer over a `Ledgers` whose
-`read_stream` hands out pages already in memory. No bookies, NATS or metadata: the figures
-are the surfaces' cost alone (encoding, chunked HTTP/1.1 or HTTP/2, the client's parsing),
-with the server and the client on one event loop, so on one core.
+document, and NDJSON read by `HttpClient.read_stream`) and gRPC (`ReadBatches` read by
+`GrpcClient.read_stream`, and `Read`, one entry a message), from the gateway's own app and
+servicer over a `Ledgers` whose `read_stream` hands out pages already in memory. No
+bookies, NATS or metadata: the figures are the surfaces' cost alone (encoding, chunked
+HTTP/1.1 or HTTP/2, the client's parsing), the server and the client on one event loop, so
+on one core.
 
     python -m services.gateway.bench_stream [--entries 100000] [--entry-size 1024]
         [--page-entries 1000] [--rounds 3]
@@ -19,10 +20,13 @@ import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
+import grpc
 import httpx
 import uvicorn
 
 from quire.client import GrpcClient, HttpClient
+from quire.v1 import ledgers_pb2 as pb
+from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.grpc_api import start_grpc_server
 from services.gateway.http import create_app
 from services.gateway.ledgers import Page
@@ -102,10 +106,21 @@ async def bench(args: argparse.Namespace) -> None:
             rates["HTTP NDJSON, HttpClient.read_stream"] = await best_rate(args.rounds, ndjson)
         async with GrpcClient(f"127.0.0.1:{grpc_port}") as grpc_client:
 
-            async def grpc_read() -> int:
+            async def grpc_batches() -> int:
                 return sum([1 async for _ in grpc_client.read_stream(0, PASSWORD, 0, last)])
 
-            rates["gRPC Read, GrpcClient.read_stream"] = await best_rate(args.rounds, grpc_read)
+            rates["gRPC ReadBatches, GrpcClient.read_stream"] = await best_rate(
+                args.rounds, grpc_batches
+            )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = pb_grpc.LedgersStub(channel)
+
+            async def grpc_entries() -> int:
+                request = pb.ReadRequest(ledger_id=0, from_entry_id=0, to_entry_id=last)
+                call = stub.Read(request, metadata=(("quire-ledger-password", PASSWORD),))
+                return sum([1 async for _ in call])
+
+            rates["gRPC Read (an entry a message)"] = await best_rate(args.rounds, grpc_entries)
     finally:
         await grpc_server.stop(None)
         server.should_exit = True

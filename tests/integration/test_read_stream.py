@@ -12,6 +12,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 
+import grpc
 import httpx
 import pytest
 from click.testing import Result
@@ -20,6 +21,8 @@ from typer.testing import CliRunner
 
 from quire.cli import app as cli_app
 from quire.client import Entry, GrpcClient, HttpClient, QuireClient, QuireClientError
+from quire.v1 import ledgers_pb2 as pb
+from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from tests.support.stack import (
     Stack,
     gateway_settings,
@@ -135,6 +138,21 @@ async def test_a_client_streams_a_long_range_to_the_lac(
             assert await batches.delta("quire_gateway_http_requests_total", READS_ANSWERED) == 1
         # A range that starts past the LAC is empty, not an error.
         assert await client.read(long_ledger, PASSWORD, ENTRIES + 5, None) == []
+
+
+async def test_grpc_read_streams_a_long_range_an_entry_a_message(
+    stack: Stack, long_ledger: int
+) -> None:
+    """`Read` (what API.md names; the client uses `ReadBatches`), to the LAC."""
+    batches = BatchCount(stack.http)
+    await batches.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.settings.gateway.grpc_port}") as ch:
+        request = pb.ReadRequest(ledger_id=long_ledger, from_entry_id=0)
+        metadata = (("quire-ledger-password", PASSWORD),)
+        call = pb_grpc.LedgersStub(ch).Read(request, metadata=metadata)
+        got = [Entry(m.entry_id, m.data) async for m in call]
+    assert got == EXPECTED
+    await batches.check(ENTRIES)
 
 
 async def test_the_request_deadline_is_on_progress_not_on_the_whole_read(
