@@ -79,6 +79,11 @@ class LedgersStub:
                 request_serializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
                 response_deserializer=quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
                 _registered_method=True)
+        self.TailBatches = channel.unary_stream(
+                '/quire.v1.Ledgers/TailBatches',
+                request_serializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
+                response_deserializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
+                _registered_method=True)
         self.ReadLac = channel.unary_unary(
                 '/quire.v1.Ledgers/ReadLac',
                 request_serializer=quire_dot_v1_dot_ledgers__pb2.ReadLacRequest.SerializeToString,
@@ -158,6 +163,13 @@ class LedgersServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TailBatches(self, request, context):
+        """Tail's entries, several to a message, as ReadBatches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadLac(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -223,6 +235,11 @@ def add_LedgersServicer_to_server(servicer, server):
                     servicer.Tail,
                     request_deserializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.FromString,
                     response_serializer=quire_dot_v1_dot_ledgers__pb2.Entry.SerializeToString,
+            ),
+            'TailBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.TailBatches,
+                    request_deserializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.FromString,
+                    response_serializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.SerializeToString,
             ),
             'ReadLac': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadLac,
@@ -483,6 +500,33 @@ class Ledgers:
             '/quire.v1.Ledgers/Tail',
             quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
             quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TailBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/quire.v1.Ledgers/TailBatches',
+            quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
+            quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,8 +41,8 @@ ERROR_DOMAIN = "quire.v1"
 # AppendStream reads at most this many entries ahead of their acknowledgements; beyond
 # it the server stops reading and HTTP/2 flow control holds the client back.
 APPEND_STREAM_WINDOW = 1024
-# A ReadBatches message carries at most this many payload bytes (an entry larger alone),
-# far below the largest message (max_batch_bytes).
+# A ReadBatches or TailBatches message carries at most this many payload bytes (an entry
+# larger alone), far below the largest message (max_batch_bytes).
 READ_BATCH_BYTES = 1 << 20
 # Tail asks the LAC long poll to wait at most this long before asking again, so that a
 # cancelled or closed stream is noticed.
@@ -143,6 +143,19 @@ def split_by_bytes(
         size += len(entry[1])
     if run:
         yield run
+
+
+def entry_messages(page: Page) -> Iterator[pb.Entry]:
+    """`Read` and `Tail`: one message an entry."""
+    for entry_id, data in page.entries:
+        yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
+
+
+def batch_messages(page: Page) -> Iterator[pb.EntryBatch]:
+    """`ReadBatches` and `TailBatches`: a page's entries in as few messages as
+    READ_BATCH_BYTES allows."""
+    for run in split_by_bytes(page.entries, READ_BATCH_BYTES):
+        yield pb.EntryBatch(entries=[pb.Entry(entry_id=e, data=d, lac=page.lac) for e, d in run])
 
 
 def check_id(value: int, what: str) -> int:
@@ -340,8 +353,9 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         )
 
     async def _read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.Entry]:
-        async for entry in self._entries(self._range(request, context)):
-            yield entry
+        async for page in self._counted(self._range(request, context)):
+            for message in entry_messages(page):
+                yield message
 
     async def ReadBatches(
         self, request: pb.ReadRequest, context: Any
@@ -352,29 +366,41 @@ class LedgersServicer(pb_grpc.LedgersServicer):
     async def _read_batches(
         self, request: pb.ReadRequest, context: Any
     ) -> AsyncIterator[pb.EntryBatch]:
-        pages = self._range(request, context)
-        async with aclosing(pages):
-            async for page in pages:
-                self._ledgers.metrics.read_stream_batches.observe(len(page.entries))
-                for entries in split_by_bytes(page.entries, READ_BATCH_BYTES):
-                    yield pb.EntryBatch(
-                        entries=[pb.Entry(entry_id=e, data=d, lac=page.lac) for e, d in entries]
-                    )
+        async for page in self._counted(self._range(request, context)):
+            for message in batch_messages(page):
+                yield message
 
-    async def _entries(self, pages: AsyncGenerator[Page, None]) -> AsyncIterator[pb.Entry]:
-        """Each page's entries as messages, as the pages are read (each page counted: what
-        the gateway holds of the range at once). A cancelled call stops the read."""
+    async def _counted(self, pages: AsyncGenerator[Page, None]) -> AsyncIterator[Page]:
+        """The pages as they are read, each counted (what the gateway holds of the range at
+        once). A cancelled call stops the read."""
         async with aclosing(pages):
             async for page in pages:
                 self._ledgers.metrics.read_stream_batches.observe(len(page.entries))
-                for entry_id, data in page.entries:
-                    yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
+                yield page
 
     async def Tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.Entry]:
         async for entry in self._stream(context, lambda: self._tail(request, context)):
             yield entry
 
     async def _tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.Entry]:
+        async for page in self._tail_pages(request, context):
+            for message in entry_messages(page):
+                yield message
+
+    async def TailBatches(
+        self, request: pb.TailRequest, context: Any
+    ) -> AsyncIterator[pb.EntryBatch]:
+        async for batch in self._stream(context, lambda: self._tail_batches(request, context)):
+            yield batch
+
+    async def _tail_batches(
+        self, request: pb.TailRequest, context: Any
+    ) -> AsyncIterator[pb.EntryBatch]:
+        async for page in self._tail_pages(request, context):
+            for message in batch_messages(page):
+                yield message
+
+    async def _tail_pages(self, request: pb.TailRequest, context: Any) -> AsyncIterator[Page]:
         """Follow the LAC until cancelled; a closed ledger's stream ends after its last entry."""
         ledger_id = check_id(request.ledger_id, "ledger_id")
         following = check_id(request.from_entry_id, "from_entry_id")
@@ -383,9 +409,9 @@ class LedgersServicer(pb_grpc.LedgersServicer):
             lac = await self._ledgers.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
             if lac >= following:
                 pages = self._ledgers.read_stream(ledger_id, password, following, lac)
-                async for entry in self._entries(pages):
-                    yield entry
-                    following = entry.entry_id + 1
+                async for page in self._counted(pages):
+                    yield page
+                    following += len(page.entries)
                 continue
             metadata = await self._ledgers.get(ledger_id)
             if metadata.state is LedgerState.CLOSED and following > (metadata.last_entry_id or -1):
