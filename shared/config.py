@@ -135,9 +135,6 @@ class GatewaySettings(BaseModel):
     tls_key_file: Path | None = None
     # nettyMaxFrameSizeBytes' role: the largest entry a client may append.
     max_entry_size_bytes: int = Field(default=5 * MIB, ge=1)
-    # The most entries one range read may ask for (it is streamed as it is read, so this
-    # bounds time, not memory).
-    max_read_entries: int = Field(default=1_000_000, ge=1)
     # The most entries one batch append may carry.
     max_batch_entries: int = Field(default=10_000, ge=1)
     # The most bytes one append request body may carry (a JSON batch is base64): 413 beyond.

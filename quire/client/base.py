@@ -97,9 +97,28 @@ class QuireClient(abc.ABC):
         """Append a long sequence, pipelined; (first, last) entry ids, in the given order."""
 
     @abc.abstractmethod
+    def read_stream(
+        self,
+        ledger_id: int,
+        password: str,
+        first: int,
+        last: int | None,
+        unconfirmed: bool = False,
+    ) -> AsyncIterator[Entry]:
+        """Entries first..last (None: up to the LAC), capped at the LAC unless `unconfirmed`,
+        as they arrive: one request whatever the range's length. A failure part way, even
+        after some entries, raises QuireClientError."""
+
     async def read(
-        self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
-    ) -> list[Entry]: ...
+        self,
+        ledger_id: int,
+        password: str,
+        first: int,
+        last: int | None,
+        unconfirmed: bool = False,
+    ) -> list[Entry]:
+        """`read_stream`, gathered into a list."""
+        return [e async for e in self.read_stream(ledger_id, password, first, last, unconfirmed)]
 
     @abc.abstractmethod
     def tail(self, ledger_id: int, password: str, first: int = 0) -> AsyncIterator[Entry]:
@@ -144,8 +163,13 @@ class LedgerHandle:
     async def append_many(self, entries: Sequence[bytes], batch: int = 500) -> tuple[int, int]:
         return await self.client.append_many(self.ledger_id, self.password, entries, batch)
 
-    async def read(self, first: int, last: int, unconfirmed: bool = False) -> list[Entry]:
+    async def read(self, first: int, last: int | None, unconfirmed: bool = False) -> list[Entry]:
         return await self.client.read(self.ledger_id, self.password, first, last, unconfirmed)
+
+    def read_stream(
+        self, first: int, last: int | None, unconfirmed: bool = False
+    ) -> AsyncIterator[Entry]:
+        return self.client.read_stream(self.ledger_id, self.password, first, last, unconfirmed)
 
     def tail(self, first: int = 0) -> AsyncIterator[Entry]:
         return self.client.tail(self.ledger_id, self.password, first)

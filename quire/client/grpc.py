@@ -139,28 +139,36 @@ class GrpcClient(QuireClient):
             raise _client_error(error) from None
         return first, last
 
-    async def _entries(self, call: Any) -> AsyncIterator[Entry]:
-        try:
-            async for message in call:
-                yield Entry(message.entry_id, message.data)
-        except grpc.aio.AioRpcError as error:
-            raise _client_error(error) from None
-
-    async def read(
-        self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
-    ) -> list[Entry]:
-        request = pb.ReadRequest(
-            ledger_id=ledger_id, from_entry_id=first, to_entry_id=last, unconfirmed=unconfirmed
-        )
-        call = self._stub.Read(request, metadata=self._metadata(password))
-        return [entry async for entry in self._entries(call)]
+    async def read_stream(
+        self,
+        ledger_id: int,
+        password: str,
+        first: int,
+        last: int | None,
+        unconfirmed: bool = False,
+    ) -> AsyncIterator[Entry]:
+        request = pb.ReadRequest(ledger_id=ledger_id, from_entry_id=first, unconfirmed=unconfirmed)
+        if last is not None:
+            request.to_entry_id = last
+        call = self._stub.ReadBatches(request, metadata=self._metadata(password))
+        async for entry in self._batched_entries(call):
+            yield entry
 
     async def tail(self, ledger_id: int, password: str, first: int = 0) -> AsyncIterator[Entry]:
         request = pb.TailRequest(ledger_id=ledger_id, from_entry_id=first)
-        call = self._stub.Tail(request, metadata=self._metadata(password))
+        call = self._stub.TailBatches(request, metadata=self._metadata(password))
+        async for entry in self._batched_entries(call):
+            yield entry
+
+    async def _batched_entries(self, call: Any) -> AsyncIterator[Entry]:
+        """The entries of a ReadBatches or TailBatches call; a reader that stops early
+        cancels it, which stops the gateway's read."""
         try:
-            async for entry in self._entries(call):
-                yield entry
+            async for batch in call:
+                for message in batch.entries:
+                    yield Entry(message.entry_id, message.data)
+        except grpc.aio.AioRpcError as error:
+            raise _client_error(error) from None
         finally:
             call.cancel()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -12,7 +13,21 @@ import httpx
 from quire.client.base import Entry, Ledger, QuireClient, QuireClientError
 
 PASSWORD_HEADER = "Quire-Ledger-Password"
+NDJSON = "application/x-ndjson"
 TAIL_POLL_MS = 10_000
+# The code of a range read whose body ended without its last line: the connection was cut
+# part way (an error after the first entries, or the gateway's progress deadline).
+CUT = "RESPONSE_CUT"
+
+
+def problem_error(response: httpx.Response) -> QuireClientError:
+    """An error answer's problem details (API.md) as the exception."""
+    try:
+        problem = response.json()
+        code, detail = problem["code"], problem.get("detail", "")
+    except (ValueError, KeyError, TypeError):
+        code, detail = "HTTP_ERROR", response.text
+    return QuireClientError(code, detail, response.status_code)
 
 
 class HttpClient(QuireClient):
@@ -47,12 +62,7 @@ class HttpClient(QuireClient):
             headers[PASSWORD_HEADER] = password
         response = await self._http.request(method, path, headers=headers, **kwargs)
         if response.status_code >= 400:
-            try:
-                problem = response.json()
-                code, detail = problem["code"], problem.get("detail", "")
-            except (ValueError, KeyError, TypeError):
-                code, detail = "HTTP_ERROR", response.text
-            raise QuireClientError(code, detail, response.status_code)
+            raise problem_error(response)
         return response
 
     async def create(
@@ -119,16 +129,48 @@ class HttpClient(QuireClient):
             first = a if first < 0 else first
         return first, last
 
-    async def read(
-        self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
-    ) -> list[Entry]:
-        params: dict[str, Any] = {"from": first, "to": last}
+    async def read_stream(
+        self,
+        ledger_id: int,
+        password: str,
+        first: int,
+        last: int | None,
+        unconfirmed: bool = False,
+    ) -> AsyncIterator[Entry]:
+        """One streamed request in NDJSON (the gateway's form of a range read for clients
+        that read as it comes): an entry a line, then `{"lac": m}` once the range is whole,
+        or `{"error": {problem}}`. A body that ends with neither was cut: a failure too."""
+        params: dict[str, Any] = {"from": first}
+        if last is not None:
+            params["to"] = last
         if unconfirmed:
             params["unconfirmed"] = "true"
-        body = (
-            await self._call("GET", f"/v1/ledgers/{ledger_id}/entries", password, params=params)
-        ).json()
-        return [Entry(e["entry_id"], base64.b64decode(e["data"])) for e in body["entries"]]
+        headers = {PASSWORD_HEADER: password, "Accept": NDJSON}
+        path = f"/v1/ledgers/{ledger_id}/entries"
+        async with self._http.stream("GET", path, params=params, headers=headers) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise problem_error(response)
+            try:
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    item = json.loads(line)
+                    if "entry_id" in item:
+                        yield Entry(item["entry_id"], base64.b64decode(item["data"]))
+                    elif "error" in item:
+                        problem = item["error"]
+                        raise QuireClientError(
+                            problem["code"], problem.get("detail", ""), problem.get("status")
+                        )
+                    elif set(item) == {"lac"}:
+                        return  # the range is read whole
+                    else:
+                        raise QuireClientError("HTTP_ERROR", f"not a line of a read: {line:.200}")
+            except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                detail = f"the read of ledger {ledger_id} broke off: {exc}"
+                raise QuireClientError(CUT, detail) from exc
+        raise QuireClientError(CUT, f"the read of ledger {ledger_id} ended before its last line")
 
     async def read_lac(
         self, ledger_id: int, password: str, after: int | None = None, timeout_ms: int = 0
@@ -144,7 +186,7 @@ class HttpClient(QuireClient):
         while True:
             lac = await self.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
             if lac >= following:
-                for entry in await self.read(ledger_id, password, following, lac):
+                async for entry in self.read_stream(ledger_id, password, following, lac):
                     yield entry
                     following = entry.entry_id + 1
                 continue

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
+from rich.progress import MofNCompleteColumn, Progress
 
 from quire.client import Entry, HttpClient, Ledger
 from quire.commands.common import (
@@ -19,7 +20,9 @@ from quire.commands.common import (
     Output,
     OutputOption,
     PasswordOption,
+    console,
     emit,
+    err_console,
     fail,
     run,
 )
@@ -37,7 +40,8 @@ LEDGER_COLUMNS = [
     "length",
     "version",
 ]
-READ_PAGE = 1000
+# A read shorter than this shows no progress bar.
+READ_PROGRESS_MIN_ENTRIES = 1000
 
 LedgerId = Annotated[int, typer.Argument(min=0, help="The ledger id.")]
 
@@ -172,29 +176,60 @@ def read(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
-    """Read entries (capped at the LAC unless --unconfirmed); a progress bar for long reads."""
+    """Read entries (capped at the LAC unless --unconfirmed) in one streamed request, each
+    printed as it comes (JSON: one array); a progress bar on standard error for a long read
+    whose output goes to a file or a pipe."""
+    if unconfirmed and last is None:
+        fail("--unconfirmed needs --to")
 
-    async def work(client: HttpClient) -> list[Entry]:
-        end = last if last is not None else await client.read_lac(ledger_id, password)
-        if unconfirmed and last is None:
-            fail("--unconfirmed needs --to")
-        entries: list[Entry] = []
-        with Progress(transient=True, disable=end - first < READ_PAGE) as progress:
-            task = progress.add_task("reading", total=max(end - first + 1, 0))
-            cursor = first
-            while cursor <= end:
-                page = await client.read(
-                    ledger_id, password, cursor, min(end, cursor + READ_PAGE - 1), unconfirmed
-                )
-                entries.extend(page)
-                progress.advance(task, len(page))
-                if len(page) < min(READ_PAGE, end - cursor + 1):
-                    break
-                cursor += len(page)
-        return entries
+    async def work(client: HttpClient) -> None:
+        # On a terminal the rows themselves show the progress.
+        show = err_console.is_terminal and not console.is_terminal
+        total = None
+        if show:
+            end = last if last is not None else await client.read_lac(ledger_id, password)
+            total = max(end - first + 1, 0)
+            show = total >= READ_PROGRESS_MIN_ENTRIES
+        with Progress(
+            *Progress.get_default_columns(),
+            MofNCompleteColumn(),
+            console=err_console,
+            transient=True,
+            redirect_stdout=False,
+            disable=not show,
+        ) as progress:
+            task = progress.add_task("reading", total=total)
+            rows = RowWriter(output)
+            async for entry in client.read_stream(ledger_id, password, first, last, unconfirmed):
+                rows.write(entry_row(entry, output))
+                progress.advance(task)
+            rows.close()
 
-    rows = [entry_row(e, output) for e in run(gateway, data_dir, work)]
-    emit(output, rows, None if output is Output.JSON else ["entry_id", "size", "data"])
+    run(gateway, data_dir, work)
+
+
+class RowWriter:
+    """Entry rows to standard output as they come: for JSON one array (left open, so that it
+    does not parse, when the read fails part way), else a tab-separated table."""
+
+    COLUMNS = ("entry_id", "size", "data")
+
+    def __init__(self, output: Output) -> None:
+        self.json = output is Output.JSON
+        self.count = 0
+        sys.stdout.write("[" if self.json else "\t".join(self.COLUMNS) + "\n")
+
+    def write(self, row: dict) -> None:
+        if self.json:
+            sys.stdout.write((", " if self.count else "") + json.dumps(row))
+        else:
+            sys.stdout.write("\t".join(str(row[name]) for name in self.COLUMNS) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if self.json:
+            sys.stdout.write("]\n")
+        sys.stdout.flush()
 
 
 @app.command()

@@ -160,6 +160,12 @@ class Entry(_message.Message):
     lac: int
     def __init__(self, entry_id: _Optional[int] = ..., data: _Optional[bytes] = ..., lac: _Optional[int] = ...) -> None: ...
 
+class EntryBatch(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+
 class TailRequest(_message.Message):
     __slots__ = ("ledger_id", "from_entry_id")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -69,10 +69,20 @@ class LedgersStub:
                 request_serializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
                 response_deserializer=quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
                 _registered_method=True)
+        self.ReadBatches = channel.unary_stream(
+                '/quire.v1.Ledgers/ReadBatches',
+                request_serializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
+                response_deserializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
+                _registered_method=True)
         self.Tail = channel.unary_stream(
                 '/quire.v1.Ledgers/Tail',
                 request_serializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
                 response_deserializer=quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
+                _registered_method=True)
+        self.TailBatches = channel.unary_stream(
+                '/quire.v1.Ledgers/TailBatches',
+                request_serializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
+                response_deserializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
                 _registered_method=True)
         self.ReadLac = channel.unary_unary(
                 '/quire.v1.Ledgers/ReadLac',
@@ -138,8 +148,23 @@ class LedgersServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadBatches(self, request, context):
+        """Read's entries, several to a message (at most about 1 MiB of payload each): a message
+        costs the same to send and to receive whatever it holds, so a long range reads faster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Tail(self, request, context):
         """Follows the LAC like a long-poll reader until cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TailBatches(self, request, context):
+        """Tail's entries, several to a message, as ReadBatches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,10 +226,20 @@ def add_LedgersServicer_to_server(servicer, server):
                     request_deserializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.FromString,
                     response_serializer=quire_dot_v1_dot_ledgers__pb2.Entry.SerializeToString,
             ),
+            'ReadBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadBatches,
+                    request_deserializer=quire_dot_v1_dot_ledgers__pb2.ReadRequest.FromString,
+                    response_serializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.SerializeToString,
+            ),
             'Tail': grpc.unary_stream_rpc_method_handler(
                     servicer.Tail,
                     request_deserializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.FromString,
                     response_serializer=quire_dot_v1_dot_ledgers__pb2.Entry.SerializeToString,
+            ),
+            'TailBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.TailBatches,
+                    request_deserializer=quire_dot_v1_dot_ledgers__pb2.TailRequest.FromString,
+                    response_serializer=quire_dot_v1_dot_ledgers__pb2.EntryBatch.SerializeToString,
             ),
             'ReadLac': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadLac,
@@ -422,6 +457,33 @@ class Ledgers:
             _registered_method=True)
 
     @staticmethod
+    def ReadBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/quire.v1.Ledgers/ReadBatches',
+            quire_dot_v1_dot_ledgers__pb2.ReadRequest.SerializeToString,
+            quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Tail(request,
             target,
             options=(),
@@ -438,6 +500,33 @@ class Ledgers:
             '/quire.v1.Ledgers/Tail',
             quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
             quire_dot_v1_dot_ledgers__pb2.Entry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TailBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/quire.v1.Ledgers/TailBatches',
+            quire_dot_v1_dot_ledgers__pb2.TailRequest.SerializeToString,
+            quire_dot_v1_dot_ledgers__pb2.EntryBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,6 @@
 """Admission control for the HTTP API: a bound on requests in flight per client (429
-TOO_MANY_REQUESTS with Retry-After beyond it) and a deadline per request (504 TIMEOUT).
+TOO_MANY_REQUESTS with Retry-After beyond it) and a deadline on each request's progress (504
+TIMEOUT before the answer starts; a streamed answer that stalls that long is cut).
 
 A client is its bearer token when it sends one, else its address. The LAC long poll is
 bounded by its own `timeout_ms` (at most long_poll_max_timeout_ms), not by the deadline.
@@ -13,8 +14,8 @@ from collections import defaultdict
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.problems import api_problem
-from shared.status import ApiCodes
+from services.gateway.problems import ResponseCut, api_problem
+from shared.status import ApiCodes, QuireError
 
 RETRY_AFTER_S = 1
 
@@ -76,20 +77,30 @@ class AdmissionControl:
 
     async def _with_deadline(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         timeout_s = self.long_poll_timeout_s if is_long_poll(scope) else self.request_timeout_s
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s) as deadline:
+
+                async def tracking_send(message: Message) -> None:
+                    nonlocal started
+                    started = started or message["type"] == "http.response.start"
+                    if message["type"] != "http.response.body" or deadline.expired():
+                        await send(message)
+                        return
+                    # The deadline is on the gateway's progress: each part of a body it
+                    # writes starts it anew (a range read streams for as long as it goes
+                    # on), and the time a slow client takes to accept a part does not count.
+                    deadline.reschedule(None)
+                    await send(message)
+                    deadline.reschedule(loop.time() + timeout_s)
+
                 await self.app(scope, receive, tracking_send)
         except TimeoutError:
             self.timed_out += 1
-            if started:
-                raise  # too late for a 504: the connection is cut
+            if started:  # too late for a 504
+                stalled = QuireError(ApiCodes.TIMEOUT, f"no progress within {timeout_s:.1f} s")
+                raise ResponseCut(stalled) from None
             response = api_problem(
                 ApiCodes.TIMEOUT, f"the request took longer than {timeout_s:.1f} s"
             )

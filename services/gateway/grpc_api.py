@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from grpc_status import rpc_status
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.auth import TokenAuth
-from services.gateway.ledgers import Ledgers
+from services.gateway.ledgers import Ledgers, Page
 from services.gateway.limits import check_entry_size, check_payloads
 from shared.config import GatewaySettings
 from shared.digest import DigestType
@@ -41,6 +41,9 @@ ERROR_DOMAIN = "quire.v1"
 # AppendStream reads at most this many entries ahead of their acknowledgements; beyond
 # it the server stops reading and HTTP/2 flow control holds the client back.
 APPEND_STREAM_WINDOW = 1024
+# A ReadBatches or TailBatches message carries at most this many payload bytes (an entry
+# larger alone), far below the largest message (max_batch_bytes).
+READ_BATCH_BYTES = 1 << 20
 # Tail asks the LAC long poll to wait at most this long before asking again, so that a
 # cancelled or closed stream is noticed.
 TAIL_POLL_MS = 1000
@@ -123,6 +126,36 @@ def close_message(metadata: LedgerMetadata) -> pb.CloseResponse:
         last_entry_id=metadata.last_entry_id if metadata.last_entry_id is not None else -1,
         length=metadata.length,
     )
+
+
+def split_by_bytes(
+    entries: list[tuple[int, bytes]], limit_bytes: int
+) -> Iterator[list[tuple[int, bytes]]]:
+    """`entries` in order, in runs of at most `limit_bytes` of payload (an entry larger than
+    that alone in its run)."""
+    run: list[tuple[int, bytes]] = []
+    size = 0
+    for entry in entries:
+        if run and size + len(entry[1]) > limit_bytes:
+            yield run
+            run, size = [], 0
+        run.append(entry)
+        size += len(entry[1])
+    if run:
+        yield run
+
+
+def entry_messages(page: Page) -> Iterator[pb.Entry]:
+    """`Read` and `Tail`: one message an entry."""
+    for entry_id, data in page.entries:
+        yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
+
+
+def batch_messages(page: Page) -> Iterator[pb.EntryBatch]:
+    """`ReadBatches` and `TailBatches`: a page's entries in as few messages as
+    READ_BATCH_BYTES allows."""
+    for run in split_by_bytes(page.entries, READ_BATCH_BYTES):
+        yield pb.EntryBatch(entries=[pb.Entry(entry_id=e, data=d, lac=page.lac) for e, d in run])
 
 
 def check_id(value: int, what: str) -> int:
@@ -305,25 +338,69 @@ class LedgersServicer(pb_grpc.LedgersServicer):
         async for entry in self._stream(context, lambda: self._read(request, context)):
             yield entry
 
-    async def _read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.Entry]:
+    def _range(self, request: pb.ReadRequest, context: Any) -> AsyncGenerator[Page, None]:
         ledger_id = check_id(request.ledger_id, "ledger_id")
         first = check_id(request.from_entry_id, "from_entry_id")
-        last = check_id(request.to_entry_id, "to_entry_id")
-        if last < first:
+        last = (
+            check_id(request.to_entry_id, "to_entry_id")
+            if request.HasField("to_entry_id")
+            else None  # up to the LAC
+        )
+        if last is not None and last < first:
             raise invalid(f"to_entry_id {last} is before from_entry_id {first}")
-        pages = self._ledgers.read_stream(
+        return self._ledgers.read_stream(
             ledger_id, password_of(context), first, last, request.unconfirmed
         )
+
+    async def _read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.Entry]:
+        async for page in self._counted(self._range(request, context)):
+            for message in entry_messages(page):
+                yield message
+
+    async def ReadBatches(
+        self, request: pb.ReadRequest, context: Any
+    ) -> AsyncIterator[pb.EntryBatch]:
+        async for batch in self._stream(context, lambda: self._read_batches(request, context)):
+            yield batch
+
+    async def _read_batches(
+        self, request: pb.ReadRequest, context: Any
+    ) -> AsyncIterator[pb.EntryBatch]:
+        async for page in self._counted(self._range(request, context)):
+            for message in batch_messages(page):
+                yield message
+
+    async def _counted(self, pages: AsyncGenerator[Page, None]) -> AsyncIterator[Page]:
+        """The pages as they are read, each counted (what the gateway holds of the range at
+        once). A cancelled call stops the read."""
         async with aclosing(pages):
             async for page in pages:
-                for entry_id, data in page.entries:
-                    yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
+                self._ledgers.metrics.read_stream_batches.observe(len(page.entries))
+                yield page
 
     async def Tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.Entry]:
         async for entry in self._stream(context, lambda: self._tail(request, context)):
             yield entry
 
     async def _tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.Entry]:
+        async for page in self._tail_pages(request, context):
+            for message in entry_messages(page):
+                yield message
+
+    async def TailBatches(
+        self, request: pb.TailRequest, context: Any
+    ) -> AsyncIterator[pb.EntryBatch]:
+        async for batch in self._stream(context, lambda: self._tail_batches(request, context)):
+            yield batch
+
+    async def _tail_batches(
+        self, request: pb.TailRequest, context: Any
+    ) -> AsyncIterator[pb.EntryBatch]:
+        async for page in self._tail_pages(request, context):
+            for message in batch_messages(page):
+                yield message
+
+    async def _tail_pages(self, request: pb.TailRequest, context: Any) -> AsyncIterator[Page]:
         """Follow the LAC until cancelled; a closed ledger's stream ends after its last entry."""
         ledger_id = check_id(request.ledger_id, "ledger_id")
         following = check_id(request.from_entry_id, "from_entry_id")
@@ -332,11 +409,9 @@ class LedgersServicer(pb_grpc.LedgersServicer):
             lac = await self._ledgers.read_lac(ledger_id, password, following - 1, TAIL_POLL_MS)
             if lac >= following:
                 pages = self._ledgers.read_stream(ledger_id, password, following, lac)
-                async with aclosing(pages):
-                    async for page in pages:
-                        for entry_id, data in page.entries:
-                            yield pb.Entry(entry_id=entry_id, data=data, lac=page.lac)
-                        following += len(page.entries)
+                async for page in self._counted(pages):
+                    yield page
+                    following += len(page.entries)
                 continue
             metadata = await self._ledgers.get(ledger_id)
             if metadata.state is LedgerState.CLOSED and following > (metadata.last_entry_id or -1):

@@ -10,8 +10,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Path, Query, Request, Response
@@ -26,13 +25,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.gateway.admin import create_admin_router
 from services.gateway.admission import AdmissionControl
 from services.gateway.auth import BearerAuthMiddleware, TokenAuth
-from services.gateway.ledgers import Ledgers
+from services.gateway.ledgers import Ledgers, Page
 from services.gateway.limits import check_batch_size, check_entry_size
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.problems import (
     PROBLEM_MEDIA_TYPE,
     Problem,
+    ResponseCut,
     api_problem,
+    api_problem_body,
     error_responses,
     problem,
 )
@@ -45,6 +46,7 @@ from shared.status import ApiCodes, QuireError
 log = logging.getLogger(__name__)
 
 PASSWORD_HEADER = "Quire-Ledger-Password"
+NDJSON = "application/x-ndjson"
 MAX_PASSWORD_CHARS = 4096
 
 LedgerId = Annotated[int, Path(ge=0, le=MAX_LEDGER_ID, description="The ledger id")]
@@ -54,6 +56,32 @@ Password = Annotated[str | None, Header(alias=PASSWORD_HEADER, description="The 
 
 
 ERROR_RESPONSES = error_responses()
+READ_RANGE_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The entries, streamed: one JSON document, or NDJSON when asked",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "entries": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "entry_id": {"type": "integer"},
+                                    "data": {"type": "string", "format": "byte"},
+                                },
+                            },
+                        },
+                        "lac": {"type": "integer"},
+                    },
+                }
+            },
+            NDJSON: {"schema": {"type": "string"}},
+        },
+    }
+}
 
 
 # -- bodies ---------------------------------------------------------------------------------------
@@ -124,6 +152,80 @@ def entries_json(entries: list[tuple[int, bytes]]) -> bytes:
     return b",".join(json.dumps(entry_json(e, p)).encode() for e, p in entries)
 
 
+def accepts_ndjson(request: Request) -> bool:
+    """Whether the client asked for the NDJSON form of a range read."""
+    accept = request.headers.get("accept", "")
+    return any(part.split(";")[0].strip().lower() == NDJSON for part in accept.split(","))
+
+
+class RangeResponse(StreamingResponse):
+    """A range read's streamed answer. However it ends (whole, failed, its client gone,
+    its deadline passed) it closes its body and the pages under it, so that the read stops
+    at once and asks the bookies nothing more."""
+
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        pages: AsyncGenerator[Page, None],
+        media_type: str,
+    ) -> None:
+        super().__init__(body, media_type=media_type)
+        self.generators = (body, pages)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for generator in self.generators:
+                await generator.aclose()
+
+
+async def page_entries(
+    head: Page, pages: AsyncGenerator[Page, None], metrics: GatewayMetrics
+) -> AsyncIterator[list[tuple[int, bytes]]]:
+    """The entries of the head page and of each page after it, as they are read; each page
+    counted (what the gateway holds of the range at once)."""
+    metrics.read_stream_batches.observe(len(head.entries))
+    yield head.entries
+    async for page in pages:
+        metrics.read_stream_batches.observe(len(page.entries))
+        yield page.entries
+
+
+async def json_body(
+    head: Page, pages: AsyncGenerator[Page, None], metrics: GatewayMetrics
+) -> AsyncGenerator[bytes, None]:
+    """The documented JSON document, written as the pages come. An error after the head is
+    a ResponseCut: the document stays incomplete."""
+    yield b'{"entries": ['
+    separator = b""
+    try:
+        async for entries in page_entries(head, pages, metrics):
+            if entries:
+                yield separator + entries_json(entries)
+                separator = b","
+    except QuireError as error:
+        raise ResponseCut(error) from error
+    # A confirmed range ends at the LAC the head saw: the one LAC of the whole document.
+    yield f'], "lac": {head.lac}}}'.encode()
+
+
+async def ndjson_body(
+    head: Page, pages: AsyncGenerator[Page, None], metrics: GatewayMetrics
+) -> AsyncGenerator[bytes, None]:
+    """One JSON object a line: the entries, then `{"lac": m}` once the range is read whole,
+    or `{"error": {problem}}` when it fails. A body that ends with neither was cut."""
+    try:
+        async for entries in page_entries(head, pages, metrics):
+            if entries:
+                yield b"".join(json.dumps(entry_json(e, p)).encode() + b"\n" for e, p in entries)
+    except QuireError as error:
+        log.warning("range read failed", extra={"code": error.api.code, "detail": error.detail})
+        yield json.dumps({"error": api_problem_body(error.api, error.detail)}).encode() + b"\n"
+        return
+    yield json.dumps({"lac": head.lac}).encode() + b"\n"
+
+
 def parse_batch(body: bytes, settings: GatewaySettings) -> list[bytes]:
     """The entries of a JSON batch; any invalid item refuses the whole batch."""
     try:
@@ -177,6 +279,10 @@ class ProblemsAndMetrics:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except ResponseCut as cut:
+            # Returning with the body incomplete has the server close the connection.
+            log.warning("response cut after it started: %s", cut, extra={"path": scope.get("path")})
+            status = cut.error.api.http_status
         except Exception:
             log.exception("request failed", extra={"path": scope.get("path")})
             if not started:
@@ -279,40 +385,30 @@ def create_app(
             f"application/json (a batch), not {media_type or 'missing'}",
         )
 
-    @app.get("/v1/ledgers/{ledger_id}/entries", responses=ERROR_RESPONSES, tags=["entries"])
+    @app.get(
+        "/v1/ledgers/{ledger_id}/entries",
+        responses={**ERROR_RESPONSES, **READ_RANGE_RESPONSE},
+        tags=["entries"],
+    )
     async def read_range(
         ledger_id: LedgerId,
+        request: Request,
         first: Annotated[int, Query(alias="from", ge=0, le=MAX_LEDGER_ID)] = 0,
         last: Annotated[int | None, Query(alias="to", ge=0, le=MAX_LEDGER_ID)] = None,
         unconfirmed: bool = False,
         password: Password = None,
-    ) -> Any:
-        """Entries first..last, capped at the LAC unless `unconfirmed`. A range is streamed
-        as it is read, never held whole; an error after the first page cuts the stream (the
-        JSON is then incomplete)."""
-        if last is not None and not first - 1 <= last < first + settings.max_read_entries:
-            raise QuireError(
-                ApiCodes.INVALID_ARGUMENT,
-                f"a range holds 0 to {settings.max_read_entries} entries; "
-                f"got from={first} to={last}",
-            )
+    ) -> RangeResponse:
+        """Entries first..last (`to` omitted: up to the LAC), capped at the LAC unless
+        `unconfirmed`, written out as they are read: a range of any length, never held whole.
+        JSON by default, `{"entries": [...], "lac": m}`: an error after the first entries
+        cuts the connection, so the document never parses. `Accept: application/x-ndjson`:
+        one object a line, each entry, then `{"lac": m}`, or `{"error": {problem}}`."""
         pages = ledgers.read_stream(ledger_id, password_bytes(password), first, last, unconfirmed)
         # The first page is read before answering, so that its errors get their status.
         head = await anext(pages)
-        if head.final:
-            await pages.aclose()
-            return {"entries": [entry_json(e, p) for e, p in head.entries], "lac": head.lac}
-
-        async def stream() -> AsyncIterator[bytes]:
-            async with aclosing(pages):
-                yield b'{"entries": [' + entries_json(head.entries)  # not final: not empty
-                async for page in pages:
-                    if page.entries:
-                        yield b"," + entries_json(page.entries)
-                # The range ends at the LAC seen before the first page (Ledgers.read_stream).
-                yield f'], "lac": {head.lac}}}'.encode()
-
-        return StreamingResponse(stream(), media_type="application/json")
+        if accepts_ndjson(request):
+            return RangeResponse(ndjson_body(head, pages, metrics), pages, NDJSON)
+        return RangeResponse(json_body(head, pages, metrics), pages, "application/json")
 
     @app.get(
         "/v1/ledgers/{ledger_id}/entries/{entry_id}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+BATCH_ENTRIES_BUCKETS = (1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 100_000)
 
 
 class GatewayMetrics:
@@ -28,6 +29,13 @@ class GatewayMetrics:
             "Entries read, by outcome",
             ["result"],
             registry=self.registry,
+        )
+        self.read_stream_batches = Histogram(
+            "quire_gateway_read_stream_batch_entries",
+            "Entries a range read (HTTP, gRPC Read and Tail) handed on to its client at once: "
+            "what the gateway holds of a range, whatever its length",
+            registry=self.registry,
+            buckets=BATCH_ENTRIES_BUCKETS,
         )
         self.corrupt_replicas = Counter(
             "quire_gateway_corrupt_replicas",

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from shared.status import ApiCode
+from shared.status import ApiCode, QuireError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -22,6 +22,32 @@ class Problem(BaseModel):
     code: str
 
 
+class ResponseCut(Exception):
+    """An error after the response's status went out: too late for a problem, so the
+    connection is cut (the body ends incomplete, its chunked encoding unterminated) and no
+    client can take the part it got for the whole answer. Carries the error, for the log
+    and the metrics."""
+
+    def __init__(self, error: QuireError) -> None:
+        super().__init__(f"{error.api.code}: {error.detail}")
+        self.error = error
+
+
+def problem_body(status: int, code: str, title: str, detail: str, **extensions: Any) -> dict:
+    return {
+        "type": f"urn:quire:problem:{code.lower().replace('_', '-')}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **extensions,
+    }
+
+
+def api_problem_body(api: ApiCode, detail: str) -> dict:
+    return problem_body(api.http_status, api.code, api.title, detail)
+
+
 def problem(
     status: int,
     code: str,
@@ -30,14 +56,7 @@ def problem(
     headers: dict[str, str] | None = None,
     **extensions: Any,
 ) -> JSONResponse:
-    body = {
-        "type": f"urn:quire:problem:{code.lower().replace('_', '-')}",
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "code": code,
-        **extensions,
-    }
+    body = problem_body(status, code, title, detail, **extensions)
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 

@@ -40,6 +40,8 @@ async def test_write_read_close(client: QuireClient) -> None:
     assert await ledger.append_many(payloads, batch=40) == (1, 120)
     entries = await ledger.read(0, 120)
     assert entries == [Entry(0, b"zero"), *(Entry(i + 1, p) for i, p in enumerate(payloads))]
+    assert await ledger.read(0, None) == entries  # up to the LAC
+    assert [e async for e in ledger.read_stream(100, 500)] == entries[100:]  # capped at it
     assert await ledger.lac() == 120
     assert await ledger.close() == 120
     assert (await client.get(ledger.ledger_id)).state == "CLOSED"

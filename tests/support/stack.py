@@ -23,7 +23,6 @@ from tests.support.inprocess import running_service
 
 MAX_ENTRY = 4096
 MAX_BATCH = 50
-MAX_READ = 200
 
 
 @contextlib.contextmanager
@@ -81,7 +80,6 @@ def gateway_settings(settings: QuireSettings, **gateway) -> QuireSettings:
         "ready_min_writable_bookies": 3,
         "max_entry_size_bytes": MAX_ENTRY,
         "max_batch_entries": MAX_BATCH,
-        "max_read_entries": MAX_READ,
         "read_entry_timeout_ms": 500,
         "add_entry_timeout_ms": 3_000,
         **gateway,

@@ -1,13 +1,16 @@
-"""Admission control: per-client bound (429 + Retry-After) and per-request deadline (504)."""
+"""Admission control: per-client bound (429 + Retry-After) and a deadline on each request's
+progress (504 before the answer starts; a cut stream after)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import httpx
+import pytest
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.admission import AdmissionControl
+from services.gateway.problems import ResponseCut
 
 release = asyncio.Event()
 
@@ -81,3 +84,42 @@ async def test_health_is_never_limited() -> None:
         assert (await busy).status_code == 504
         release.set()
         assert (await health).status_code == 200
+
+
+PARTS = 60
+PART_GAP_S = 0.01  # the app's work between parts: 0.6 s in all
+
+
+async def streaming_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """Writes PARTS parts, PART_GAP_S apart; /stall stops after the first part."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    for index in range(PARTS):
+        if scope["path"] == "/stall" and index == 1:
+            await asyncio.Event().wait()
+        await asyncio.sleep(PART_GAP_S)
+        await send({"type": "http.response.body", "body": b"%d," % index, "more_body": True})
+    await send({"type": "http.response.body", "body": b"end"})
+
+
+async def test_the_deadline_is_on_progress_so_a_long_stream_goes_on() -> None:
+    """The whole stream takes twice the deadline; no part takes long. (The gaps are far
+    below the deadline, so a busy machine does not turn this into a timeout.)"""
+    app = AdmissionControl(
+        streaming_app, max_in_flight_per_client=10, request_timeout_ms=300, long_poll_timeout_ms=1
+    )
+    async with client(app) as a:
+        response = await a.get("/stream")
+    assert response.status_code == 200
+    assert response.content == b"".join(b"%d," % i for i in range(PARTS)) + b"end"
+    assert app.timed_out == 0
+
+
+async def test_a_stream_that_stalls_is_cut() -> None:
+    app = AdmissionControl(
+        streaming_app, max_in_flight_per_client=10, request_timeout_ms=100, long_poll_timeout_ms=1
+    )
+    async with client(app) as a:
+        with pytest.raises(ResponseCut) as caught:
+            await a.get("/stall")
+    assert caught.value.error.api.code == "TIMEOUT"
+    assert app.timed_out == 1 and app.in_flight == {}
