@@ -36,8 +36,9 @@ pytestmark = pytest.mark.slow
 PASSWORD = "pw"
 PW = {"Quire-Ledger-Password": PASSWORD}
 ENTRIES = 30_000
-# The most entries a streamed range may hold at once: far below the range (the stand-in over
-# read_pages holds a page of max_batch_entries, 50 here).
+# The most entries a streamed range may hold at once, far below the range: the reader asks
+# nothing more than read_ahead_max_entries past the next entry not yet taken, so no batch
+# handed out is larger (set to this in the stack's settings).
 BATCH_ENTRIES_MAX = 1_000
 BATCH_METRIC = "quire_gateway_read_stream_batch_entries"
 READS_ANSWERED = (  # the labels of the HTTP range reads answered 200
@@ -57,6 +58,7 @@ EXPECTED = [Entry(i, payload(i)) for i in range(ENTRIES)]
 @pytest.fixture(scope="module")
 async def stack(nats_url: str, database_url: str, tmp_path_factory) -> AsyncIterator[Stack]:
     settings = stack_settings(nats_url, tmp_path_factory.mktemp("read-stream-stack"))
+    settings.gateway.read_ahead_max_entries = BATCH_ENTRIES_MAX
     with scratch_database(database_url) as db:
         async with running_stack(settings, db) as s:
             yield s
