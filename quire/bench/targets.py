@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nats
 
-from quire.infra import ManagedProcess, start_nats_cluster
+from quire.infra import ManagedProcess, restart_nats_cluster, start_nats_cluster
 from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
 from shared.metaclient import MetadataClient
@@ -249,6 +249,30 @@ class JetStreamTarget(Target):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.25)
+
+    async def restart(self) -> None:
+        """Every server stopped and started again on its data, so that what it wrote is
+        no longer in its memory; returns once the stream has a leader and every message."""
+        messages = (await self.js.stream_info(self.STREAM)).state.messages
+        self.servers = await asyncio.to_thread(restart_nats_cluster, self.directory, self.servers)
+        deadline = time.monotonic() + JETSTREAM_READY_TIMEOUT_S
+        while True:
+            try:
+                info = await self.js.stream_info(self.STREAM)
+                if info.cluster and info.cluster.leader and info.state.messages == messages:
+                    return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"stream {self.STREAM} not back after the restart")
+            await asyncio.sleep(0.25)
+
+    @property
+    def js(self):
+        """The JetStream context, once open (for `quire bench read`'s consumer)."""
+        assert self._js is not None
+        return self._js
 
     async def ledger(self, index: int) -> Append:
         js = self._js
