@@ -1,8 +1,8 @@
 """`quire bench` as a user runs it: its own 3-bookie cluster, a short load, the JetStream
 comparison, and the JSON and plot it writes; then the many-ledger modes (the Pulsar shape
 against one ledger, `bench idle`, `bench open-ledgers`) and `bench read` (catch-up and
-tailing) at tiny sizes against one running `quire up`. It checks that the benchmark works and its counts add up, not how fast
-anything is."""
+tailing) at tiny sizes against one running `quire up`. It checks that the benchmark works
+and its counts add up, not how fast anything is."""
 
 from __future__ import annotations
 
