@@ -50,6 +50,7 @@ STATS_TIMEOUT_S = 5.0
 # An in-process tail reader asks the bookies for the LAC this often once it has caught up
 # (each poll is a request to every bookie of the ledger): its lag includes up to this much.
 LAC_POLL_S = 0.005
+FETCH_TIMEOUT_S = 30.0  # for one JetStream fetch (nats-py's default is 5 s)
 
 Batch = list[tuple[int, bytes]]  # (entry id, payload), in order
 
@@ -329,7 +330,8 @@ class JetStreamReads(Reads):
         try:
             position = first
             while position <= last:
-                messages = await subscription.fetch(min(self.batch, last - position + 1))
+                wanted = min(self.batch, last - position + 1)
+                messages = await subscription.fetch(wanted, timeout=FETCH_TIMEOUT_S)
                 batch = [(position + i, m.data) for i, m in enumerate(messages)]
                 position += len(batch)
                 yield batch

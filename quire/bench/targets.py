@@ -252,21 +252,37 @@ class JetStreamTarget(Target):
 
     async def restart(self) -> None:
         """Every server stopped and started again on its data, so that what it wrote is
-        no longer in its memory; returns once the stream has a leader and every message."""
-        messages = (await self.js.stream_info(self.STREAM)).state.messages
+        no longer in its memory; returns once the stream has every message and a new
+        consumer gets a message published now (a consumer's leader is elected after the
+        stream's). The probe touches only the stream's last block and a subject of its own."""
+        js = self.js
+        messages = (await js.stream_info(self.STREAM)).state.messages
         self.servers = await asyncio.to_thread(restart_nats_cluster, self.directory, self.servers)
         deadline = time.monotonic() + JETSTREAM_READY_TIMEOUT_S
         while True:
             try:
-                info = await self.js.stream_info(self.STREAM)
+                info = await js.stream_info(self.STREAM)
                 if info.cluster and info.cluster.leader and info.state.messages == messages:
-                    return
+                    break
             except Exception:
                 if time.monotonic() > deadline:
                     raise
             if time.monotonic() > deadline:
                 raise RuntimeError(f"stream {self.STREAM} not back after the restart")
             await asyncio.sleep(0.25)
+        while True:
+            try:
+                await js.publish("quirebench.probe", b"", timeout=2.0)
+                probe = await js.pull_subscribe("quirebench.probe")
+                try:
+                    await probe.fetch(1, timeout=2.0)
+                finally:
+                    await probe.unsubscribe()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
 
     @property
     def js(self):
