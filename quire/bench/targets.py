@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +27,8 @@ from shared.protocol.driver import ProtocolClient, WriterHandle
 from shared.service import connect_nats
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
 
 Append = Callable[[Sequence[bytes]], Awaitable[None]]
 PASSWORD = "quire-bench"
@@ -214,13 +217,17 @@ class JetStreamTarget(Target):
         self.servers: list[ManagedProcess] = []
         self._nc = None
         self._js = None
+        self._restarting = False
 
     async def open(self) -> None:
         from nats.js.api import StorageType, StreamConfig
 
         self.servers = await asyncio.to_thread(start_nats_cluster, self.directory)
         self._nc = await nats.connect(
-            servers=[s.url for s in self.servers], name="quire-bench", max_reconnect_attempts=-1
+            servers=[s.url for s in self.servers],
+            name="quire-bench",
+            max_reconnect_attempts=-1,
+            error_cb=self._on_error,
         )
         # Publishes the stream may have pending: far more than any window we run with.
         self._js = self._nc.jetstream(publish_async_max_pending=1_000_000)
@@ -257,7 +264,13 @@ class JetStreamTarget(Target):
         stream's). The probe touches only the stream's last block and a subject of its own."""
         js = self.js
         messages = (await js.stream_info(self.STREAM)).state.messages
-        self.servers = await asyncio.to_thread(restart_nats_cluster, self.directory, self.servers)
+        self._restarting = True
+        try:
+            self.servers = await asyncio.to_thread(
+                restart_nats_cluster, self.directory, self.servers
+            )
+        finally:
+            self._restarting = False
         deadline = time.monotonic() + JETSTREAM_READY_TIMEOUT_S
         while True:
             try:
@@ -283,6 +296,11 @@ class JetStreamTarget(Target):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.25)
+
+    async def _on_error(self, exc: Exception) -> None:
+        # restart() stops every server: the client loses them on purpose and reconnects.
+        if not self._restarting:
+            log.error("nats: %r", exc)
 
     @property
     def js(self):
