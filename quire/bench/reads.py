@@ -11,7 +11,8 @@ Tailing: one writer appends single entries at a fixed rate while R readers follo
 the lag of an entry is the time from its append's acknowledgement to a reader receiving it.
 
 JetStream, for the comparison: the same N messages into an R3 stream, read back by one
-pull consumer (fetch batches), cold (its servers' files evicted the same way) then warm."""
+pull consumer (fetch batches), cold (its servers restarted, their files evicted the same
+way) then warm."""
 
 from __future__ import annotations
 
