@@ -2,7 +2,9 @@
 overload behind it. Several readers stream a whole 20,000-entry ledger over HTTP, again and
 again, cold (the bookies' files evicted from the page cache), and are cut off; from then on
 a small read (entries 0-9) must answer within a second, and the bookies must stop serving
-the burst's reads once their clients' deadlines have passed (their ledgerstore.stats).
+the burst's reads once their clients' deadlines have passed: their ledgerstore.stats show
+empty read queues (`read_entry_queue_size`, `read_entry_in_progress`: the bookie side of
+issue 13) and no more entries read.
 
 Before issue 13 every read answered 504 for about a minute after such a burst: the reads
 already sent kept being served after the gateway gave up on them."""
@@ -131,15 +133,22 @@ async def burst_then_small_reads(up: QuireUp) -> None:
         f"entries 0-9 answered {answered_after_s:.2f} s after the burst ended"
     )
 
-    # Drained: two readings of every bookie's read counter a poll apart show no more work.
+    # Drained: every bookie's read queue empty, nothing in progress, and its read counter
+    # unchanged since the previous reading (a poll apart).
     deadline = burst_end + 30
     before = read_counts(await ledgerstore_stats(up))
     while True:
         await asyncio.sleep(0.25)
-        now = read_counts(await ledgerstore_stats(up))
-        if now == before:
+        stats = await ledgerstore_stats(up)
+        now = read_counts(stats)
+        busy = {
+            bookie: (s["read_entry_queue_size"], s["read_entry_in_progress"])
+            for bookie, s in stats.items()
+            if s["read_entry_queue_size"] or s["read_entry_in_progress"]
+        }
+        if now == before and not busy:
             break
-        assert time.monotonic() < deadline, f"the bookies still serve reads 30 s on: {now}"
+        assert time.monotonic() < deadline, f"the bookies still serve reads 30 s on: {busy}"
         before = now
     drained_after_s = time.monotonic() - burst_end
     served_after = {b: now[b] - at_burst_end[b] for b in now}
