@@ -101,17 +101,6 @@ class QuireClient(abc.ABC):
         self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
     ) -> list[Entry]: ...
 
-    async def read_stream(
-        self, ledger_id: int, password: str, first: int, last: int, unconfirmed: bool = False
-    ) -> AsyncIterator[Entry]:
-        """Stand-in, in the bench branch only, for the surfaces engineer's streaming read
-        (same signature): `read` in windows of 500 entries, one after another."""
-        window = 500
-        for start in range(first, last + 1, window):
-            end = min(start + window - 1, last)
-            for entry in await self.read(ledger_id, password, start, end, unconfirmed):
-                yield entry
-
     @abc.abstractmethod
     def tail(self, ledger_id: int, password: str, first: int = 0) -> AsyncIterator[Entry]:
         """Entries from `first` on as they are confirmed; ends after a closed ledger's last."""

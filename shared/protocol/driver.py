@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -771,32 +771,6 @@ class ProtocolClient:
         await drive(core, dispatch, self.clock, finished=lambda: core.done)
         self.observer.speculative_reads(core.speculative_reads)
         return outcomes
-
-    async def read_stream(
-        self,
-        metadata: LedgerMetadata,
-        password: bytes,
-        first: int,
-        last: int,
-        *,
-        unconfirmed: bool = False,
-    ) -> AsyncIterator[list[EntryRead]]:
-        """Stand-in, in the bench branch only, for the protocol engineer's flow-controlled
-        stream (same signature): fixed windows of `read_entries`, one after another.
-        It does not do `unconfirmed`."""
-        if unconfirmed:
-            raise ValueError("this stand-in of read_stream reads confirmed entries only")
-        window = 500
-        for start in range(first, last + 1, window):
-            entry_ids = list(range(start, min(start + window, last + 1)))
-            outcomes = await self.read_entries(metadata, password, entry_ids)
-            batch = []
-            for entry_id in entry_ids:
-                outcome = outcomes[entry_id]
-                if isinstance(outcome, EntryReadFailed):
-                    raise QuireError(outcome.api, f"entry {entry_id}: {outcome.detail}")
-                batch.append(outcome)
-            yield batch
 
     async def read_lac_from_bookies(self, metadata: LedgerMetadata) -> int:
         """The LAC as the last segment's bookies know it (their highest answer)."""
