@@ -193,6 +193,26 @@ def start_nats_cluster(directory: Path, nodes: int = 3) -> list[ManagedProcess]:
     return servers
 
 
+def restart_nats_cluster(directory: Path, servers: list[ManagedProcess]) -> list[ManagedProcess]:
+    """The cluster `start_nats_cluster(directory)` started, stopped (every server) and
+    started again on its configs and data: nothing of it is left in the servers' memory."""
+    for server in servers:
+        server.stop()
+    restarted: list[ManagedProcess] = []
+    try:
+        for i, server in enumerate(servers):
+            config = directory / f"n{i + 1}" / "nats.conf"
+            restarted.append(_launch_nats(config, server.name, server.url))
+        for server in restarted:
+            port = int(server.url.rsplit(":", 1)[1])
+            wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
+    except BaseException:
+        for server in restarted:
+            server.stop()
+        raise
+    return restarted
+
+
 def _launch_nats(config: Path, name: str, url: str) -> ManagedProcess:
     """nats-server with `config`, its log beside it, ended with its parent."""
     log_path = config.parent / "nats.log"

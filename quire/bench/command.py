@@ -32,6 +32,7 @@ from quire.bench.report import (
     load_average,
     machine_info,
     print_idle,
+    print_reads,
     print_summary,
     report_json,
     rounds_row,
@@ -71,6 +72,11 @@ class Compare(StrEnum):
     ONE_LEDGER = "one-ledger"  # the same total rate from one writer on one ledger
 
 
+class ReadCompare(StrEnum):
+    NONE = "none"
+    JETSTREAM = "jetstream"
+
+
 @dataclass
 class ClusterAccess:
     """Where the cluster under test answers."""
@@ -82,11 +88,18 @@ class ClusterAccess:
     description: str
     processes: list[Process] = field(default_factory=list)  # empty: not known (--gateway)
     gateway_pid: int | None = None
+    data_dir: Path | None = None  # the `quire up` data dir, when known (not with --gateway)
+    bookie_ids: list[str] = field(default_factory=list)  # from cluster.json, when known
 
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
     """The processes cluster.json lists (its `services` rows)."""
     return [Process(row["name"], row["kind"], int(row["pid"])) for row in rows]
+
+
+def _bookie_ids(rows: list[dict[str, Any]]) -> list[str]:
+    """The bookies cluster.json lists (one ledgerstore each)."""
+    return [row["bookie_id"] for row in rows if row["kind"] == "ledgerstore"]
 
 
 def _fail(message: str) -> None:
@@ -135,6 +148,8 @@ def cluster_access(
             f"started by quire bench ({bookies} bookies)",
             _processes(info["services"]),
             info["gateway"]["pid"],
+            config.data_dir,
+            _bookie_ids(info["services"]),
         )
     finally:
         cluster.stop()
@@ -169,6 +184,8 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
         f"running cluster ({data_dir or gateway})",
         _processes(info.get("services", [])),
         info.get("gateway", {}).get("pid"),
+        data_dir,
+        _bookie_ids(info.get("services", [])),
     )
 
 
@@ -572,3 +589,156 @@ def open_ledgers(
         first = next(row["first_error"] for row in figures["rounds"] if row["errors"])
         err_console.print(f"[red]errors in the rounds; first: {first}[/red]")
         raise typer.Exit(1)
+
+
+@app.command()
+def read(
+    entries: Annotated[int, typer.Option(min=1, help="Entries in the ledger read back.")] = (
+        100_000
+    ),
+    size: Annotated[int, typer.Option("--size", "--entry-size", min=1, help="Bytes per entry.")] = (
+        1024
+    ),
+    batch: Annotated[
+        int, typer.Option(min=1, help="Entries per append when writing; per JetStream fetch.")
+    ] = 500,
+    ensemble: Annotated[int, typer.Option(min=1, help="Ensemble size E.")] = 3,
+    write_quorum: Annotated[int, typer.Option(min=1, help="Write quorum Qw.")] = 3,
+    ack_quorum: Annotated[int, typer.Option(min=1, help="Ack quorum Qa.")] = 2,
+    via: Annotated[Via, typer.Option(help="Client path.")] = Via.INPROCESS,
+    tail: Annotated[
+        bool, typer.Option("--tail", help="Tailing: one writer at --rate, --readers following.")
+    ] = False,
+    rate: Annotated[float, typer.Option(min=1, help="--tail: entries/s, one per append.")] = 1000,
+    readers: Annotated[int, typer.Option(min=1, help="--tail: readers following the LAC.")] = 4,
+    duration: Annotated[float, typer.Option(min=0.1, help="--tail: seconds of writing.")] = 10.0,
+    compare: Annotated[
+        ReadCompare, typer.Option(help="Also write and read back a 3-node JetStream stream.")
+    ] = ReadCompare.NONE,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON here.")
+    ] = None,
+    bookies: Annotated[
+        int, typer.Option(min=1, max=64, help="Bookies of the cluster bench starts.")
+    ] = 4,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
+    ] = None,
+    grpc_address: Annotated[
+        str | None, typer.Option(help="The gateway's gRPC host:port.", show_default=False)
+    ] = None,
+) -> None:
+    """Catch-up reads: write one ledger of ENTRIES, close it, read it back whole, cold (not
+    in the ledgerstores' caches nor in the page cache) then warm: entries/s, MB/s, the wait
+    for each batch. With --tail: end-to-end lag (append acknowledged to entry read) of
+    readers following a writer. Needs the cluster's files: its own cluster or --data-dir."""
+    from quire.bench import reads
+
+    if not 1 <= ack_quorum <= write_quorum <= ensemble:
+        _fail("need 1 <= ack-quorum <= write-quorum <= ensemble")
+    if tail and compare is not ReadCompare.NONE:
+        _fail("--tail measures Quire alone: no --compare")
+    quorum = Quorum(ensemble, write_quorum, ack_quorum)
+    spec = reads.ReadSpec(entries=entries, entry_size=size, batch=batch)
+    with cluster_access(None, data_dir, bookies, grpc_address) as access:
+        if access.data_dir is None or not access.bookie_ids:
+            _fail(f"{data_dir}/cluster.json lists no bookies")
+        assert access.data_dir is not None
+        settings: dict[str, Any] = {
+            "ensemble": ensemble,
+            "write_quorum": write_quorum,
+            "ack_quorum": ack_quorum,
+            "via": via.value,
+            "cluster": access.description,
+        }
+        machine = machine_info(access.fsync)
+        if tail:
+            settings |= {"rate": rate, "readers": readers, "duration_s": duration, "size": size}
+            side: reads.Tail
+            if via is Via.INPROCESS:
+                side = reads.InProcessTail(access.settings, quorum)
+            else:
+                address = _gateway_address(via, access)
+                side = reads.ClientTail(via.value, address, quorum)
+            tail_spec = reads.TailSpec(rate, readers, duration, size)
+            figures = {"tail": _run(_tailing(side, tail_spec))}
+        else:
+            settings |= {"entries": entries, "size": size, "batch": batch}
+            figures = {"quire": _run(_catch_up(via, access, quorum, spec))}
+            if compare is ReadCompare.JETSTREAM:
+                with tempfile.TemporaryDirectory(prefix="quire-bench-js-") as js_dir:
+                    js = reads.JetStreamReads(Path(js_dir), batch)
+                    figures["jetstream"] = _run(
+                        _reads(js, spec, [Path(js_dir)], js.forget, None, "jetstream")
+                    )
+                settings["jetstream"] = (
+                    "3 nats-servers, file stream, replicas 3, one pull consumer, no acks"
+                )
+    machine["load_average_at_end"] = load_average()
+    report = {"settings": settings, "machine": machine} | figures
+    print_reads(console, report)
+    if json_path is not None:
+        write_json(json_path, report)
+        console.print(f"JSON written to {json_path}")
+    if _read_errors(report):
+        raise typer.Exit(1)
+
+
+def _gateway_address(via: Via, access: ClusterAccess) -> str:
+    address = access.http if via is Via.HTTP else access.grpc
+    if not address:
+        _fail(f"--via {via.value} needs the gateway's address: --data-dir or --grpc-address")
+    return address
+
+
+async def _catch_up(via: Via, access: ClusterAccess, quorum: Quorum, spec) -> dict[str, Any]:
+    """Quire's write, cold and warm reads, with its ledgerstores' counters."""
+    from quire.bench import reads
+
+    assert access.data_dir is not None
+    side: reads.Reads
+    if via is Via.INPROCESS:
+        side = reads.InProcessReads(access.settings, quorum)
+    else:
+        side = reads.ClientReads(via.value, _gateway_address(via, access), quorum, spec.batch)
+    # Each bookie's files (entry logs, index, journal) are in <data dir>/<bookie id>.
+    directories = [access.data_dir / bookie_id for bookie_id in access.bookie_ids]
+    stats = reads.LedgerstoreStats(access.settings, access.bookie_ids)
+    await stats.open()
+    try:
+        label = f"quire ({via.value})"
+        return await _reads(side, spec, directories, stats.wait_flushed, stats, label)
+    finally:
+        await stats.aclose()
+
+
+async def _reads(side, spec, directories, forget, stats, label: str) -> dict[str, Any]:
+    from quire.bench import reads
+
+    def say(message: str) -> None:
+        err_console.print(f"{label}: {message}", highlight=False)
+
+    await side.open()
+    try:
+        figures = await reads.catch_up(side, spec, directories, forget, stats, say)
+    finally:
+        await side.aclose()
+    return {"label": label} | figures
+
+
+async def _tailing(side, spec) -> dict[str, Any]:
+    from quire.bench import reads
+
+    await side.open()
+    try:
+        return await reads.tailing(side, spec, err_console.print)
+    finally:
+        await side.aclose()
+
+
+def _read_errors(report: dict[str, Any]) -> bool:
+    if "tail" in report:
+        return bool(report["tail"]["errors"])
+    passes = [report[s][p] for s in ("quire", "jetstream") if s in report for p in ("cold", "warm")]
+    return any(figures["error"] for figures in passes)

@@ -228,3 +228,66 @@ def rounds_row(row: dict[str, Any]) -> list[str]:
     keys = ("round_s", "ledgers_per_s", "create_p50_ms", "create_p99_ms")
     keys += ("append_p50_ms", "append_p99_ms")
     return [f"{row['open_before']:,}", *(f"{row[k]:,}" for k in keys), str(row["errors"])]
+
+
+# The wait for each batch, in ms; "cached MB": the files' bytes in the page cache before
+# the pass.
+READ_COLUMNS = ("entries/s", "MB/s", "p50 ms", "p99 ms", "max ms", "cached MB")
+
+
+def print_reads(console: Console, report: dict[str, Any]) -> None:
+    """`quire bench read`: cold and warm passes of each system, or the tailing lag."""
+    settings, machine = report["settings"], report["machine"]
+    console.print(
+        f"[bold]machine[/bold]: {machine['cpu_count']} cpus ({machine['cpu_model']}), "
+        f"fsync {machine['fsync']}, load average {machine['load_average_at_start']} -> "
+        f"{machine.get('load_average_at_end', [])}"
+    )
+    console.print("[bold]settings[/bold]: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if "tail" in report:
+        tail = report["tail"]
+        console.print(
+            f"tailing: {tail['entries_written']:,} entries written at "
+            f"{tail['write_entries_per_s']:,} entries/s, {tail['entries_read']:,} read by "
+            f"{settings['readers']} readers; lag (append acknowledged to entry read) "
+            f"p50 {tail['lag_p50_ms']} ms, p99 {tail['lag_p99_ms']} ms, "
+            f"max {tail['lag_max_ms']} ms"
+        )
+        if tail["first_error"]:
+            console.print(f"[red]{tail['errors']} errors; first: {tail['first_error']}[/red]")
+        return
+    table = Table(title="quire bench read: one closed ledger read back whole; wait per batch")
+    table.add_column("system")
+    table.add_column("pass")
+    for column in READ_COLUMNS:
+        table.add_column(column, justify="right")
+    for system in ("quire", "jetstream"):
+        if system not in report:
+            continue
+        for name in ("cold", "warm"):
+            row = report[system][name]
+            cells = [
+                _fmt(row["entries_per_s"]),
+                _fmt(row["mb_per_s"]),
+                _fmt(row["batch_p50_ms"]),
+                _fmt(row["batch_p99_ms"]),
+                _fmt(row["batch_max_ms"]),
+                _fmt(row["page_cache_before"]["resident_bytes"] / 1e6),
+            ]
+            table.add_row(system, name, *cells)
+    console.print(table)
+    for system in ("quire", "jetstream"):
+        if system in report:
+            write = report[system]["write"]
+            console.print(
+                f"{report[system]['label']}: written at {write['entries_per_s']:,} entries/s"
+            )
+            for name in ("cold", "warm"):
+                cache = report[system][name].get("ledgerstore")
+                if cache:
+                    console.print(
+                        f"  {name}: {report[system][name]['batches']:,} batches; ledgerstores: "
+                        + ", ".join(f"{k} {v:,}" for k, v in cache.items())
+                    )
+                if report[system][name]["error"]:
+                    console.print(f"[red]{system} {name}: {report[system][name]['error']}[/red]")

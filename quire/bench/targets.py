@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import nats
 
-from quire.infra import ManagedProcess, start_nats_cluster
+from quire.infra import ManagedProcess, restart_nats_cluster, start_nats_cluster
 from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
 from shared.metaclient import MetadataClient
@@ -26,6 +27,8 @@ from shared.protocol.driver import ProtocolClient, WriterHandle
 from shared.service import connect_nats
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
 
 Append = Callable[[Sequence[bytes]], Awaitable[None]]
 PASSWORD = "quire-bench"
@@ -214,13 +217,17 @@ class JetStreamTarget(Target):
         self.servers: list[ManagedProcess] = []
         self._nc = None
         self._js = None
+        self._restarting = False
 
     async def open(self) -> None:
         from nats.js.api import StorageType, StreamConfig
 
         self.servers = await asyncio.to_thread(start_nats_cluster, self.directory)
         self._nc = await nats.connect(
-            servers=[s.url for s in self.servers], name="quire-bench", max_reconnect_attempts=-1
+            servers=[s.url for s in self.servers],
+            name="quire-bench",
+            max_reconnect_attempts=-1,
+            error_cb=self._on_error,
         )
         # Publishes the stream may have pending: far more than any window we run with.
         self._js = self._nc.jetstream(publish_async_max_pending=1_000_000)
@@ -249,6 +256,57 @@ class JetStreamTarget(Target):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.25)
+
+    async def restart(self) -> None:
+        """Every server stopped and started again on its data, so that what it wrote is
+        no longer in its memory; returns once the stream has every message and a new
+        consumer gets a message published now (a consumer's leader is elected after the
+        stream's). The probe touches only the stream's last block and a subject of its own."""
+        js = self.js
+        messages = (await js.stream_info(self.STREAM)).state.messages
+        self._restarting = True
+        try:
+            self.servers = await asyncio.to_thread(
+                restart_nats_cluster, self.directory, self.servers
+            )
+        finally:
+            self._restarting = False
+        deadline = time.monotonic() + JETSTREAM_READY_TIMEOUT_S
+        while True:
+            try:
+                info = await js.stream_info(self.STREAM)
+                if info.cluster and info.cluster.leader and info.state.messages == messages:
+                    break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"stream {self.STREAM} not back after the restart")
+            await asyncio.sleep(0.25)
+        while True:
+            try:
+                await js.publish("quirebench.probe", b"", timeout=2.0)
+                probe = await js.pull_subscribe("quirebench.probe")
+                try:
+                    await probe.fetch(1, timeout=2.0)
+                finally:
+                    await probe.unsubscribe()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
+
+    async def _on_error(self, exc: Exception) -> None:
+        # restart() stops every server: the client loses them on purpose and reconnects.
+        if not self._restarting:
+            log.error("nats: %r", exc)
+
+    @property
+    def js(self):
+        """The JetStream context, once open (for `quire bench read`'s consumer)."""
+        assert self._js is not None
+        return self._js
 
     async def ledger(self, index: int) -> Append:
         js = self._js

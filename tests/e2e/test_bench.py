@@ -1,8 +1,8 @@
 """`quire bench` as a user runs it: its own 3-bookie cluster, a short load, the JetStream
 comparison, and the JSON and plot it writes; then the many-ledger modes (the Pulsar shape
-against one ledger, `bench idle`, `bench open-ledgers`) at tiny sizes against one running
-`quire up`. It checks that the benchmark works and its counts add up, not how fast
-anything is."""
+against one ledger, `bench idle`, `bench open-ledgers`) and `bench read` (catch-up and
+tailing) at tiny sizes against one running `quire up`. It checks that the benchmark works
+and its counts add up, not how fast anything is."""
 
 from __future__ import annotations
 
@@ -174,3 +174,61 @@ def test_open_ledgers_rounds(cluster, tmp_path) -> None:
         assert 0 < row["create_p50_ms"] <= row["create_p99_ms"]
         assert 0 < row["append_p50_ms"] <= row["append_p99_ms"]
     assert open_ledgers(cluster) <= open_before
+
+
+READ_PASS_KEYS = {"entries", "bytes", "entries_per_s", "mb_per_s", "batches", "batch_p50_ms"}
+READ_PASS_KEYS |= {"batch_p99_ms", "batch_max_ms", "page_cache_before", "page_cache_after"}
+
+
+@pytest.mark.parametrize("via", ["inprocess", "http"])
+def test_bench_read_cold_then_warm_with_jetstream(cluster, tmp_path, via) -> None:
+    open_before = open_ledgers(cluster)
+    compare = ["--compare", "jetstream"] if via == "inprocess" else []
+    report = bench(
+        cluster,
+        tmp_path / "read.json",
+        "read",
+        "--entries", "1500",
+        "--size", "512",
+        "--batch", "200",
+        "--via", via,
+        *compare,
+    )  # fmt: skip
+    systems = ["quire", "jetstream"] if compare else ["quire"]
+    assert [s for s in ("quire", "jetstream") if s in report] == systems
+    for system in systems:
+        assert report[system]["write"]["entries"] == 1500
+        for name in ("cold", "warm"):
+            figures = report[system][name]
+            assert READ_PASS_KEYS <= figures.keys() and figures["error"] is None
+            assert (figures["entries"], figures["bytes"]) == (1500, 1500 * 512)
+            assert figures["entries_per_s"] > 0 and figures["batches"] > 0
+            assert 0 < figures["batch_p50_ms"] <= figures["batch_p99_ms"]
+            assert figures["batch_p99_ms"] <= figures["batch_max_ms"]
+    cold, warm = report["quire"]["cold"]["ledgerstore"], report["quire"]["warm"]["ledgerstore"]
+    # The cold pass came from the entry logs: nothing from the write cache, every entry
+    # not read ahead by the pass itself missed the read cache.
+    assert cold["write_cache_hits"] == 0
+    assert cold["read_cache_misses"] > 0
+    assert cold["read_cache_hits"] + cold["read_cache_misses"] == cold["ledgerstore_read_entry"]
+    assert warm["ledgerstore_read_entry"] >= 1500
+    assert open_ledgers(cluster) <= open_before  # the ledger read was closed
+
+
+def test_bench_read_tailing(cluster, tmp_path) -> None:
+    open_before = open_ledgers(cluster)
+    report = bench(
+        cluster,
+        tmp_path / "tail.json",
+        "read",
+        "--tail",
+        "--rate", "200",
+        "--duration", "1",
+        "--readers", "2",
+        "--via", "grpc",
+    )  # fmt: skip
+    tail = report["tail"]
+    assert tail["errors"] == 0 and tail["entries_written"] > 0
+    assert tail["entries_read"] == 2 * tail["entries_written"]  # each reader read them all
+    assert 0 < tail["lag_p50_ms"] <= tail["lag_p99_ms"] <= tail["lag_max_ms"]
+    assert open_ledgers(cluster) <= open_before  # the writer closed its ledger
