@@ -51,6 +51,7 @@ STATS_TIMEOUT_S = 5.0
 # An in-process tail reader asks the bookies for the LAC this often once it has caught up
 # (each poll is a request to every bookie of the ledger): its lag includes up to this much.
 LAC_POLL_S = 0.005
+CONSUMER_READY_TIMEOUT_S = 30.0  # for a consumer to be created once the servers are up
 FETCH_TIMEOUT_S = 30.0  # for one JetStream fetch (nats-py's default is 5 s)
 
 Batch = list[tuple[int, bytes]]  # (entry id, payload), in order
@@ -324,10 +325,23 @@ class JetStreamReads(Reads):
 
     async def stream(self, first: int, last: int) -> AsyncIterator[Batch]:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import ServiceUnavailableError
 
         js = self.target.js
         config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
-        subscription = await js.pull_subscribe(f"quirebench.{self.SUBJECT_INDEX}", config=config)
+        # After the restart the cluster may still move its meta leader: the JetStream API
+        # then answers 503 for a while. Ask again until it has one, within a deadline.
+        deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
+        while True:
+            try:
+                subscription = await js.pull_subscribe(
+                    f"quirebench.{self.SUBJECT_INDEX}", config=config
+                )
+                break
+            except ServiceUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
         try:
             position = first
             while position <= last:
