@@ -325,28 +325,19 @@ class JetStreamReads(Reads):
 
     async def stream(self, first: int, last: int) -> AsyncIterator[Batch]:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-        from nats.js.errors import ServiceUnavailableError
 
         js = self.target.js
         config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
-        # After the restart the cluster may still move its meta leader: the JetStream API
-        # then answers 503 for a while. Ask again until it has one, within a deadline.
-        deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
-        while True:
-            try:
-                subscription = await js.pull_subscribe(
-                    f"quirebench.{self.SUBJECT_INDEX}", config=config
-                )
-                break
-            except ServiceUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.25)
+        subscription = await _until_served(
+            lambda: js.pull_subscribe(f"quirebench.{self.SUBJECT_INDEX}", config=config)
+        )
         try:
             position = first
             while position <= last:
                 wanted = min(self.batch, last - position + 1)
-                messages = await subscription.fetch(wanted, timeout=FETCH_TIMEOUT_S)
+                messages = await _until_served(
+                    lambda: subscription.fetch(wanted, timeout=FETCH_TIMEOUT_S)  # noqa: B023
+                )
                 batch = [(position + i, m.data) for i, m in enumerate(messages)]
                 position += len(batch)
                 yield batch
@@ -355,6 +346,22 @@ class JetStreamReads(Reads):
 
     async def aclose(self) -> None:
         await self.target.aclose()
+
+
+async def _until_served(call: Callable[[], Awaitable[Any]]) -> Any:
+    """`call()` again while JetStream answers 503: after a restart the cluster may still be
+    moving its meta or consumer leaders, and a pull or an API request then finds no
+    responder (nothing was consumed). Within CONSUMER_READY_TIMEOUT_S."""
+    from nats.js.errors import ServiceUnavailableError
+
+    deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
+    while True:
+        try:
+            return await call()
+        except ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
 
 
 async def catch_up(
