@@ -707,8 +707,15 @@ async def _catch_up(via: Via, access: ClusterAccess, quorum: Quorum, spec) -> di
     stats = reads.LedgerstoreStats(access.settings, access.bookie_ids)
     await stats.open()
     try:
+        # Every entry goes to write_quorum bookies: applied by all of them, it is flushed
+        # once their write caches are empty.
+        expected = await stats.applied_entries() + spec.entries * quorum.write_quorum
+
+        async def forget() -> None:
+            await stats.wait_flushed(expected)
+
         label = f"quire ({via.value})"
-        return await _reads(side, spec, directories, stats.wait_flushed, stats, label)
+        return await _reads(side, spec, directories, forget, stats, label)
     finally:
         await stats.aclose()
 

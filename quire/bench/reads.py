@@ -167,17 +167,27 @@ class LedgerstoreStats:
         stats = await self.read()
         return {name: sum(s[name] for s in stats.values()) for name in CACHE_COUNTERS}
 
-    async def wait_flushed(self) -> None:
-        """Until no bookie holds an entry in its write cache (a flush every
-        flush_interval_ms); a cold read must not be served from it."""
+    async def applied_entries(self) -> int:
+        """Entries the ledgerstores have applied from their journals, summed."""
+        return sum(s["ledgerstore_add_entry"] for s in (await self.read()).values())
+
+    async def wait_flushed(self, applied_at_least: int) -> None:
+        """Until the ledgerstores applied at least `applied_at_least` entries from their
+        journals and none holds one in its write cache (a flush every flush_interval_ms): a
+        cold read must not be served from it. An empty write cache alone is not enough: a
+        ledgerstore applies its journal a little after the journal acknowledged the adds."""
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
         while True:
             stats = await self.read()
+            applied = sum(s["ledgerstore_add_entry"] for s in stats.values())
             holding = [b for b, s in stats.items() if s["write_cache_count"]]
-            if not holding:
+            if applied >= applied_at_least and not holding:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"write caches not empty after {FLUSH_TIMEOUT_S:g} s: {holding}")
+                raise RuntimeError(
+                    f"write caches not flushed after {FLUSH_TIMEOUT_S:g} s: applied "
+                    f"{applied:,} of {applied_at_least:,} entries; holding: {holding}"
+                )
             await asyncio.sleep(0.1)
 
 
