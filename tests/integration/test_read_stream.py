@@ -1,9 +1,9 @@
 """Range reads stream on every surface (HTTP JSON and NDJSON, gRPC `Read`, both clients):
-a range far longer than any batch comes whole in one request, the gateway holding a bounded
-part of it at a time; a failure after the first entries reaches the client as a failure; the
-request deadline is on progress, so a long read that keeps going is not cut; a client that
-goes away stops the read. Memory is counted in entries a batch (the gateway's
-quire_gateway_read_stream_batch_entries histogram), never timed."""
+a range of 100,000 entries, far longer than any batch, comes whole in one request, the
+gateway holding a bounded part of it at a time; a failure after the first entries reaches
+the client as a failure; the request deadline is on progress, so a long read that keeps
+going is not cut; a client that goes away stops the read. Memory is counted in entries a
+batch (the gateway's quire_gateway_read_stream_batch_entries histogram), never timed."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 PASSWORD = "pw"
 PW = {"Quire-Ledger-Password": PASSWORD}
-ENTRIES = 30_000
+ENTRIES = 100_000
 # The most entries a streamed range may hold at once, far below the range: the reader asks
 # nothing more than read_ahead_max_entries past the next entry not yet taken, so no batch
 # handed out is larger (set to this in the stack's settings).
@@ -161,7 +161,7 @@ async def test_the_request_deadline_is_on_progress_not_on_the_whole_read(
     stack: Stack, long_ledger: int
 ) -> None:
     """A gateway whose request_timeout_ms is a fraction of what the whole range takes to
-    stream (30,000 entries in many batches, each a round trip to the bookies; seconds on
+    stream (100,000 entries in many batches, each a round trip to the bookies; seconds on
     this machine) streams it to the end, in both formats. (Not much less than a second: on
     a busy machine one batch can take a few hundred ms.)"""
     hurried = gateway_settings(stack.settings, request_timeout_ms=1_000)
