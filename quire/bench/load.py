@@ -186,6 +186,7 @@ class _Pacer:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._cancelled = False
         self.done: asyncio.Future[None] = self._loop.create_future()
         self._arm()
 
@@ -217,6 +218,8 @@ class _Pacer:
         self._arm()
 
     def _launch(self, writer: int, at: float) -> None:
+        if self._cancelled:
+            return
         self._outstanding[writer] += 1
         task = self._loop.create_task(self._one(writer, at))
         self._running.add(task)
@@ -238,6 +241,8 @@ class _Pacer:
             self._arm()
 
     def cancel(self) -> None:
+        """Start nothing more; cancel the appends outstanding."""
+        self._cancelled = True
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self._running):
