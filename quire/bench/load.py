@@ -56,6 +56,9 @@ class LoadResult:
     first_error: str | None = None
     ledgers: int = 1
     create_s: float = 0.0  # creating the ledgers, before the measurement
+    # CPU this process used (every thread, user and system) from the end of the warm-up
+    # to the last answer: the client's work, which the machine's load does not change much.
+    client_cpu_s: float = 0.0
 
     @property
     def entries_per_s(self) -> float:
@@ -81,6 +84,12 @@ class LoadResult:
             "errors": self.errors,
             "ledgers": self.ledgers,
             "ledgers_create_s": round(self.create_s, 3),
+            "client_cpu_cores": round(self.client_cpu_s / self.elapsed_s, 3)
+            if self.elapsed_s
+            else 0.0,
+            "client_cpu_ms_per_1k_entries": round(self.client_cpu_s * 1e6 / self.entries, 1)
+            if self.entries
+            else 0.0,
         }
 
 
@@ -277,6 +286,10 @@ async def run_load(
     appends = await create_ledgers(target, spec.ledgers, spec.create_concurrency)
     create_s = time.perf_counter() - create_started
     loop_start = time.perf_counter()
+    cpu_from: list[float] = []  # process CPU time when the measurement began
+    warmed_up = asyncio.get_running_loop().call_later(
+        spec.warmup_s, lambda: cpu_from.append(time.process_time())
+    )
     measure_from = loop_start + spec.warmup_s
     stop_at = measure_from + spec.duration_s
     recorder = _Recorder(measure_from, spec.entry_size, spec.batch)
@@ -303,6 +316,8 @@ async def run_load(
         for task in writers:
             task.cancel()
     # Appends still in flight at stop_at end after it; the elapsed time covers them.
+    warmed_up.cancel()
+    client_cpu_s = time.process_time() - cpu_from[0] if cpu_from else 0.0
     elapsed = max(time.perf_counter(), stop_at) - measure_from
     return LoadResult(
         target=target.name,
@@ -315,4 +330,5 @@ async def run_load(
         first_error=recorder.first_error,
         ledgers=spec.ledgers,
         create_s=create_s,
+        client_cpu_s=client_cpu_s,
     )
