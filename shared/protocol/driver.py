@@ -254,12 +254,17 @@ class WriterHandle:
         self._arm_timer()
 
     def _arm_timer(self) -> None:
-        """Arm the core's next deadline, unless one is armed no later: a deadline that
-        moved later (the oldest add completed) is found when the armed one comes."""
+        """Keep the core's next deadline armed, moved as it moves: in the wheel a move is a
+        dict operation, cheaper than the tick of a deadline that has gone (a ledger adding
+        about once per explicit-LAC interval would otherwise be ticked after each add for
+        the LAC its next add carried)."""
         deadline = self.core.next_deadline_ms()
-        if deadline is None or (self.deadline_ms is not None and self.deadline_ms <= deadline):
+        if deadline == self.deadline_ms:
             return
-        self._client.deadlines.arm(self, deadline)
+        if deadline is None:
+            self._client.deadlines.cancel(self)
+        else:
+            self._client.deadlines.arm(self, deadline)
 
     def deadline_reached(self, now_ms: int) -> None:
         """The wheel took the handle out: its deadline has come."""
