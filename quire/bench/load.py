@@ -22,6 +22,10 @@ from quire.bench.targets import Append, Target
 # The timeline keeps one histogram per interval; bounded by the duration.
 TIMELINE_INTERVAL_S = 1.0
 TIMELINE_MAX_POINTS = 3_600
+# An event loop's timers fire at a resolution of about a millisecond (uvloop's are whole
+# milliseconds, and a shorter delay fires on the next turn): a start due within it goes at
+# once, timed from then, instead of the loop turning without a pause until it is due.
+TIMER_SLACK_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -218,21 +222,24 @@ class _Pacer:
         self._timer = None
         now = time.perf_counter()
         heap = self._heap
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now + TIMER_SLACK_S:
             at, writer = heapq.heappop(heap)
             if self._outstanding[writer] >= self._in_flight:
                 self._waiting[writer] = at
             else:
-                self._launch(writer, at)
+                # Latency from the scheduled start, or from now if that is (just) ahead.
+                self._launch(writer, at, min(at, now))
         self._arm()
 
-    def _launch(self, writer: int, at: float) -> None:
+    def _launch(self, writer: int, due: float, started: float) -> None:
+        """Start the writer's append scheduled at `due` (its latency counted from
+        `started`), and schedule its next."""
         if self._cancelled:
             return
         self._outstanding[writer] += 1
-        task = self._loop.create_task(self._one(writer, at))
+        task = self._loop.create_task(self._one(writer, started))
         self._running.add(task)
-        if (after := at + self._interval_s) < self._stop_at:
+        if (after := due + self._interval_s) < self._stop_at:
             heapq.heappush(self._heap, (after, writer))
 
     async def _one(self, writer: int, started: float) -> None:
@@ -246,7 +253,7 @@ class _Pacer:
             self._running.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._outstanding[writer] -= 1
             if (due := self._waiting.pop(writer, None)) is not None:
-                self._launch(writer, due)  # overdue: at once
+                self._launch(writer, due, due)  # overdue: at once
             self._arm()
 
     def cancel(self) -> None:
