@@ -476,12 +476,12 @@ class DeadlineWheel:
         for handle in due:
             del self._slot_of[handle]
             handle.deadline_ms = None
-        for handle in due:
-            handle.deadline_reached(now)
         while heap and heap[0] not in self._slots:
             heapq.heappop(heap)
-        if heap and self._timer is None:
+        if heap:  # before the ticks: what they arm is compared with the earliest left
             self._arm_loop(heap[0])
+        for handle in due:
+            handle.deadline_reached(now)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -100,3 +100,21 @@ async def test_a_tick_may_arm_the_next_deadline() -> None:
     assert second >= first + 10 and third >= second + 10
     await until(lambda: not wheel.timer_armed)
     assert handle.deadline_ms is None
+
+
+async def test_a_tick_that_arms_a_far_deadline_leaves_a_nearer_one_armed() -> None:
+    wheel = DeadlineWheel(monotonic_ms, resolution_ms=5)
+
+    class FarAway(Handle):
+        def deadline_reached(self, now_ms: int) -> None:
+            super().deadline_reached(now_ms)
+            wheel.arm(self, now_ms + 600_000)
+
+    now = monotonic_ms()
+    first, later = FarAway(), Handle()
+    wheel.arm(first, now + 10)
+    wheel.arm(later, now + 40)
+    # `first`'s tick arms ten minutes ahead; `later` is still due in 40 ms.
+    await until(lambda: later.ticked_at)
+    assert len(first.ticked_at) == 1 and later.ticked_at[0] >= now + 40
+    wheel.close()
