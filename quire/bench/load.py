@@ -168,8 +168,9 @@ class _Pacer:
 
     A writer keeps at most `in_flight` appends outstanding; a start that finds its window
     full waits, and goes the moment one of its appends ends. Latency counts from the
-    scheduled start, so a stall shows as latency instead of hiding as a lower rate (no
-    coordinated omission). `done` resolves once every start before `stop_at` was made and
+    scheduled start (or from the actual one, when that was up to TIMER_SLACK_S ahead of
+    it), so a stall shows as latency instead of hiding as a lower rate (no coordinated
+    omission). `done` resolves once every start before `stop_at` was made and
     answered."""
 
     def __init__(
