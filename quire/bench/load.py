@@ -10,6 +10,7 @@ start during the warm-up are not counted."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import time
 from collections.abc import Callable
@@ -21,6 +22,10 @@ from quire.bench.targets import Append, Target
 # The timeline keeps one histogram per interval; bounded by the duration.
 TIMELINE_INTERVAL_S = 1.0
 TIMELINE_MAX_POINTS = 3_600
+# An event loop's timers fire at a resolution of about a millisecond (uvloop's are whole
+# milliseconds, and a shorter delay fires on the next turn): a start due within it goes at
+# once, timed from then, instead of the loop turning without a pause until it is due.
+TIMER_SLACK_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class LoadResult:
     first_error: str | None = None
     ledgers: int = 1
     create_s: float = 0.0  # creating the ledgers, before the measurement
+    # CPU this process used (every thread, user and system) from the end of the warm-up
+    # to the last answer: the client's work, which the machine's load does not change much.
+    client_cpu_s: float = 0.0
 
     @property
     def entries_per_s(self) -> float:
@@ -80,6 +88,12 @@ class LoadResult:
             "errors": self.errors,
             "ledgers": self.ledgers,
             "ledgers_create_s": round(self.create_s, 3),
+            "client_cpu_cores": round(self.client_cpu_s / self.elapsed_s, 3)
+            if self.elapsed_s
+            else 0.0,
+            "client_cpu_ms_per_1k_entries": round(self.client_cpu_s * 1e6 / self.entries, 1)
+            if self.entries
+            else 0.0,
         }
 
 
@@ -145,48 +159,110 @@ async def _writer(
     await asyncio.gather(*(slot() for _ in range(spec.in_flight)))
 
 
-async def _paced_writer(
-    append: Append,
-    spec: LoadSpec,
-    recorder: _Recorder,
-    stop_at: float,
-    interval_s: float,
-    start: float,
-) -> None:
-    """One writer at its own rate: an append starts every `interval_s` from `start`, at
-    most `in_flight` of them outstanding. Latency counts from the scheduled start, so a
-    stall shows as latency instead of hiding as a lower rate (no coordinated omission).
-    A quiet writer holds one sleeping coroutine, not one per slot: thousands of slow
-    writers stay cheap in the bench process."""
-    payloads = [os.urandom(spec.entry_size)] * spec.batch
-    window = asyncio.Semaphore(spec.in_flight)
-    outstanding: set[asyncio.Task] = set()
+class _Pacer:
+    """Every writer at its own rate (rate / writers), from one timer heap: the next start of
+    each writer in a heap, one event-loop timer for the earliest, every start that is due
+    launched when it fires. Thousands of slow writers then cost the bench one timer in all
+    and a heap entry each, not a sleeping task each (a timer, a future and a task step of
+    its own per append, on top of the append's).
 
-    async def one(started: float) -> None:
+    A writer keeps at most `in_flight` appends outstanding; a start that finds its window
+    full waits, and goes the moment one of its appends ends. Latency counts from the
+    scheduled start (or from the actual one, when that was up to TIMER_SLACK_S ahead of
+    it), so a stall shows as latency instead of hiding as a lower rate (no coordinated
+    omission). `done` resolves once every start before `stop_at` was made and
+    answered."""
+
+    def __init__(
+        self,
+        appends: list[Append],
+        spec: LoadSpec,
+        recorder: _Recorder,
+        stop_at: float,
+        start: float,
+    ) -> None:
+        self._appends = [appends[i % spec.ledgers] for i in range(spec.writers)]
+        self._payloads = [os.urandom(spec.entry_size)] * spec.batch
+        self._in_flight = spec.in_flight
+        assert spec.rate
+        self._interval_s = spec.batch * spec.writers / spec.rate
+        self._recorder = recorder
+        self._stop_at = stop_at
+        # Starts spread over one interval; in order, so already a heap.
+        self._heap = [
+            (at, i)
+            for i in range(spec.writers)
+            if (at := start + self._interval_s * i / spec.writers) < stop_at
+        ]
+        self._outstanding = [0] * spec.writers
+        self._waiting: dict[int, float] = {}  # writer -> its due start, while its window is full
+        self._running: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._cancelled = False
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        self._arm()
+
+    def _arm(self) -> None:
+        """The timer for the earliest start, unless one is armed no later; `done` once
+        nothing is left to start or to answer."""
+        if not self._heap:
+            if not self._running and not self._waiting and not self.done.done():
+                self.done.set_result(None)
+            return
+        at = self._heap[0][0]
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_later(max(at - time.perf_counter(), 0), self._fire)
+        self._timer_at = at
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = time.perf_counter()
+        heap = self._heap
+        while heap and heap[0][0] <= now + TIMER_SLACK_S:
+            at, writer = heapq.heappop(heap)
+            if self._outstanding[writer] >= self._in_flight:
+                self._waiting[writer] = at
+            else:
+                # Latency from the scheduled start, or from now if that is (just) ahead.
+                self._launch(writer, at, min(at, now))
+        self._arm()
+
+    def _launch(self, writer: int, due: float, started: float) -> None:
+        """Start the writer's append scheduled at `due` (its latency counted from
+        `started`), and schedule its next."""
+        if self._cancelled:
+            return
+        self._outstanding[writer] += 1
+        task = self._loop.create_task(self._one(writer, started))
+        self._running.add(task)
+        if (after := due + self._interval_s) < self._stop_at:
+            heapq.heappush(self._heap, (after, writer))
+
+    async def _one(self, writer: int, started: float) -> None:
         try:
-            await append(payloads)
+            await self._appends[writer](self._payloads)
         except Exception as exc:  # counted and shown; the run goes on
-            recorder.failed(exc)
+            self._recorder.failed(exc)
         else:
-            recorder.record(started, time.perf_counter())
+            self._recorder.record(started, time.perf_counter())
         finally:
-            window.release()
+            self._running.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._outstanding[writer] -= 1
+            if (due := self._waiting.pop(writer, None)) is not None:
+                self._launch(writer, due, due)  # overdue: at once
+            self._arm()
 
-    started = start
-    try:
-        while started < stop_at:
-            delay = started - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await window.acquire()
-            task = asyncio.create_task(one(started))
-            outstanding.add(task)
-            task.add_done_callback(outstanding.discard)
-            started += interval_s
-        if outstanding:
-            await asyncio.gather(*outstanding)
-    finally:
-        for task in outstanding:
+    def cancel(self) -> None:
+        """Start nothing more; cancel the appends outstanding."""
+        self._cancelled = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._running):
             task.cancel()
 
 
@@ -218,28 +294,24 @@ async def run_load(
     appends = await create_ledgers(target, spec.ledgers, spec.create_concurrency)
     create_s = time.perf_counter() - create_started
     loop_start = time.perf_counter()
+    cpu_from: list[float] = []  # process CPU time when the measurement began
+    warmed_up = asyncio.get_running_loop().call_later(
+        spec.warmup_s, lambda: cpu_from.append(time.process_time())
+    )
     measure_from = loop_start + spec.warmup_s
     stop_at = measure_from + spec.duration_s
     recorder = _Recorder(measure_from, spec.entry_size, spec.batch)
+    writers: list[asyncio.Task[None]] = []
+    pacer: _Pacer | None = None
     if spec.rate:
-        interval_s = spec.batch * spec.writers / spec.rate
-        coroutines = [
-            _paced_writer(
-                appends[i % spec.ledgers],
-                spec,
-                recorder,
-                stop_at,
-                interval_s,
-                loop_start + interval_s * i / spec.writers,
-            )
+        pacer = _Pacer(appends, spec, recorder, stop_at, loop_start)
+        all_done: asyncio.Future = pacer.done
+    else:
+        writers = [
+            asyncio.create_task(_writer(appends[i % spec.ledgers], spec, recorder, stop_at))
             for i in range(spec.writers)
         ]
-    else:
-        coroutines = [
-            _writer(appends[i % spec.ledgers], spec, recorder, stop_at) for i in range(spec.writers)
-        ]
-    writers = [asyncio.create_task(coroutine) for coroutine in coroutines]
-    all_done = asyncio.gather(*writers)
+        all_done = asyncio.gather(*writers)
     try:
         while not all_done.done():
             await asyncio.wait([all_done], timeout=0.1)
@@ -247,9 +319,13 @@ async def run_load(
                 progress(time.perf_counter() - loop_start, recorder.done_total, recorder.errors)
         all_done.result()
     finally:
+        if pacer is not None:
+            pacer.cancel()
         for task in writers:
             task.cancel()
     # Appends still in flight at stop_at end after it; the elapsed time covers them.
+    warmed_up.cancel()
+    client_cpu_s = time.process_time() - cpu_from[0] if cpu_from else 0.0
     elapsed = max(time.perf_counter(), stop_at) - measure_from
     return LoadResult(
         target=target.name,
@@ -262,4 +338,5 @@ async def run_load(
         first_error=recorder.first_error,
         ledgers=spec.ledgers,
         create_s=create_s,
+        client_cpu_s=client_cpu_s,
     )

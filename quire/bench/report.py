@@ -110,6 +110,12 @@ def print_summary(console: Console, report: dict[str, Any]) -> None:
                 f"{report[name]['ledgers']:,} ledgers created before the measurement in "
                 f"{report[name]['ledgers_create_s']} s"
             )
+    for name in names:
+        console.print(
+            f"{report[name]['label']}: the bench process used "
+            f"{report[name]['client_cpu_cores']} of a core, "
+            f"{report[name]['client_cpu_ms_per_1k_entries']} ms of CPU per 1,000 entries"
+        )
     compared_as = names[-1]
     if "ratio_throughput" in report:
         console.print(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import logging
 import os
 import random
@@ -64,6 +65,10 @@ log = logging.getLogger(__name__)
 # How often `drive` ticks a read's or a recovery's core while it waits (their timeouts'
 # resolution); a writer is ticked by its own deadlines instead (`WriterHandle`).
 TICK_INTERVAL_S = 0.05
+# The resolution of a writer's deadlines (add timeouts, a delayed ensemble change, the
+# explicit LAC): the deadlines of a client's writers that fall in the same 10 ms are met
+# by one event-loop timer.
+DEADLINE_RESOLUTION_MS = 10
 SALT_BYTES = 16
 
 Clock = Callable[[], int]
@@ -201,8 +206,8 @@ class _AppendRequest:
 class WriterHandle:
     """Runs one LedgerWriter: sends what it says, feeds it the answers, resolves appends.
     Time passes for it by its core's deadlines (`LedgerWriter.next_deadline_ms`): at most
-    one timer armed on the event loop (a heap of deadlines), none when nothing is due. A
-    quiet handle holds no task: an idle writer costs its one explicit-LAC timer."""
+    one place in its client's `DeadlineWheel`, none when nothing is due. A quiet handle
+    holds no task: an idle writer costs its one explicit-LAC deadline."""
 
     def __init__(self, core: LedgerWriter, client: ProtocolClient) -> None:
         self.core = core
@@ -210,11 +215,11 @@ class WriterHandle:
         self._requests: deque[_AppendRequest] = deque()
         self._sends: set[asyncio.Task[None]] = set()
         self._sends_out = 0  # SendAdds given to the batcher and not yet answered
-        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Made when someone waits for it (back-pressure, drain): most appends never do.
+        self._changed: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[LedgerMetadata] | None = None
         self._pump_scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at_ms = 0  # the deadline the timer is armed for
+        self.deadline_ms: int | None = None  # the deadline armed in the wheel, if any
         # The core's counters as last reported to the observer.
         self._add_requests_seen = 0
         self._add_sends_held_seen = 0
@@ -228,7 +233,7 @@ class WriterHandle:
         """Append and wait for the acknowledgement: (first, last, lac)."""
         # Back-pressure: wait while the pending adds would exceed the core's bound.
         while not self.core.fits(len(payloads)):
-            await asyncio.shield(self._changed)
+            await asyncio.shield(self._change_future())
         now = self._client.clock()
         first, last = self.core.add(payloads, now)
         request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future())
@@ -240,12 +245,13 @@ class WriterHandle:
     def _schedule_pump(self) -> None:
         """Pump once at the end of this turn of the event loop: the appends and bookie
         replies of one turn then go out as one add message per bookie instead of one
-        each (the core batches what is queued when its commands are taken)."""
+        each (the core batches what is queued when its commands are taken). The client
+        pumps every handle due in a turn from one callback."""
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._scheduled_pump)
+            self._client.pump_soon(self)
 
-    def _scheduled_pump(self) -> None:
+    def scheduled_pump(self) -> None:
         self._pump_scheduled = False
         self.pump()
 
@@ -280,27 +286,24 @@ class WriterHandle:
         self._arm_timer()
 
     def _arm_timer(self) -> None:
-        """Arm the timer for the core's next deadline, unless one is armed no later: a
-        deadline that moved later (the oldest add completed) is found when the timer fires."""
+        """Keep the core's next deadline armed, moved as it moves: in the wheel a move is a
+        dict operation, cheaper than the tick of a deadline that has gone (a ledger adding
+        about once per explicit-LAC interval would otherwise be ticked after each add for
+        the LAC its next add carried)."""
         deadline = self.core.next_deadline_ms()
-        if deadline is None or (self._timer is not None and self._timer_at_ms <= deadline):
+        if deadline == self.deadline_ms:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-        # At least 1 ms: asyncio may fire a timer up to its clock resolution early, and a
-        # tick before the deadline does nothing but arm the timer again.
-        delay_ms = max(deadline - self._client.clock(), 1)
-        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._on_timer)
-        self._timer_at_ms = deadline
+        if deadline is None:
+            self._client.deadlines.cancel(self)
+        else:
+            self._client.deadlines.arm(self, deadline)
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.tick(self._client.clock())  # re-arms for the next deadline, if any
+    def deadline_reached(self, now_ms: int) -> None:
+        """The wheel took the handle out: its deadline has come."""
+        self.tick(now_ms)  # re-arms for the next deadline, if any
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._client.deadlines.cancel(self)
 
     def _report_counts(self) -> None:
         pending = self.core.pending_count
@@ -375,9 +378,15 @@ class WriterHandle:
                 request.future.set_exception(QuireError(command.api, command.detail))
         self._notify()
 
+    def _change_future(self) -> asyncio.Future[None]:
+        if self._changed is None:
+            self._changed = asyncio.get_running_loop().create_future()
+        return self._changed
+
     def _notify(self) -> None:
-        self._changed.set_result(None)
-        self._changed = asyncio.get_running_loop().create_future()
+        if self._changed is not None:
+            self._changed.set_result(None)
+            self._changed = None
 
     def tick(self, now_ms: int) -> None:
         self.core.tick(now_ms)
@@ -387,7 +396,10 @@ class WriterHandle:
     def quiet(self) -> bool:
         """Holds no timer, no task, no send and no append: costs nothing but its memory."""
         return (
-            self._timer is None and not self._sends and not self._sends_out and not self._requests
+            self.deadline_ms is None
+            and not self._sends
+            and not self._sends_out
+            and not self._requests
         )
 
     @property
@@ -398,7 +410,7 @@ class WriterHandle:
     async def wait_changed(self, timeout_s: float) -> None:
         """Until an add completes or fails, or `timeout_s` passes."""
         try:
-            await asyncio.wait_for(asyncio.shield(self._changed), timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._change_future()), timeout_s)
         except TimeoutError:
             pass
 
@@ -419,6 +431,94 @@ class WriterHandle:
     def release(self) -> None:
         """The handle is done with (closed, or dropped by its owner): cancel its timer."""
         self._cancel_timer()
+
+
+class DeadlineWheel:
+    """The deadlines of every writer handle of a client (BookKeeper's hashed wheel timer
+    for add timeouts): handles in slots of `resolution_ms`, a heap of the slots in use,
+    one event-loop timer for the earliest. Arming, moving and cancelling a handle's
+    deadline is a dict operation; the loop's timer fires at most once a slot, for every
+    handle due in it, whatever the number of handles. A deadline is met up to
+    `resolution_ms` late, never early (a tick before its deadline does nothing)."""
+
+    def __init__(self, clock: Clock, resolution_ms: int = DEADLINE_RESOLUTION_MS) -> None:
+        assert resolution_ms >= 1
+        self._clock = clock
+        self.resolution_ms = resolution_ms
+        self._slots: dict[int, dict[WriterHandle, None]] = {}  # slot -> its handles
+        self._slot_of: dict[WriterHandle, int] = {}
+        self._heap: list[int] = []  # every slot in _slots, and emptied ones not yet popped
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_slot = 0  # the slot the loop's timer is armed for
+
+    def __len__(self) -> int:
+        """Handles armed."""
+        return len(self._slot_of)
+
+    @property
+    def timer_armed(self) -> bool:
+        """An event-loop timer is armed (none once nothing is, after at most one more)."""
+        return self._timer is not None
+
+    def arm(self, handle: WriterHandle, deadline_ms: int) -> None:
+        """Tick `handle` once `deadline_ms` has come (instead of any deadline it had)."""
+        self._remove(handle)
+        slot = -(-deadline_ms // self.resolution_ms)  # rounded up: never early
+        handles = self._slots.get(slot)
+        if handles is None:
+            handles = self._slots[slot] = {}
+            heapq.heappush(self._heap, slot)
+        handles[handle] = None
+        self._slot_of[handle] = slot
+        handle.deadline_ms = deadline_ms
+        if self._timer is None or slot < self._timer_slot:
+            self._arm_loop(slot)
+
+    def cancel(self, handle: WriterHandle) -> None:
+        self._remove(handle)
+
+    def _remove(self, handle: WriterHandle) -> None:
+        slot = self._slot_of.pop(handle, None)
+        if slot is None:
+            return
+        handle.deadline_ms = None
+        handles = self._slots[slot]
+        del handles[handle]
+        if not handles:
+            del self._slots[slot]  # its heap entry is skipped when it comes up
+
+    def _arm_loop(self, slot: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        # At least 1 ms: asyncio may fire a timer up to its clock resolution early, and a
+        # slot not yet due is only armed again.
+        delay_ms = max(slot * self.resolution_ms - self._clock(), 1)
+        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._fire)
+        self._timer_slot = slot
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = self._clock()
+        due: list[WriterHandle] = []
+        heap = self._heap
+        while heap and heap[0] * self.resolution_ms <= now:
+            handles = self._slots.pop(heapq.heappop(heap), None)
+            if handles:
+                due.extend(handles)
+        for handle in due:
+            del self._slot_of[handle]
+            handle.deadline_ms = None
+        while heap and heap[0] not in self._slots:
+            heapq.heappop(heap)
+        if heap:  # before the ticks: what they arm is compared with the earliest left
+            self._arm_loop(heap[0])
+        for handle in due:
+            handle.deadline_reached(now)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class BookieAddBatcher:
@@ -612,6 +712,23 @@ class ProtocolClient:
         self.wall_clock = wall_clock
         self.adds = BookieAddBatcher(bookies, self.observer, settings.max_add_requests_per_bookie)
         self.lacs = BookieLacBatcher(bookies)
+        self.deadlines = DeadlineWheel(clock)
+        self._pumps: list[WriterHandle] = []  # handles to pump at the end of this turn
+
+    def pump_soon(self, handle: WriterHandle) -> None:
+        """Pump `handle` at the end of this turn of the event loop, with every other handle
+        due then: one callback a turn for the client, not one for each writer."""
+        if not self._pumps:
+            asyncio.get_running_loop().call_soon(self._pump_all)
+        self._pumps.append(handle)
+
+    def _pump_all(self) -> None:
+        pumps, self._pumps = self._pumps, []
+        for handle in pumps:
+            try:
+                handle.scheduled_pump()
+            except Exception:  # a bug in one writer must not leave the others unpumped
+                log.exception("pump of ledger %d failed", handle.ledger_id)
 
     @property
     def quiet(self) -> bool:
@@ -622,6 +739,7 @@ class ProtocolClient:
         """Stop sending: requests in flight are cancelled (the writers are going away)."""
         self.adds.close()
         self.lacs.close()
+        self.deadlines.close()
 
     # -- metadata -----------------------------------------------------------------------------
 

@@ -76,7 +76,11 @@ def test_paced_writers_one_per_ledger_created_concurrently_bounded() -> None:
     # end are not issued, so no ledger has more than its two scheduled appends.
     assert result.entries == result.latency.count == sum(target.appends.values())
     assert max(target.appends.values()) <= 2
-    assert result.summary()["ledgers"] == 200
+    summary = result.summary()
+    assert summary["ledgers"] == 200
+    # The bench process's own CPU over the measurement, per entry and in cores.
+    assert summary["client_cpu_cores"] > 0
+    assert summary["client_cpu_ms_per_1k_entries"] > 0
 
 
 def test_fewer_writers_than_ledgers_is_refused() -> None:
@@ -99,3 +103,73 @@ def test_rounds_count_open_ledgers_and_errors() -> None:
     assert all(
         row["first_error"].startswith("append: RuntimeError") for row in rows if row["errors"]
     )
+
+
+class SlowTarget(CountingTarget):
+    """Appends that take `service_s` of simulated service time each (the fake bookie's
+    work); counts the most outstanding at once per ledger and the tasks alive."""
+
+    def __init__(self, service_s: float) -> None:
+        super().__init__()
+        self.service_s = service_s
+        self.outstanding: Counter[int] = Counter()
+        self.most_outstanding = 0
+        self.most_tasks = 0
+
+    async def ledger(self, index: int) -> Append:
+        await super().ledger(index)
+
+        async def append(payloads: Sequence[bytes]) -> None:
+            self.outstanding[index] += 1
+            self.most_outstanding = max(self.most_outstanding, self.outstanding[index])
+            self.most_tasks = max(self.most_tasks, len(asyncio.all_tasks()))
+            await asyncio.sleep(self.service_s)
+            self.outstanding[index] -= 1
+            self.appends[index] += 1
+            self.entries += len(payloads)
+
+        return append
+
+
+def test_paced_writers_hold_no_task_while_they_wait_for_their_next_start() -> None:
+    # 2,000 writers at 1 append/s each: at any time a few appends are outstanding, and
+    # the writers between two of their starts hold nothing but a heap entry.
+    target = SlowTarget(service_s=0.0)
+    spec = LoadSpec(
+        entry_size=16,
+        ledgers=2_000,
+        writers=2_000,
+        in_flight=4,
+        rate=2_000.0,
+        duration_s=0.5,
+        warmup_s=0.0,
+        create_concurrency=64,
+    )
+    result = asyncio.run(run_load(target, spec))
+    assert result.errors == 0
+    assert result.entries == sum(target.appends.values()) > 0
+    # run_load's own task and the appends outstanding, not one task per writer.
+    assert target.most_tasks < 200, target.most_tasks
+
+
+def test_a_full_window_delays_starts_without_dropping_them() -> None:
+    # One writer, a start every 5 ms for 100 ms, each append taking 20 ms, at most 2 at
+    # once: the window is full most of the time, and every start still goes (late, its
+    # latency counted from its scheduled start).
+    target = SlowTarget(service_s=0.02)
+    spec = LoadSpec(
+        entry_size=16,
+        ledgers=1,
+        writers=1,
+        in_flight=2,
+        rate=200.0,
+        duration_s=0.1,
+        warmup_s=0.0,
+    )
+    result = asyncio.run(run_load(target, spec))
+    assert target.most_outstanding == 2
+    # 20 starts (21 when the sum of the float intervals falls just short of the end).
+    assert target.appends[0] == result.latency.count
+    assert result.latency.count in (20, 21)
+    # The last start waited for the window behind the earlier appends.
+    assert result.latency.max_us > 20 * 20_000 / 2 - 100_000

@@ -1,0 +1,98 @@
+"""A writer handle's deadline in its client's wheel (shared/protocol/driver.py), against
+bookies that answer at once and a clock the test sets: the armed deadline follows the
+core's next one as it moves, so a ledger that adds again before its explicit-LAC deadline
+is not ticked for it; an idle ledger is ticked once, writes its LAC and is left with
+nothing armed. Counts ticks and requests; the one wait polls with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.config import GatewaySettings
+from shared.digest import DigestManager, parse_header
+from shared.protocol.driver import ProtocolClient, WriterHandle
+from shared.protocol.writer import LedgerWriter
+from shared.status import BookieStatus
+from shared.wire import AddItem, AddResult
+from tests.support.protocol import KEY, metadata
+
+LAC_INTERVAL_MS = 20
+ADD_TIMEOUT_MS = 10_000
+WAIT_S = 5.0
+
+
+class Bookies:
+    """Every add stored at once; the explicit LACs counted."""
+
+    max_send_bytes = 1024 * 1024
+
+    def __init__(self) -> None:
+        self.lacs: list[tuple[str, int]] = []
+
+    async def add(self, bookie_id: str, items: list[AddItem]):
+        await asyncio.sleep(0)
+        results = []
+        for item in items:
+            ledger_id, entry_id, _, _ = parse_header(item.frame)
+            results.append(AddResult(ledger_id, entry_id, BookieStatus.OK))
+        return BookieStatus.OK, results
+
+    async def write_lac(self, bookie_id: str, items: list[tuple[int, bytes, int]]):
+        self.lacs.extend((bookie_id, lac) for _, _, lac in items)
+        return [BookieStatus.OK for _ in items]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+async def test_the_armed_deadline_follows_the_core_and_an_idle_writer_ends_unarmed(
+    monkeypatch,
+) -> None:
+    ticks: list[int] = []
+    tick = LedgerWriter.tick
+
+    def counting_tick(self, now_ms: int) -> None:
+        ticks.append(now_ms)
+        tick(self, now_ms)
+
+    monkeypatch.setattr(LedgerWriter, "tick", counting_tick)
+    clock, bookies = Clock(), Bookies()
+    settings = GatewaySettings(
+        explicit_lac_interval_ms=LAC_INTERVAL_MS, add_entry_timeout_ms=ADD_TIMEOUT_MS
+    )
+    client = ProtocolClient(bookies, None, settings, clock=clock)  # type: ignore[arg-type]
+    core = LedgerWriter(
+        metadata(),
+        KEY,
+        DigestManager("crc32c", b"pw"),
+        add_entry_timeout_ms=ADD_TIMEOUT_MS,
+        explicit_lac_interval_ms=LAC_INTERVAL_MS,
+        now_ms=clock.ms,
+    )
+    handle = WriterHandle(core, client)
+    for entry in range(5):
+        # Each add comes before the LAC deadline of the one before: the LAC rides on it.
+        clock.ms += LAC_INTERVAL_MS // 2
+        await handle.append([b"entry"])
+        await asyncio.sleep(0)  # the pump after the last answer
+        assert core.lac == entry
+        assert handle.deadline_ms == core.next_deadline_ms() == clock.ms + LAC_INTERVAL_MS
+        assert len(client.deadlines) == 1
+    assert ticks == []
+    assert bookies.lacs == []
+    # Idle from here: its deadline comes, it writes its LAC to its three bookies, once.
+    clock.ms += LAC_INTERVAL_MS
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not (handle.quiet and client.quiet):
+        assert loop.time() < deadline, "the idle writer did not write its LAC"
+        await asyncio.sleep(0.005)
+    assert len(ticks) == 1
+    assert sorted(bookies.lacs) == [("b0", 4), ("b1", 4), ("b2", 4)]
+    assert handle.deadline_ms is None and len(client.deadlines) == 0
+    client.close()
