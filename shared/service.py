@@ -97,6 +97,21 @@ def redact_url(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
+def _guarded(name: str, handler: Handler) -> Handler:
+    """`handler` that never lets an exception reach the NATS subscription: it is logged and
+    answered with a micro error (a malformed message never takes the service down)."""
+
+    async def guarded(request: Request) -> None:
+        try:
+            await handler(request)
+        except Exception:
+            log.exception("handler failed", extra={"endpoint": name})
+            with contextlib.suppress(Exception):
+                await request.respond_error("500", "internal error")
+
+    return guarded
+
+
 class ServiceRuntime:
     def __init__(
         self,
@@ -145,13 +160,11 @@ class ServiceRuntime:
         in arrival order (a handler's synchronous prefix runs in that order)."""
         slots = asyncio.Semaphore(max_in_flight)
 
+        guarded = _guarded(name, handler)
+
         async def serve(request: Request) -> None:
             try:
-                await handler(request)
-            except Exception:
-                log.exception("handler failed", extra={"endpoint": name})
-                with contextlib.suppress(Exception):
-                    await request.respond_error("500", "internal error")
+                await guarded(request)
             finally:
                 slots.release()
 
@@ -176,17 +189,13 @@ class ServiceRuntime:
         request to a bounded queue of its own, which serves it and drains it at shutdown
         (see `on_shutdown`). Requests beyond `add_endpoint`'s `max_in_flight` wait in the
         subscription's pending queue instead, unbounded and past their senders' timeouts."""
-
-        async def dispatch(request: Request) -> None:
-            try:
-                await handler(request)
-            except Exception:
-                log.exception("handler failed", extra={"endpoint": name})
-                with contextlib.suppress(Exception):
-                    await request.respond_error("500", "internal error")
-
         await self.micro.add_endpoint(
-            EndpointConfig(name=name, subject=subject, handler=dispatch, queue_group=f"q-{subject}")
+            EndpointConfig(
+                name=name,
+                subject=subject,
+                handler=_guarded(name, handler),
+                queue_group=f"q-{subject}",
+            )
         )
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:

@@ -54,6 +54,14 @@ from shared.status import ApiCodes
 console = Console()
 err_console = Console(stderr=True)
 
+RunningClusterOption = Annotated[
+    Path | None,
+    typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
+]
+GrpcAddressOption = Annotated[
+    str | None, typer.Option(help="The gateway's gRPC host:port.", show_default=False)
+]
+
 app = typer.Typer(
     help="Measure Quire's write path (and JetStream's, with --compare jetstream).",
     no_args_is_help=False,
@@ -297,13 +305,8 @@ def bench(
     gateway: Annotated[
         str | None, typer.Option(help="Use this running gateway (HTTP URL).", show_default=False)
     ] = None,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
-    ] = None,
-    grpc_address: Annotated[
-        str | None, typer.Option(help="The gateway's gRPC host:port.", show_default=False)
-    ] = None,
+    data_dir: RunningClusterOption = None,
+    grpc_address: GrpcAddressOption = None,
 ) -> None:
     """Run the load for warm-up + duration seconds; print entries/s, MB/s and add latency
     percentiles (and JetStream's beside them with --compare jetstream)."""
@@ -481,10 +484,7 @@ def idle(
     via: Annotated[Via, typer.Option(help=GATEWAY_VIA_HELP)] = Via.HTTP,
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
     bookies: Annotated[int, typer.Option(min=1, max=64)] = 4,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
-    ] = None,
+    data_dir: RunningClusterOption = None,
 ) -> None:
     """Idle CPU of every process of the cluster (from /proc, % of one core, with children)
     for SECONDS with no ledgers of ours, then with N open ledgers of one entry each
@@ -543,10 +543,7 @@ def open_ledgers(
     ] = Via.HTTP,
     json_path: Annotated[Path | None, typer.Option("--json")] = None,
     bookies: Annotated[int, typer.Option(min=1, max=64)] = 4,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
-    ] = None,
+    data_dir: RunningClusterOption = None,
 ) -> None:
     """Rounds of new ledgers, each created and written with one batch, until TOTAL are open:
     per round the open ledgers before it, its time, create and append p50/p99. Is a new
@@ -621,13 +618,8 @@ def read(
     bookies: Annotated[
         int, typer.Option(min=1, max=64, help="Bookies of the cluster bench starts.")
     ] = 4,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="Use the running `quire up` of this data dir.", show_default=False),
-    ] = None,
-    grpc_address: Annotated[
-        str | None, typer.Option(help="The gateway's gRPC host:port.", show_default=False)
-    ] = None,
+    data_dir: RunningClusterOption = None,
+    grpc_address: GrpcAddressOption = None,
 ) -> None:
     """Catch-up reads: write one ledger of ENTRIES, close it, read it back whole, cold (not
     in the ledgerstores' caches nor in the page cache) then warm: entries/s, MB/s, the wait
