@@ -99,9 +99,11 @@ class DigestManager:
     def verify(self, frame: bytes, ledger_id: int, entry_id: int) -> EntryFrame:
         """The entry in `frame`, or DigestMismatch if it is damaged or not the one asked for."""
         lac, length = self.check(frame, ledger_id, entry_id)
-        return EntryFrame(
-            ledger_id, entry_id, lac, length, bytes(frame[HEADER_SIZE + self.digest_size :])
-        )
+        return EntryFrame(ledger_id, entry_id, lac, length, self.payload(frame))
+
+    def payload(self, frame: bytes) -> bytes:
+        """The payload of a frame (`check` it first)."""
+        return bytes(frame[HEADER_SIZE + self.digest_size :])
 
     def check(self, frame: bytes, ledger_id: int, entry_id: int) -> tuple[int, int]:
         """`verify` without copying the payload out (a bookie checks frames it serves
