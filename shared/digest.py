@@ -22,6 +22,7 @@ import crc32c as _crc32c
 
 HEADER = struct.Struct(">QQqQ")
 HEADER_SIZE = HEADER.size  # 32
+_CRC = struct.Struct(">I")
 MASTER_KEY_SIZE = 20
 
 
@@ -72,6 +73,10 @@ class DigestManager:
         self.digest_type = DigestType(digest_type)
         self.digest_size = DIGEST_SIZES[self.digest_type]
         self._mac_key = mac_key(password) if self.digest_type is DigestType.HMAC else b""
+        # The crc of the checksum types, picked once: `verify` runs once per entry read.
+        self._crc = {DigestType.CRC32C: _crc32c.crc32c, DigestType.CRC32: zlib.crc32}.get(
+            self.digest_type
+        )
 
     def _digest(self, header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
         match self.digest_type:
@@ -93,6 +98,16 @@ class DigestManager:
 
     def verify(self, frame: bytes, ledger_id: int, entry_id: int) -> EntryFrame:
         """The entry in `frame`, or DigestMismatch if it is damaged or not the one asked for."""
+        lac, length = self.check(frame, ledger_id, entry_id)
+        return EntryFrame(ledger_id, entry_id, lac, length, self.payload(frame))
+
+    def payload(self, frame: bytes) -> bytes:
+        """The payload of a frame (`check` it first)."""
+        return bytes(frame[HEADER_SIZE + self.digest_size :])
+
+    def check(self, frame: bytes, ledger_id: int, entry_id: int) -> tuple[int, int]:
+        """`verify` without copying the payload out (a bookie checks frames it serves
+        whole): the frame's (lac, length), or DigestMismatch."""
         got_ledger, got_entry, lac, length = parse_header(frame)
         if (got_ledger, got_entry) != (ledger_id, entry_id):
             raise DigestMismatch(
@@ -102,7 +117,16 @@ class DigestManager:
         if len(frame) < start:
             raise DigestMismatch(f"frame of {len(frame)} bytes is too short for its digest")
         view = memoryview(frame)
-        expected = self._digest(view[:HEADER_SIZE], view[start:])
-        if not hmac.compare_digest(expected, view[HEADER_SIZE:start]):
+        crc = self._crc
+        if crc is not None:
+            # A checksum is no secret: a plain compare of the integers, no bytes packed.
+            matches = (
+                crc(view[start:], crc(view[:HEADER_SIZE]))
+                == _CRC.unpack_from(frame, HEADER_SIZE)[0]
+            )
+        else:
+            expected = self._digest(view[:HEADER_SIZE], view[start:])
+            matches = hmac.compare_digest(expected, view[HEADER_SIZE:start])
+        if not matches:
             raise DigestMismatch(f"digest mismatch on entry {ledger_id}:{entry_id}")
-        return EntryFrame(got_ledger, got_entry, lac, length, bytes(view[start:]))
+        return lac, length

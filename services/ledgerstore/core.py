@@ -48,17 +48,25 @@ def frame_matches(frame: bytes, ledger_id: int, entry_id: int) -> bool:
     return (got_ledger, got_entry) == (ledger_id, entry_id)
 
 
+# The digest types a bookie can check, by wire code: one manager each, not one per frame.
+_CHECKSUMS = {
+    code: DigestManager(kind)
+    for code, kind in DIGEST_TYPES.items()
+    if kind in (DigestType.CRC32, DigestType.CRC32C)
+}
+
+
 def verify_stored(frame: bytes, ledger_id: int, entry_id: int, digest_code: int) -> str | None:
     """Why a frame read from disk is not the entry asked for (None: it is). The digest is
     checked where the bookie can: crc32 and crc32c. hmac needs the ledger's password and
     the bookie never has it; dummy and unknown (0) carry nothing to check."""
     if not frame_matches(frame, ledger_id, entry_id):
         return "stored frame is not the entry asked for"
-    digest_type = DIGEST_TYPES.get(digest_code)
-    if digest_type not in (DigestType.CRC32, DigestType.CRC32C):
+    manager = _CHECKSUMS.get(digest_code)
+    if manager is None:
         return None
     try:
-        DigestManager(digest_type).verify(frame, ledger_id, entry_id)
+        manager.check(frame, ledger_id, entry_id)
     except DigestMismatch as exc:
         return str(exc)
     return None

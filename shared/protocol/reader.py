@@ -262,7 +262,7 @@ class LedgerReader:
             )
             return
         try:
-            entry = self._digest.verify(result.frame, self.ledger_id, result.entry_id)
+            lac, length = self._digest.check(result.frame, self.ledger_id, result.entry_id)
         except DigestMismatch as exc:
             self._commands.append(ReplicaCorrupt(bookie_id, result.entry_id, str(exc)))
             self._replica_failed(result.entry_id, bookie_id, BookieStatus.CORRUPT, str(exc), now_ms)
@@ -274,8 +274,9 @@ class LedgerReader:
         del self._pending[result.entry_id]
         if not pending.retried:
             self._earn_token()
-        self._results[entry.entry_id] = EntryRead(
-            entry.entry_id, entry.payload, entry.lac, entry.length
+        # One object per entry: the payload goes straight from the frame into the EntryRead.
+        self._results[result.entry_id] = EntryRead(
+            result.entry_id, self._digest.payload(result.frame), lac, length
         )
 
     def _replica_failed(

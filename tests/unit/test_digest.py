@@ -27,6 +27,8 @@ def test_sign_then_verify(digest: DigestType) -> None:
         b"payload",
     )
     assert parse_header(frame) == (5, 9, 8, 1234)
+    assert dm.check(frame, 5, 9) == (8, 1234)
+    assert dm.payload(frame) == b"payload"
 
 
 @pytest.mark.parametrize("digest", [DigestType.CRC32, DigestType.CRC32C, DigestType.HMAC])
@@ -37,6 +39,8 @@ def test_any_flipped_byte_is_caught(digest: DigestType, offset: int) -> None:
     frame[offset] ^= 0x01
     with pytest.raises(DigestMismatch):
         dm.verify(bytes(frame), 5, 9)
+    with pytest.raises(DigestMismatch):
+        dm.check(bytes(frame), 5, 9)
 
 
 def test_frame_of_another_entry_is_rejected_even_with_a_good_digest() -> None:
