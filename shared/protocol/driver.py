@@ -341,7 +341,11 @@ class WriterHandle:
         # replaced bookie's late answer is harmless: the core maps answers by bookie.
         self._sends_out -= 1
         self.core.step(reply, self._client.clock())
-        self._schedule_pump()
+        # Most answers leave nothing to carry out (an entry's first ack, and the one after
+        # its ack quorum): with one entry per ledger and answer, a pump for each of them
+        # was two of the three pumps per entry. Counts change only with commands.
+        if self.core.has_commands or self.core.next_deadline_ms() != self.deadline_ms:
+            self._schedule_pump()
 
     async def close(self, timeout_s: float) -> LedgerMetadata:
         """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
