@@ -341,7 +341,11 @@ class WriterHandle:
         # replaced bookie's late answer is harmless: the core maps answers by bookie.
         self._sends_out -= 1
         self.core.step(reply, self._client.clock())
-        self._schedule_pump()
+        # Most answers leave nothing to carry out (an entry's first ack, and the one after
+        # its ack quorum): with one entry per ledger and answer, a pump for each of them
+        # was two of the three pumps per entry. Counts change only with commands.
+        if self.core.has_commands or self.core.next_deadline_ms() != self.deadline_ms:
+            self._schedule_pump()
 
     async def close(self, timeout_s: float) -> LedgerMetadata:
         """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
@@ -528,7 +532,8 @@ class BookieAddBatcher:
     wait and go out merged, up to `max_send_bytes` a request, when one is answered. With
     thousands of ledgers each adding a trickle, a bookie then gets a few large requests
     instead of one per ledger (the per-message cost in the client, NATS and each journal
-    is what a many-ledger load runs out of first). An idle bookie gets a send at once.
+    is what a many-ledger load runs out of first). A bookie with a request slot free gets
+    the sends of a turn of the event loop at its end, as one request.
 
     A send is answered through its callback, exactly once (the writer's flow control
     counts on it): no task and no future per send, which with one entry per send were
@@ -544,6 +549,7 @@ class BookieAddBatcher:
         self._in_flight: dict[str, int] = {}
         self._queued: dict[str, deque[tuple[SendAdds, OnAddReply]]] = {}
         self._batches: set[asyncio.Task[None]] = set()
+        self._flush_due: set[str] = set()  # bookies with a flush due at the end of the turn
         self._closed = False
 
     def submit(self, command: SendAdds, on_reply: OnAddReply) -> None:
@@ -555,8 +561,12 @@ class BookieAddBatcher:
             return
         bookie_id = command.bookie_id
         self._queued.setdefault(bookie_id, deque()).append((command, on_reply))
-        if self._in_flight.get(bookie_id, 0) < self.max_requests_per_bookie:
-            self._flush(bookie_id)
+        if bookie_id not in self._flush_due:
+            # At the end of this turn, not now: the sends of every writer pumped in the turn
+            # then go to a free bookie as one request, not the first alone and the rest
+            # merged behind it once it is answered.
+            self._flush_due.add(bookie_id)
+            asyncio.get_running_loop().call_soon(self._flush_if_free, bookie_id)
 
     @property
     def quiet(self) -> bool:
@@ -573,6 +583,12 @@ class BookieAddBatcher:
 
         self.submit(command, answered)
         return await future
+
+    def _flush_if_free(self, bookie_id: str) -> None:
+        """A request to the bookie may go out (otherwise its next answer sends what waits)."""
+        self._flush_due.discard(bookie_id)
+        if not self._closed and self._in_flight.get(bookie_id, 0) < self.max_requests_per_bookie:
+            self._flush(bookie_id)
 
     def _flush(self, bookie_id: str) -> None:
         """Send what waits for the bookie as one request of at most max_send_bytes (a

@@ -67,6 +67,11 @@ class AddFlowControl:
         outbox.clear()
         return sends
 
+    @property
+    def has_released(self) -> bool:
+        """Something an answer released waits to go out (`sends`)."""
+        return bool(self._released)
+
     def answered(self, bookie_id: str) -> None:
         """One SendAdds to the bookie was answered: what was held for it is released. A
         stray answer (no SendAdds of this writer is out to that bookie) changes nothing."""

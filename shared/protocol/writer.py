@@ -692,6 +692,11 @@ class LedgerWriter:
 
     # -- outputs ------------------------------------------------------------------------------
 
+    @property
+    def has_commands(self) -> bool:
+        """`take_commands` would hand out something now."""
+        return bool(self._commands or self._outbox or self._flow.has_released)
+
     def take_commands(self) -> list[WriterCommand]:
         """What the driver must do now, in order: sends (batched per bookie, and held while
         the bookie has its limit of requests unanswered), then completions, failures and

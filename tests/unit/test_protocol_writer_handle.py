@@ -96,3 +96,41 @@ async def test_the_armed_deadline_follows_the_core_and_an_idle_writer_ends_unarm
     assert sorted(bookies.lacs) == [("b0", 4), ("b1", 4), ("b2", 4)]
     assert handle.deadline_ms is None and len(client.deadlines) == 0
     client.close()
+
+
+class CountingBookies(Bookies):
+    """`Bookies` that counts the add requests (and their items) each bookie gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, int]] = []
+
+    async def add(self, bookie_id: str, items: list[AddItem]):
+        self.requests.append((bookie_id, len(items)))
+        return await super().add(bookie_id, items)
+
+
+async def test_the_appends_of_many_ledgers_in_one_turn_go_to_a_free_bookie_as_one_request() -> None:
+    """With its request slots free, a bookie still gets one request for the sends of every
+    writer pumped in a turn (the many-ledger shape: each ledger adds one entry), not the first
+    writer's alone and the rest merged behind it."""
+    ledgers = 50
+    clock, bookies = Clock(), CountingBookies()
+    settings = GatewaySettings(add_entry_timeout_ms=ADD_TIMEOUT_MS)
+    client = ProtocolClient(bookies, None, settings, clock=clock)  # type: ignore[arg-type]
+    handles = [
+        WriterHandle(
+            LedgerWriter(
+                metadata().model_copy(update={"ledger_id": ledger_id}),
+                KEY,
+                DigestManager("crc32c", b"pw"),
+                add_entry_timeout_ms=ADD_TIMEOUT_MS,
+                now_ms=clock.ms,
+            ),
+            client,
+        )
+        for ledger_id in range(1, ledgers + 1)
+    ]
+    await asyncio.gather(*(handle.append([b"entry"]) for handle in handles))
+    assert sorted(bookies.requests) == [("b0", ledgers), ("b1", ledgers), ("b2", ledgers)]
+    client.close()
