@@ -166,31 +166,22 @@ def start_nats_cluster(directory: Path, nodes: int = 3) -> list[ManagedProcess]:
     client_ports = [free_port() for _ in range(nodes)]
     route_ports = [free_port() for _ in range(nodes)]
     routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in route_ports)
-    servers: list[ManagedProcess] = []
-    try:
-        for i, (port, route_port) in enumerate(zip(client_ports, route_ports, strict=True)):
-            node_dir = directory / f"n{i + 1}"
-            node_dir.mkdir(exist_ok=True)
-            config = node_dir / "nats.conf"
-            write_private(
-                config,
-                f'server_name: "bench-n{i + 1}"\n'
-                f'listen: "127.0.0.1:{port}"\n'
-                f"jetstream {{\n"
-                f'  store_dir: "{node_dir / "jetstream"}"\n'
-                f"  sync_interval: always\n"
-                f"}}\n"
-                f'cluster {{\n  name: "quire-bench"\n  listen: "127.0.0.1:{route_port}"\n'
-                f"  routes: [{routes}]\n}}\n",
-            )
-            servers.append(_launch_nats(config, f"bench-n{i + 1}", f"nats://127.0.0.1:{port}"))
-        for server, port in zip(servers, client_ports, strict=True):
-            wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
-    except BaseException:
-        for server in servers:
-            server.stop()
-        raise
-    return servers
+    for i, (port, route_port) in enumerate(zip(client_ports, route_ports, strict=True)):
+        node_dir = directory / f"n{i + 1}"
+        node_dir.mkdir(exist_ok=True)
+        write_private(
+            node_dir / "nats.conf",
+            f'server_name: "bench-n{i + 1}"\n'
+            f'listen: "127.0.0.1:{port}"\n'
+            f"jetstream {{\n"
+            f'  store_dir: "{node_dir / "jetstream"}"\n'
+            f"  sync_interval: always\n"
+            f"}}\n"
+            f'cluster {{\n  name: "quire-bench"\n  listen: "127.0.0.1:{route_port}"\n'
+            f"  routes: [{routes}]\n}}\n",
+        )
+    members = [(f"bench-n{i + 1}", f"nats://127.0.0.1:{p}") for i, p in enumerate(client_ports)]
+    return _launch_cluster(directory, members)
 
 
 def restart_nats_cluster(directory: Path, servers: list[ManagedProcess]) -> list[ManagedProcess]:
@@ -198,19 +189,24 @@ def restart_nats_cluster(directory: Path, servers: list[ManagedProcess]) -> list
     started again on its configs and data: nothing of it is left in the servers' memory."""
     for server in servers:
         server.stop()
-    restarted: list[ManagedProcess] = []
+    return _launch_cluster(directory, [(server.name, server.url) for server in servers])
+
+
+def _launch_cluster(directory: Path, nodes: list[tuple[str, str]]) -> list[ManagedProcess]:
+    """One nats-server per (name, url) on `directory/n<i>/nats.conf`, each waited for on
+    its client port; if any fails, those started are stopped."""
+    servers: list[ManagedProcess] = []
     try:
-        for i, server in enumerate(servers):
-            config = directory / f"n{i + 1}" / "nats.conf"
-            restarted.append(_launch_nats(config, server.name, server.url))
-        for server in restarted:
+        for i, (name, url) in enumerate(nodes):
+            servers.append(_launch_nats(directory / f"n{i + 1}" / "nats.conf", name, url))
+        for server in servers:
             port = int(server.url.rsplit(":", 1)[1])
             wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
     except BaseException:
-        for server in restarted:
+        for server in servers:
             server.stop()
         raise
-    return restarted
+    return servers
 
 
 def _launch_nats(config: Path, name: str, url: str) -> ManagedProcess:
