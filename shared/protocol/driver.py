@@ -10,6 +10,7 @@ cores'. What the caller wants to count or announce (metrics, events) reaches it 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import heapq
 import logging
@@ -912,23 +913,12 @@ class ProtocolClient:
 
     def read_settings(self) -> ReadSettings:
         """The reader's bounds and timeouts, from the client's settings."""
-        s = self.settings
-        return ReadSettings(
-            read_entry_timeout_ms=s.read_entry_timeout_ms,
-            speculative_read_timeout_ms=s.speculative_read_timeout_ms,
-            read_batch_entries=s.read_batch_entries,
-            read_window_initial_entries=min(
-                s.read_window_initial_entries, s.read_window_max_entries
-            ),
-            read_window_max_entries=s.read_window_max_entries,
-            read_ahead_max_entries=s.read_ahead_max_entries,
-            sticky_read_block_entries=s.sticky_read_block_entries,
-            read_retry_budget_max_tokens=s.read_retry_budget_max_tokens,
-            read_retry_budget_token_ratio=s.read_retry_budget_token_ratio,
-            read_backoff_initial_ms=s.read_backoff_initial_ms,
-            read_backoff_max_ms=s.read_backoff_max_ms,
-            read_max_tries=s.read_max_tries,
+        # Each of the core's settings is the gateway setting of its name.
+        values = {f.name: getattr(self.settings, f.name) for f in dataclasses.fields(ReadSettings)}
+        values["read_window_initial_entries"] = min(
+            values["read_window_initial_entries"], values["read_window_max_entries"]
         )
+        return ReadSettings(**values)
 
     async def read_stream(
         self,
