@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.config import GatewaySettings
-from shared.digest import DigestManager, master_key
+from shared.digest import DigestManager, LedgerKeys, master_key
 from shared.metaclient import MetadataError
 from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
 from shared.protocol.ensemble import choose_ensemble
@@ -857,14 +857,22 @@ class ProtocolClient:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    async def recover(self, metadata: LedgerMetadata, password: bytes) -> LedgerRecovery:
+    async def recover(
+        self, metadata: LedgerMetadata, credentials: bytes | LedgerKeys
+    ) -> LedgerRecovery:
         """BookKeeper's open-with-recovery: fence, find the last entry, close. The finished
-        core (its `result`, `recovered_entries`); raises QuireError if it failed."""
+        core (its `result`, `recovered_entries`); raises QuireError if it failed.
+        `credentials` is the ledger's password, or its keys (a replicator has no password)."""
         settings = self.settings
+        keys = (
+            credentials
+            if isinstance(credentials, LedgerKeys)
+            else LedgerKeys.from_password(credentials)
+        )
         core = LedgerRecovery(
             metadata,
-            master_key(password),
-            DigestManager(metadata.digest, password),
+            keys.master_key,
+            DigestManager.for_keys(metadata.digest, keys),
             self.clock(),
             rng=self.rng,
             retry_interval_ms=settings.recovery_retry_interval_ms,
