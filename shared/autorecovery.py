@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from shared.models import LedgerMetadata, LedgerState
 from shared.quorum import write_set
+from shared.status import BookieStatus
 
 
 class MarkReason(StrEnum):
@@ -173,6 +174,11 @@ class LostBookieAudit:
         if now_s >= self.due_at_s:
             return self._run()
         return frozenset()
+
+    def run_now(self) -> frozenset[str]:
+        """The waiting bookies, their wait cut short (BookKeeper's triggerAudit: an audit
+        asked for by the operator is not delayed)."""
+        return self._run()
 
     def _run(self) -> frozenset[str]:
         due = frozenset(self.waiting)
@@ -342,3 +348,24 @@ def corrupt_entry_mark(event: object) -> MarkDecision | None:
     if not isinstance(bookie_id, str) or not bookie_id:
         return None
     return MarkDecision(ledger_id, (bookie_id,), MarkReason.ENTRY_CORRUPT)
+
+
+def missing_bookies(metadata: LedgerMetadata, alive: set[str]) -> list[str]:
+    """The bookie check (BookKeeper's auditBookies) for one ledger: the bookies holding a
+    fragment of it that are not registered alive (sorted)."""
+    return bookies_to_mark(metadata, _all_bookies(metadata) - alive)
+
+
+def read_outcome(status: BookieStatus) -> ReadOutcome:
+    """What a bookie's answer for one entry says of its replica (an OK answer is still to
+    have its digest checked: a mismatch is CORRUPT)."""
+    return _READ_OUTCOMES.get(status, ReadOutcome.UNREACHABLE)
+
+
+_READ_OUTCOMES = {
+    BookieStatus.OK: ReadOutcome.OK,
+    BookieStatus.NO_ENTRY: ReadOutcome.MISSING,
+    BookieStatus.NO_LEDGER: ReadOutcome.MISSING,
+    BookieStatus.CORRUPT: ReadOutcome.CORRUPT,
+    BookieStatus.UNKNOWN_LEDGER_STATE: ReadOutcome.LIMBO,
+}

@@ -17,15 +17,18 @@ from shared.autorecovery import (
     corrupt_entry_mark,
     fragments_on,
     mark_decisions,
+    missing_bookies,
     placement_violations,
     plan_check_all,
     plan_replicas_check,
+    read_outcome,
     segment_range,
     stored_entry_ids,
 )
 from shared.digest import DigestType
 from shared.models import LedgerMetadata, LedgerState, Segment
 from shared.quorum import write_set
+from shared.status import BookieStatus
 
 
 def ledger(
@@ -190,6 +193,16 @@ def test_a_new_leader_starts_afresh_and_waits_for_registrations_already_lapsed()
     assert look(audit, 60, "ab", 10, lost="c") == {"c"}
 
 
+def test_run_now_cuts_the_wait_short() -> None:
+    audit = LostBookieAudit()
+    look(audit, 0, "abc", 60)
+    look(audit, 1, "ab", 60)
+    assert audit.run_now() == {"c"}
+    assert audit.due_at_s is None
+    assert look(audit, 70, "ab", 60) == frozenset()
+    assert audit.run_now() == frozenset()
+
+
 def test_a_bookie_that_unregistered_is_lost_too() -> None:
     audit = LostBookieAudit()
     look(audit, 0, "abc", 0)
@@ -327,3 +340,37 @@ def test_placement_violations() -> None:
 )
 def test_corrupt_entry_mark(event: object, expected: MarkDecision | None) -> None:
     assert corrupt_entry_mark(event) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (BookieStatus.OK, ReadOutcome.OK),
+        (BookieStatus.NO_ENTRY, ReadOutcome.MISSING),
+        (BookieStatus.NO_LEDGER, ReadOutcome.MISSING),
+        (BookieStatus.CORRUPT, ReadOutcome.CORRUPT),
+        (BookieStatus.UNKNOWN_LEDGER_STATE, ReadOutcome.LIMBO),
+        (BookieStatus.TOO_MANY_REQUESTS, ReadOutcome.UNREACHABLE),
+        (BookieStatus.IO_ERROR, ReadOutcome.UNREACHABLE),
+        (BookieStatus.BAD_REQUEST, ReadOutcome.UNREACHABLE),
+    ],
+)
+def test_read_outcome(status: BookieStatus, outcome: ReadOutcome) -> None:
+    assert read_outcome(status) is outcome
+
+
+@pytest.mark.parametrize(
+    ("alive", "expected"),
+    [
+        ({"a", "b", "c", "d"}, []),
+        ({"b", "c", "d"}, ["a"]),
+        ({"b", "c"}, ["a", "d"]),
+        (set(), ["a", "b", "c", "d"]),
+    ],
+)
+def test_missing_bookies(alive: set, expected: list) -> None:
+    assert missing_bookies(ledger([(0, ABC), (5, BCD)], last_entry_id=9), alive) == expected
+    # A bookie of an empty segment is not missed.
+    assert missing_bookies(ledger([(0, ["x", "b", "c"]), (0, BCD)], last_entry_id=3), alive) == [
+        b for b in expected if b != "a"
+    ]
