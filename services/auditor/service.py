@@ -39,6 +39,7 @@ cookie removal and limbo clearing checks leadership just before it is sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -523,6 +524,14 @@ class Auditor:
                 ack_wait=30.0,
             ),
         )
+        try:
+            await self._fetch_corrupt_entries(sub)
+        finally:
+            # A pending pull would hold the connection's drain at shutdown for its timeout.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _fetch_corrupt_entries(self, sub: Any) -> None:
         poll_s = self.settings.auditor_bookie_registry_poll_interval_ms / 1000
         while True:
             if not self.is_leader:

@@ -129,3 +129,45 @@ async def test_commands_reach_the_leader_only_and_mark_what_they_should(
 
             assert standby.commands == 0 and standby.marks == 0
             assert leader.commands == 2 and leader.marks == 2
+
+
+async def test_entry_corrupt_events_mark_and_malformed_ones_are_dropped(
+    settings: QuireSettings, fresh_database_url: str, nc
+) -> None:
+    settings = audit_settings(settings, fresh_database_url)
+    subjects = Subjects(settings.subject_prefix)
+    meta = MetadataClient(nc, subjects)
+    js = nc.jetstream()
+    async with running_service("metadata", settings):
+        await wait_until_serving(meta)
+        for bookie_id in ("b1", "b2", "b3"):
+            await meta.register_bookie(bookie_id)
+        ledger = await closed_ledger(meta, ["b1", "b2", "b3"], last_entry_id=10)
+        subject = subjects.event("entry.corrupt")
+        # Published before any auditor runs: the durable consumer still gets them.
+        for body in (
+            b"not json",
+            json.dumps({"kind": "entry.corrupt", "ledger_id": "x", "bookie_id": "b2"}).encode(),
+            json.dumps({"kind": "entry.corrupt", "ledger_id": 999_999, "bookie_id": "b2"}).encode(),
+            json.dumps(
+                {
+                    "kind": "entry.corrupt",
+                    "ledger_id": ledger.ledger_id,
+                    "bookie_id": "b2",
+                    "source": "b2.ledgerstore",
+                    "data": {"entry_id": 4},
+                }
+            ).encode(),
+        ):
+            await js.publish(subject, body)
+        async with (
+            running_service("auditor", settings, "auditor-1") as one,
+            running_service("auditor", settings, "auditor-2") as two,
+        ):
+            leader = await wait_for_leader([one, two])
+            standby = two.auditor if leader is one.auditor else one.auditor  # type: ignore[attr-defined]
+            await wait_for(lambda: leader.corrupt_events == 2, "the events consumed")
+            assert leader.malformed_events == 2
+            assert await marked(meta) == {ledger.ledger_id: ["b2"]}
+            assert leader.marks_by_reason == {"entry_corrupt": 1}
+            assert standby.corrupt_events == standby.malformed_events == standby.marks == 0
