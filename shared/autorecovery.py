@@ -149,7 +149,8 @@ class LostBookieAudit:
         self._delay_s: float | None = None  # the delay the wait was scheduled with
 
     def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.known = None
+        self._run()
 
     def observe(
         self, now_s: float, alive: set[str], registered_lost: set[str], delay_s: float
