@@ -153,6 +153,10 @@ class AuditorSettings(BaseModel):
     # How often the leader looks at the bookie registry for lost bookies. BookKeeper is told
     # by a ZooKeeper watch; here the registry is polled.
     auditor_bookie_registry_poll_interval_ms: int = Field(default=1_000, ge=10)
+    # How often the leader looks whether the ledgers a limbo, recovered or decommissioned
+    # bookie held were all repaired (to clear its limbo or remove its cookie): each look
+    # reads the under-replication queue or every ledger.
+    auditor_repair_wait_check_interval_ms: int = Field(default=5_000, ge=10)
     # auditorMaxNumberOfConcurrentOpenLedgerOperations: ledgers checked at once. BookKeeper's
     # default is 500; 8 here, as a local cluster's bookies share a few cores with the
     # foreground traffic the checks must not starve.

@@ -155,6 +155,8 @@ class Auditor:
         self._check_due: dict[str, float | None] = {}  # monotonic; None: off
         self.limbo_marked: set[str] = set()  # limbo bookies whose ledgers were all marked
         self.pending_cookie_removals: set[str] = set()
+        self._repair_look_due = 0.0  # monotonic: next look at limbo and cookie removals
+        self.last_lost_bookie_audit: dict[str, Any] | None = None
         self.audits = 0
         self.marks = 0  # ledgers this auditor marked
         self.marks_by_reason: dict[str, int] = {}
@@ -193,6 +195,7 @@ class Auditor:
         self.lost.reset()
         self.limbo_marked.clear()
         self.pending_cookie_removals.clear()
+        self._repair_look_due = now
         for name, check in self.checks.items():
             if name == BOOKIE_CHECK:
                 self._check_due[name] = now
@@ -292,11 +295,26 @@ class Auditor:
         delay_s = (await self._meta.get_cluster_settings()).lost_bookie_recovery_delay_s
         due = self.lost.observe(time.monotonic(), self.alive, registered_lost, delay_s)
         if due:
-            log.warning("auditing lost bookies", extra={"bookies": sorted(due)})
-            await self.mark_ledgers_on(set(due), MarkReason.LOST_BOOKIE)
-        await self._handle_limbo(bookies)
-        await self._remove_cookies()
+            await self.audit_lost_bookies(due)
+        now = time.monotonic()
+        await self._mark_limbo(bookies)
+        if now >= self._repair_look_due:
+            self._repair_look_due = now + self.settings.auditor_repair_wait_check_interval_ms / 1000
+            await self._clear_repaired_limbo()
+            await self._remove_cookies()
         self.audits += 1
+
+    async def audit_lost_bookies(self, bookie_ids: frozenset[str]) -> int:
+        log.warning("auditing lost bookies", extra={"bookies": sorted(bookie_ids)})
+        started_at, started = int(time.time() * 1000), time.monotonic()
+        marked = await self.mark_ledgers_on(set(bookie_ids), MarkReason.LOST_BOOKIE)
+        self.last_lost_bookie_audit = {
+            "started_at": started_at,
+            "duration_ms": round((time.monotonic() - started) * 1000, 3),
+            "bookies": sorted(bookie_ids),
+            "ledgers_marked": marked,
+        }
+        return marked
 
     def _report_transitions(self, bookies: list[BookieInfo]) -> None:
         for change in bookie_transitions(self.known, bookies):
@@ -314,7 +332,7 @@ class Auditor:
                 after=change.after,
             )
 
-    async def _handle_limbo(self, bookies: list[BookieInfo]) -> None:
+    async def _mark_limbo(self, bookies: list[BookieInfo]) -> None:
         in_limbo = {
             b.bookie_id
             for b in bookies
@@ -325,6 +343,8 @@ class Auditor:
             log.warning("bookie in limbo: marking its ledgers", extra={"bookie": bookie_id})
             await self.mark_ledgers_on({bookie_id}, MarkReason.LIMBO)
             self.limbo_marked.add(bookie_id)
+
+    async def _clear_repaired_limbo(self) -> None:
         for bookie_id in sorted(self.limbo_marked):
             if not await self._named_under_replicated(bookie_id):
                 await self._clear_limbo(bookie_id)
@@ -574,7 +594,7 @@ class Auditor:
         lost bookies, then each check, whatever its interval."""
         self._require_leader()
         now_due = self.lost.run_now()
-        marked = await self.mark_ledgers_on(set(now_due), MarkReason.LOST_BOOKIE)
+        marked = await self.audit_lost_bookies(now_due) if now_due else 0
         reply: dict[str, Any] = {}
         for name in self.checks:
             reply[name] = await self.run_check(name)
@@ -636,6 +656,7 @@ class Auditor:
                     "audits": self.audits,
                     "bookies": {k: v.value for k, v in self.known.items()},
                     "lost_bookies_waiting": sorted(self.lost.waiting),
+                    "last_lost_bookie_audit": self.last_lost_bookie_audit,
                     "lost_bookie_audit_due_in_s": (
                         None
                         if self.lost.due_at_s is None

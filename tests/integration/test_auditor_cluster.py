@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -33,7 +34,10 @@ def cluster_settings(settings: QuireSettings, data_dir: Path) -> QuireSettings:
             "metadata": settings.metadata.model_copy(update={"auditor_lease_ms": 900}),
             "ledgerstore": settings.ledgerstore.model_copy(update={"flush_interval_ms": 50}),
             "auditor": settings.auditor.model_copy(
-                update={"auditor_bookie_registry_poll_interval_ms": 50}
+                update={
+                    "auditor_bookie_registry_poll_interval_ms": 50,
+                    "auditor_repair_wait_check_interval_ms": 100,
+                }
             ),
         }
     )
@@ -147,9 +151,11 @@ async def test_a_lost_bookie_is_marked_after_the_delay_and_not_if_it_returns_wit
         await wait_for(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
         assert await c.marked() == {}
         await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=1)
-        await wait_for(c.marked, "the marks")
+        await wait_for(lambda: c.leader().last_lost_bookie_audit, "the lost-bookie audit")
         assert await c.marked() == {lid: [lost] for lid in expected}
         assert c.leader().marks_by_reason == {"lost_bookie": len(expected)}
+        audit = c.leader().last_lost_bookie_audit
+        assert (audit["bookies"], audit["ledgers_marked"]) == ([lost], len(expected))
 
 
 async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
@@ -191,6 +197,19 @@ async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
         # too, naming the same bookie.
         await wait_for(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
         assert await c.marked() == {lid: [victim]}
+
+        # The leader's status (the standby answers the same subject: ask until the leader
+        # does) has each check's last run and findings.
+        async def leader_status() -> dict | None:
+            reply = await nc.request(c.subjects.service("auditor", "status"), b"", 5)
+            status = json.loads(reply.data)
+            return status if status["leader"] else None
+
+        status = await wait_for(leader_status, "the leader's status")
+        replicas = status["checks"]["replicas_check"]
+        assert replicas["runs"] == 1 and replicas["last_findings"]["ledgers_marked"] == 1
+        assert replicas["last_duration_ms"] >= 0 and replicas["last_error"] is None
+        assert status["ledgers_marked_by_reason"]["replicas_check"] == 1
 
 
 async def test_a_wiped_bookie_is_marked_in_limbo_and_its_limbo_cleared_once_repaired(
