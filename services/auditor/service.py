@@ -443,7 +443,13 @@ class Auditor:
 
         async for page in self.ledgers():
             self._require_leader()
-            await asyncio.gather(*(check_one(metadata) for metadata in page))
+            # Every ledger of the page finishes (or fails) before the check goes on or fails.
+            results = await asyncio.gather(
+                *(check_one(metadata) for metadata in page), return_exceptions=True
+            )
+            for failure in results:
+                if isinstance(failure, BaseException):
+                    raise failure
         return findings
 
     async def placement_check(self) -> dict[str, Any]:
