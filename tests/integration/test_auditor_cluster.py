@@ -31,7 +31,7 @@ def cluster_settings(settings: QuireSettings, data_dir: Path) -> QuireSettings:
     return settings.model_copy(
         update={
             "data_dir": data_dir,
-            "metadata": settings.metadata.model_copy(update={"auditor_lease_ms": 900}),
+            "metadata": settings.metadata.model_copy(update={"auditor_lease_ms": 3_000}),
             "ledgerstore": settings.ledgerstore.model_copy(update={"flush_interval_ms": 50}),
             "auditor": settings.auditor.model_copy(
                 update={
@@ -102,7 +102,10 @@ async def cluster(settings: QuireSettings, database_url: str, nc) -> AsyncIterat
         await wait_for(lambda: c.leader() is not None, "an elected auditor")
         # The new term's bookie check ran over the healthy cluster.
         await wait_for(lambda: c.leader().checks["bookie_check"].runs >= 1, "the bookie check")
+        first = c.leader()
         yield c
+        # Only the leader acted (and it stayed leader throughout).
+        assert c.leader() is first
         assert c.standby().marks == 0 and c.standby().commands == 0
 
 

@@ -127,8 +127,22 @@ async def test_commands_reach_the_leader_only_and_mark_what_they_should(
             assert (await marked(meta))[on_b5.ledger_id] == ["b5"]
             assert b1_empty.ledger_id not in await marked(meta)
 
+            # trigger_audit runs every check now. No bookie process runs here: the reads of
+            # the check-all-ledgers find them unreachable, which marks nothing.
+            reply = await client.trigger_audit()
+            assert reply["bookie_check"] == {"ledgers_marked": 1}  # on_b5 names b5
+            assert reply["check_all_ledgers"]["ledgers_checked"] == 3
+            assert reply["check_all_ledgers"]["ledgers_marked"] == 0
+            assert reply["check_all_ledgers"]["unreachable"] > 0
+            assert reply["placement_policy_check"] == {
+                "ledgers_not_adhering": 1,
+                "segments_not_adhering": 1,
+                "marked": False,
+            }
+            assert reply["ledgers_marked"] == 1
+
             assert standby.commands == 0 and standby.marks == 0
-            assert leader.commands == 2 and leader.marks == 2
+            assert leader.commands == 3 and leader.marks == 3
 
 
 async def test_entry_corrupt_events_mark_and_malformed_ones_are_dropped(
