@@ -2,7 +2,8 @@
 unknown replica and marks them under-replicated (metadata `urq.mark`, which publishes
 `ledger.underreplicated`), each mark also an `autorecovery.marked` event with its reason.
 The replicators repair what it marks. Its decisions are `shared.autorecovery`'s; this
-module reads the registry, the ledgers (a page at a time) and the bookies, and acts.
+module reads the registry and acts; `marking.py` marks and walks the ledgers (a page at a
+time), `periodic.py` runs the periodic checks, `checks.py` reads the bookies for them.
 
 What the elected auditor does:
 - Lost bookies. Every `auditor_bookie_registry_poll_interval_ms` it looks at the bookie
@@ -45,8 +46,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 from nats.errors import Error as NatsError
@@ -56,6 +57,8 @@ from pydantic import BaseModel, ValidationError
 
 from services.auditor.checks import LedgerChecker
 from services.auditor.core import bookie_transitions
+from services.auditor.marking import Marker
+from services.auditor.periodic import CheckStatus, PeriodicChecks
 from shared.auditor_client import (
     DECOMMISSION,
     RECOVER_BOOKIE,
@@ -65,39 +68,20 @@ from shared.auditor_client import (
     TriggerAuditCommand,
     error_reply,
 )
-from shared.autorecovery import (
-    FragmentCheck,
-    LostBookieAudit,
-    MarkDecision,
-    MarkReason,
-    ReadOutcome,
-    bookies_to_mark,
-    corrupt_entry_mark,
-    mark_decisions,
-    missing_bookies,
-    placement_violations,
-    plan_check_all,
-    plan_replicas_check,
-)
+from shared.autorecovery import LostBookieAudit, MarkReason, corrupt_entry_mark
 from shared.bookie_client import BookieClient
 from shared.metaclient import MetadataClient, MetadataError
-from shared.models import BookieInfo, BookieState, Leadership, LedgerMetadata, MetaErrorCode
+from shared.models import BookieInfo, BookieState, Leadership
 from shared.service import ServiceRuntime
 from shared.status import ApiCodes, QuireError
 
 log = logging.getLogger(__name__)
 
-LEDGER_PAGE_SIZE = 100
 EVENT_KINDS = {
     BookieState.LOST: "bookie.lost",
     BookieState.READONLY: "bookie.readonly",
     BookieState.WRITABLE: "bookie.available",
 }
-# The periodic checks, by the name the status and trigger_audit report them under.
-BOOKIE_CHECK = "bookie_check"
-CHECK_ALL = "check_all_ledgers"
-REPLICAS_CHECK = "replicas_check"
-PLACEMENT_CHECK = "placement_policy_check"
 CORRUPT_CONSUMER = "auditor-entry-corrupt"
 CORRUPT_FETCH_BATCH = 64
 
@@ -107,25 +91,20 @@ class NotLeader(QuireError):
         super().__init__(ApiCodes.UNAVAILABLE, f"{candidate_id} is not the elected auditor")
 
 
-@dataclass
-class CheckStatus:
-    """What `auditor.status` says of one periodic check."""
-
-    interval_s: int
-    runs: int = 0
-    running: bool = False
-    last_started_at: int | None = None  # ms since the epoch
-    last_duration_ms: float | None = None
-    last_findings: dict[str, Any] = field(default_factory=dict)
-    last_error: str | None = None
-
-
 class Auditor:
     def __init__(self, rt: ServiceRuntime) -> None:
         self._rt = rt
         self.settings = rt.settings.auditor
         self._meta = MetadataClient(rt.nc, rt.subjects, rt.settings.request_timeout_ms / 1000)
-        self._checker = LedgerChecker(
+        self.candidate_id = f"{rt.instance}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.lease_ms = rt.settings.metadata.auditor_lease_ms
+        self._leader_until = 0.0  # time.monotonic() until which we lead
+        self.leadership: Leadership | None = None
+        self.known: dict[str, BookieState] = {}
+        self.lost = LostBookieAudit()
+        self.alive: set[str] = set()
+        self.marker = Marker(self._meta, rt.events, self._require_leader)
+        checker = LedgerChecker(
             BookieClient(
                 rt.nc,
                 rt.subjects,
@@ -134,32 +113,14 @@ class Auditor:
             ),
             self.settings.auditor_read_batch_entries,
         )
-        self._ledger_slots = asyncio.Semaphore(
-            self.settings.auditor_max_number_of_concurrent_open_ledger_operations
+        self.periodic = PeriodicChecks(
+            self.settings, self._meta, self.marker, checker, rt.events, lambda: self.lost.waiting
         )
-        self.candidate_id = f"{rt.instance}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.lease_ms = rt.settings.metadata.auditor_lease_ms
-        self._leader_until = 0.0  # time.monotonic() until which we lead
-        self.leadership: Leadership | None = None
-        self.known: dict[str, BookieState] = {}
-        self.lost = LostBookieAudit()
-        self.alive: set[str] = set()
-        self.checks = {
-            BOOKIE_CHECK: CheckStatus(self.settings.auditor_periodic_bookie_check_interval_s),
-            CHECK_ALL: CheckStatus(self.settings.auditor_periodic_check_interval_s),
-            REPLICAS_CHECK: CheckStatus(self.settings.auditor_periodic_replicas_check_interval_s),
-            PLACEMENT_CHECK: CheckStatus(
-                self.settings.auditor_periodic_placement_policy_check_interval_s
-            ),
-        }
-        self._check_due: dict[str, float | None] = {}  # monotonic; None: off
         self.limbo_marked: set[str] = set()  # limbo bookies whose ledgers were all marked
         self.pending_cookie_removals: set[str] = set()
         self._repair_look_due = 0.0  # monotonic: next look at limbo and cookie removals
         self.last_lost_bookie_audit: dict[str, Any] | None = None
         self.audits = 0
-        self.marks = 0  # ledgers this auditor marked
-        self.marks_by_reason: dict[str, int] = {}
         self.commands = 0  # operator commands this auditor carried out
         self.corrupt_events = 0  # entry.corrupt events consumed
         self.malformed_events = 0
@@ -196,15 +157,23 @@ class Auditor:
         self.limbo_marked.clear()
         self.pending_cookie_removals.clear()
         self._repair_look_due = now
-        for name, check in self.checks.items():
-            if name == BOOKIE_CHECK:
-                self._check_due[name] = now
-            else:
-                self._check_due[name] = now + check.interval_s if check.interval_s > 0 else None
+        self.periodic.schedule_for_new_term(now)
 
     def _require_leader(self) -> None:
         if not self.is_leader:
             raise NotLeader(self.candidate_id)
+
+    @property
+    def marks(self) -> int:
+        return self.marker.marks
+
+    @property
+    def marks_by_reason(self) -> dict[str, int]:
+        return self.marker.marks_by_reason
+
+    @property
+    def checks(self) -> dict[str, CheckStatus]:
+        return self.periodic.status
 
     async def elect_loop(self) -> None:
         while True:
@@ -222,66 +191,6 @@ class Auditor:
                 await self._meta.resign_auditor(self.candidate_id)
             except MetadataError as exc:
                 log.warning("resign failed; the lease will lapse", extra={"err": str(exc)})
-
-    # -- marking --------------------------------------------------------------------------
-
-    async def mark(self, decision: MarkDecision) -> bool:
-        """Mark one ledger; False if it no longer exists."""
-        self._require_leader()
-        bookie_ids = list(decision.bookie_ids)
-        try:
-            await self._meta.mark_underreplicated(decision.ledger_id, bookie_ids)
-        except MetadataError as exc:
-            if exc.code is MetaErrorCode.NO_SUCH_LEDGER:
-                return False
-            raise
-        self.marks += 1
-        reason = decision.reason.value
-        self.marks_by_reason[reason] = self.marks_by_reason.get(reason, 0) + 1
-        log.info(
-            "ledger marked under-replicated",
-            extra={"ledger_id": decision.ledger_id, "bookies": bookie_ids, "reason": reason},
-        )
-        self._rt.events.emit(
-            "autorecovery.marked",
-            ledger_id=decision.ledger_id,
-            bookie_id=bookie_ids[0],
-            bookie_ids=bookie_ids,
-            reason=reason,
-        )
-        return True
-
-    async def ledgers(self) -> AsyncIterator[list[LedgerMetadata]]:
-        """Every ledger, a page at a time."""
-        after: int | None = None
-        while True:
-            page = await self._meta.list_ledgers(after=after, limit=LEDGER_PAGE_SIZE)
-            yield page.ledgers
-            if page.next_after is None:
-                return
-            after = page.next_after
-
-    async def mark_ledgers_on(self, bookie_ids: set[str], reason: MarkReason) -> int:
-        """Mark every ledger holding a fragment on `bookie_ids`, naming those of them it
-        holds; how many ledgers were marked."""
-        marked = 0
-        if not bookie_ids:
-            return marked
-        async for page in self.ledgers():
-            for metadata in page:
-                named = bookies_to_mark(metadata, bookie_ids)
-                if named and await self.mark(
-                    MarkDecision(metadata.ledger_id, tuple(named), reason)
-                ):
-                    marked += 1
-        return marked
-
-    async def needed(self, bookie_id: str) -> bool:
-        """Whether any ledger still holds a fragment on `bookie_id`."""
-        async for page in self.ledgers():
-            if any(bookies_to_mark(metadata, {bookie_id}) for metadata in page):
-                return True
-        return False
 
     # -- the registry: lost bookies and limbo ---------------------------------------------
 
@@ -307,7 +216,7 @@ class Auditor:
     async def audit_lost_bookies(self, bookie_ids: frozenset[str]) -> int:
         log.warning("auditing lost bookies", extra={"bookies": sorted(bookie_ids)})
         started_at, started = int(time.time() * 1000), time.monotonic()
-        marked = await self.mark_ledgers_on(set(bookie_ids), MarkReason.LOST_BOOKIE)
+        marked = await self.marker.mark_ledgers_on(set(bookie_ids), MarkReason.LOST_BOOKIE)
         self.last_lost_bookie_audit = {
             "started_at": started_at,
             "duration_ms": round((time.monotonic() - started) * 1000, 3),
@@ -341,7 +250,7 @@ class Auditor:
         self.limbo_marked &= in_limbo
         for bookie_id in sorted(in_limbo - self.limbo_marked):
             log.warning("bookie in limbo: marking its ledgers", extra={"bookie": bookie_id})
-            await self.mark_ledgers_on({bookie_id}, MarkReason.LIMBO)
+            await self.marker.mark_ledgers_on({bookie_id}, MarkReason.LIMBO)
             self.limbo_marked.add(bookie_id)
 
     async def _clear_repaired_limbo(self) -> None:
@@ -376,7 +285,7 @@ class Auditor:
         more lose their cookie (BookKeeper's decommissionBookie: a bookie that comes back
         with that id is then a new one)."""
         for bookie_id in sorted(self.pending_cookie_removals):
-            if await self.needed(bookie_id):
+            if await self.marker.needed(bookie_id):
                 continue
             self._require_leader()
             cookie = await self._meta.get_cookie(bookie_id)
@@ -386,141 +295,6 @@ class Auditor:
             log.warning("bookie cookie removed", extra={"bookie": bookie_id})
             self._rt.events.emit("bookie.cookie_deleted", bookie_id=bookie_id)
 
-    # -- periodic checks ------------------------------------------------------------------
-
-    async def bookie_check(self) -> dict[str, Any]:
-        """Mark every ledger naming a bookie not registered alive (not those still
-        within their lostBookieRecoveryDelay)."""
-        bookies = await self._meta.list_bookies()
-        alive = {b.bookie_id for b in bookies if b.state is not BookieState.LOST}
-        marked = 0
-        async for page in self.ledgers():
-            for metadata in page:
-                named = [b for b in missing_bookies(metadata, alive) if b not in self.lost.waiting]
-                if named and await self.mark(
-                    MarkDecision(metadata.ledger_id, tuple(named), MarkReason.LOST_BOOKIE)
-                ):
-                    marked += 1
-        return {"ledgers_marked": marked}
-
-    async def check_all_ledgers(self) -> dict[str, Any]:
-        percentage = self.settings.auditor_ledger_verification_percentage
-        return await self._read_check(
-            lambda metadata: plan_check_all(metadata, percentage), MarkReason.CHECK_ALL
-        )
-
-    async def replicas_check(self) -> dict[str, Any]:
-        return await self._read_check(plan_replicas_check, MarkReason.REPLICAS_CHECK)
-
-    async def _read_check(
-        self, plan: Callable[[LedgerMetadata], list[FragmentCheck]], reason: MarkReason
-    ) -> dict[str, Any]:
-        """Read what `plan` says of every ledger from its bookies, at most
-        auditor_max_number_of_concurrent_open_ledger_operations ledgers at once."""
-        alive = {
-            b.bookie_id for b in await self._meta.list_bookies() if b.state is not BookieState.LOST
-        }
-        findings = {
-            "ledgers_checked": 0,
-            "entries_read": 0,
-            "ledgers_marked": 0,
-            "unreachable": 0,
-            "digest_unverified_ledgers": 0,
-        }
-
-        async def check_one(metadata: LedgerMetadata) -> None:
-            async with self._ledger_slots:
-                result = await self._checker.check(metadata, plan(metadata), alive)
-            findings["ledgers_checked"] += 1
-            findings["entries_read"] += result.entries_read
-            findings["unreachable"] += sum(
-                1 for _, outcome in result.outcomes if outcome is ReadOutcome.UNREACHABLE
-            )
-            findings["digest_unverified_ledgers"] += not result.digest_verified
-            for decision in mark_decisions(metadata.ledger_id, result.outcomes, reason):
-                if await self.mark(decision):
-                    findings["ledgers_marked"] += 1
-
-        async for page in self.ledgers():
-            self._require_leader()
-            # Every ledger of the page finishes (or fails) before the check goes on or fails.
-            results = await asyncio.gather(
-                *(check_one(metadata) for metadata in page), return_exceptions=True
-            )
-            for failure in results:
-                if isinstance(failure, BaseException):
-                    raise failure
-        return findings
-
-    async def placement_check(self) -> dict[str, Any]:
-        registered = {b.bookie_id for b in await self._meta.list_bookies()}
-        violations = 0
-        ledgers = 0
-        repair = self.settings.repaired_placement_policy_not_adhering_bookie_enable
-        async for page in self.ledgers():
-            for metadata in page:
-                found = placement_violations(metadata, registered)
-                if not found:
-                    continue
-                ledgers += 1
-                violations += len(found)
-                self._rt.events.emit(
-                    "autorecovery.placement_policy_not_adhering",
-                    ledger_id=metadata.ledger_id,
-                    segments=sorted({v.segment_index for v in found}),
-                    problems=sorted({v.problem.value for v in found}),
-                )
-                named = tuple(sorted({b for v in found for b in v.bookie_ids}))
-                if repair and named:
-                    await self.mark(MarkDecision(metadata.ledger_id, named, MarkReason.PLACEMENT))
-        return {
-            "ledgers_not_adhering": ledgers,
-            "segments_not_adhering": violations,
-            "marked": repair,
-        }
-
-    def _check_runners(self) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
-        return {
-            BOOKIE_CHECK: self.bookie_check,
-            CHECK_ALL: self.check_all_ledgers,
-            REPLICAS_CHECK: self.replicas_check,
-            PLACEMENT_CHECK: self.placement_check,
-        }
-
-    async def run_check(self, name: str) -> dict[str, Any]:
-        """Run one check now and record it in the status; its findings."""
-        status = self.checks[name]
-        status.running = True
-        status.last_started_at = int(time.time() * 1000)
-        started = time.monotonic()
-        try:
-            findings = await self._check_runners()[name]()
-        except (MetadataError, QuireError) as exc:
-            status.last_error = str(exc)
-            raise
-        finally:
-            status.running = False
-            status.runs += 1
-            status.last_duration_ms = round((time.monotonic() - started) * 1000, 3)
-        status.last_findings = findings
-        status.last_error = None
-        log.info("audit check done", extra={"check": name, **findings})
-        return findings
-
-    async def _periodic(self, name: str) -> None:
-        try:
-            await self.run_check(name)
-        except (MetadataError, QuireError) as exc:
-            log.warning("audit check failed", extra={"check": name, "err": str(exc)})
-
-    def start_due_checks(self, now: float) -> None:
-        for name, due in self._check_due.items():
-            if due is None or now < due or self.checks[name].running:
-                continue
-            interval = self.checks[name].interval_s
-            self._check_due[name] = now + interval if interval > 0 else None
-            self._rt.spawn(self._periodic(name), f"audit-{name}")
-
     async def run(self) -> None:
         poll_s = self.settings.auditor_bookie_registry_poll_interval_ms / 1000
         while True:
@@ -529,7 +303,7 @@ class Auditor:
                     await self.audit_once()
                 except (MetadataError, NotLeader) as exc:
                     log.warning("audit skipped", extra={"err": str(exc)})
-                self.start_due_checks(time.monotonic())
+                self.periodic.start_due(time.monotonic(), self._rt.spawn)
             await asyncio.sleep(poll_s)
 
     # -- entry.corrupt events -------------------------------------------------------------
@@ -585,7 +359,7 @@ class Auditor:
             await msg.term()
             return
         try:
-            await self.mark(decision)
+            await self.marker.mark(decision)
         except (MetadataError, NotLeader) as exc:
             log.warning("entry.corrupt not marked yet", extra={"err": str(exc)})
             await msg.nak(delay=1.0)
@@ -603,13 +377,13 @@ class Auditor:
         marked = await self.audit_lost_bookies(now_due) if now_due else 0
         reply: dict[str, Any] = {}
         for name in self.checks:
-            reply[name] = await self.run_check(name)
+            reply[name] = await self.periodic.run(name)
             marked += reply[name].get("ledgers_marked", 0)
         reply["ledgers_marked"] = marked
         return reply
 
     async def recover_bookie(self, command: RecoverBookieCommand) -> dict[str, Any]:
-        marked = await self.mark_ledgers_on(set(command.bookie_ids()), MarkReason.MANUAL)
+        marked = await self.marker.mark_ledgers_on(set(command.bookie_ids()), MarkReason.MANUAL)
         if command.delete_cookie:
             self.pending_cookie_removals.update(command.bookie_ids())
         return {"ledgers_marked": marked}
@@ -622,7 +396,7 @@ class Auditor:
                     f"bookie {command.bookie_src} is registered {bookie.state.value}: "
                     "stop it before decommissioning it",
                 )
-        marked = await self.mark_ledgers_on({command.bookie_src}, MarkReason.DECOMMISSION)
+        marked = await self.marker.mark_ledgers_on({command.bookie_src}, MarkReason.DECOMMISSION)
         self.pending_cookie_removals.add(command.bookie_src)
         return {"ledgers_marked": marked}
 
