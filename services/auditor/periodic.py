@@ -60,16 +60,21 @@ class PeriodicChecks:
         marker: Marker,
         checker: LedgerChecker,
         events: EventPublisher,
+        *,
         waiting: Callable[[], set[str]],
+        enabled: Callable[[], bool],
     ) -> None:
         """`waiting`: the lost bookies still within their lostBookieRecoveryDelay (the
-        bookie check leaves them to the lost-bookie audit)."""
+        bookie check leaves them to the lost-bookie audit). `enabled`: the stored
+        auto-recovery switch; while it is off every check is skipped, as BookKeeper's
+        ("Ledger replication disabled, skipping ...")."""
         self.settings = settings
         self._meta = meta
         self._marker = marker
         self._checker = checker
         self._events = events
         self._waiting = waiting
+        self._enabled = enabled
         self._ledger_slots = asyncio.Semaphore(
             settings.auditor_max_number_of_concurrent_open_ledger_operations
         )
@@ -115,6 +120,10 @@ class PeriodicChecks:
             PLACEMENT_CHECK: self.placement_check,
         }
         status = self.status[name]
+        if not self._enabled():
+            status.last_findings = {"skipped": "autorecovery disabled"}
+            log.info("audit check skipped: autorecovery disabled", extra={"check": name})
+            return status.last_findings
         status.running = True
         status.last_started_at = int(time.time() * 1000)
         started = time.monotonic()

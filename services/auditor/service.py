@@ -114,13 +114,20 @@ class Auditor:
             self.settings.auditor_read_batch_entries,
         )
         self.periodic = PeriodicChecks(
-            self.settings, self._meta, self.marker, checker, rt.events, lambda: self.lost.waiting
+            self.settings,
+            self._meta,
+            self.marker,
+            checker,
+            rt.events,
+            waiting=lambda: self.lost.waiting,
+            enabled=lambda: self.autorecovery_enabled,
         )
         self.limbo_marked: set[str] = set()  # limbo bookies whose ledgers were all marked
         self.pending_cookie_removals: set[str] = set()
         self._repair_look_due = 0.0  # monotonic: next look at limbo and cookie removals
         self.last_lost_bookie_audit: dict[str, Any] | None = None
         self.audits = 0
+        self.autorecovery_enabled = True  # the stored switch, as last read
         self.commands = 0  # operator commands this auditor carried out
         self.corrupt_events = 0  # entry.corrupt events consumed
         self.malformed_events = 0
@@ -196,12 +203,22 @@ class Auditor:
 
     async def audit_once(self) -> None:
         """One look at the registry: report changes, audit lost bookies when due, handle
-        bookies in limbo, remove the cookies of recovered bookies."""
+        bookies in limbo, remove the cookies of recovered bookies.
+
+        While auto-recovery is disabled only the changes are reported: as BookKeeper's
+        auditor waits (waitIfLedgerReplicationDisabled), the registry is compared again
+        once it is enabled, so a bookie lost meanwhile then starts its delay, and an audit
+        that fell due meanwhile runs then."""
         bookies = await self._meta.list_bookies()
         self._report_transitions(bookies)
+        cluster = await self._meta.get_cluster_settings()
+        self.autorecovery_enabled = cluster.autorecovery_enabled
+        if not cluster.autorecovery_enabled:
+            self.audits += 1
+            return
         self.alive = {b.bookie_id for b in bookies if b.state is not BookieState.LOST}
         registered_lost = {b.bookie_id for b in bookies if b.state is BookieState.LOST}
-        delay_s = (await self._meta.get_cluster_settings()).lost_bookie_recovery_delay_s
+        delay_s = cluster.lost_bookie_recovery_delay_s
         due = self.lost.observe(time.monotonic(), self.alive, registered_lost, delay_s)
         if due:
             await self.audit_lost_bookies(due)
@@ -371,9 +388,12 @@ class Auditor:
 
     async def trigger_audit(self, _: TriggerAuditCommand) -> dict[str, Any]:
         """Every audit now (BookKeeper's triggerAudit cuts lostBookieRecoveryDelay short):
-        lost bookies, then each check, whatever its interval."""
+        lost bookies, then each check, whatever its interval. With auto-recovery disabled
+        nothing runs (each check answers that it was skipped)."""
         self._require_leader()
-        now_due = self.lost.run_now()
+        cluster = await self._meta.get_cluster_settings()
+        self.autorecovery_enabled = cluster.autorecovery_enabled
+        now_due = self.lost.run_now() if self.autorecovery_enabled else frozenset()
         marked = await self.audit_lost_bookies(now_due) if now_due else 0
         reply: dict[str, Any] = {}
         for name in self.checks:
@@ -430,6 +450,7 @@ class Auditor:
             json.dumps(
                 {
                     "leader": self.is_leader,
+                    "autorecovery_enabled": self.autorecovery_enabled,
                     "candidate_id": self.candidate_id,
                     "leader_id": held.leader_id if held else None,
                     "term": held.term if held else None,

@@ -185,3 +185,36 @@ async def test_entry_corrupt_events_mark_and_malformed_ones_are_dropped(
             assert await marked(meta) == {ledger.ledger_id: ["b2"]}
             assert leader.marks_by_reason == {"entry_corrupt": 1}
             assert standby.corrupt_events == standby.malformed_events == standby.marks == 0
+
+
+async def test_with_autorecovery_disabled_nothing_is_audited_until_it_is_enabled(
+    settings: QuireSettings, fresh_database_url: str, nc
+) -> None:
+    settings = audit_settings(settings, fresh_database_url)
+    subjects = Subjects(settings.subject_prefix)
+    meta = MetadataClient(nc, subjects)
+    client = AuditorClient(nc, subjects, meta, timeout_s=10)
+    async with running_service("metadata", settings):
+        await wait_until_serving(meta)
+        for bookie_id in ("b1", "b2", "b3", "b4"):
+            await meta.register_bookie(bookie_id)
+        ledger = await closed_ledger(meta, ["b1", "b2", "b4"], last_entry_id=10)
+        async with running_service("auditor", settings, "auditor-1") as one:
+            auditor = await wait_for_leader([one])
+            await wait_for(lambda: auditor.checks["bookie_check"].runs >= 1, "the bookie check")
+            await meta.set_cluster_settings(autorecovery_enabled=False)
+            await wait_for(lambda: not auditor.autorecovery_enabled, "the switch read")
+
+            await meta.unregister_bookie("b4")
+            looks = auditor.audits
+            await wait_for(lambda: auditor.audits >= looks + 3, "three looks at the registry")
+            reply = await client.trigger_audit()
+            assert reply["ledgers_marked"] == 0
+            assert reply["replicas_check"] == {"skipped": "autorecovery disabled"}
+            assert await marked(meta) == {} and auditor.marks == 0
+
+            # Enabled again: the registry is compared again, b4 is lost (delay 0).
+            await meta.set_cluster_settings(autorecovery_enabled=True)
+            await wait_for(lambda: auditor.last_lost_bookie_audit, "the lost-bookie audit")
+            assert await marked(meta) == {ledger.ledger_id: ["b4"]}
+            assert auditor.marks_by_reason == {"lost_bookie": 1}
