@@ -61,11 +61,13 @@ def segment_range(metadata: LedgerMetadata, index: int) -> tuple[int, int | None
     An empty range has last < first."""
     segments = metadata.segments
     first = segments[index].first_entry_id
+    closed = metadata.state is LedgerState.CLOSED
+    last_entry_id = -1 if metadata.last_entry_id is None else metadata.last_entry_id
     if index + 1 < len(segments):
-        return first, segments[index + 1].first_entry_id - 1
-    if metadata.state is LedgerState.CLOSED:
-        return first, -1 if metadata.last_entry_id is None else metadata.last_entry_id
-    return first, None
+        last = segments[index + 1].first_entry_id - 1
+        # A closed ledger holds nothing past its last entry, whatever its segments say.
+        return first, min(last, last_entry_id) if closed else last
+    return (first, last_entry_id) if closed else (first, None)
 
 
 def stored_entry_ids(metadata: LedgerMetadata, first: int, last: int, index: int) -> Iterator[int]:

@@ -67,6 +67,10 @@ BCD = ["b", "c", "d"]
         (ledger([(0, ABC), (0, BCD)], last_entry_id=3), 0, (0, -1)),  # replaced at once
         (ledger([(0, ABC), (5, BCD)], LedgerState.OPEN), 1, (5, None)),
         (ledger([(0, ABC), (5, BCD)], LedgerState.IN_RECOVERY), 0, (0, 4)),
+        # Closed before the next segment's first entry: nothing past the last entry.
+        (ledger([(0, ABC), (5, BCD), (9, ABC)], last_entry_id=6), 1, (5, 6)),
+        (ledger([(0, ABC), (5, BCD), (9, ABC)], last_entry_id=6), 2, (9, 6)),
+        (ledger([(0, ABC), (5, BCD), (9, ABC)], LedgerState.OPEN), 1, (5, 8)),
     ],
 )
 def test_segment_range(metadata: LedgerMetadata, index: int, expected: tuple) -> None:
