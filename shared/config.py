@@ -279,8 +279,8 @@ class QuireSettings(BaseSettings):
     journal: JournalSettings = JournalSettings()
     ledgerstore: LedgerstoreSettings = LedgerstoreSettings()
     metadata: MetadataSettings = MetadataSettings()
-    gateway: GatewaySettings = GatewaySettings()
     auditor: AuditorSettings = AuditorSettings()
+    gateway: GatewaySettings = GatewaySettings()
 
     @property
     def bookie_dir(self) -> Path:
