@@ -126,6 +126,47 @@ class MetadataSettings(BaseModel):
     auditor_lease_ms: int = Field(default=6_000, ge=300)
 
 
+class AuditorSettings(BaseModel):
+    """The auditor's knobs: BookKeeper's names (`auditorPeriodic...` in snake_case, in
+    seconds as BookKeeper's), and BookKeeper's defaults except where noted.
+    lostBookieRecoveryDelay is not here: it is the stored cluster setting
+    (ClusterSettings.lost_bookie_recovery_delay_s), which the auditor reads at each look."""
+
+    # auditorPeriodicBookieCheckInterval: how often the leader marks every ledger naming a
+    # bookie that is not registered alive (also once on election). 0: only on election.
+    auditor_periodic_bookie_check_interval_s: int = Field(default=86_400, ge=0)
+    # auditorPeriodicCheckInterval: check-all-ledgers (first and last entry of each
+    # fragment on its bookie, plus auditor_ledger_verification_percentage). 0: off.
+    auditor_periodic_check_interval_s: int = Field(default=604_800, ge=0)
+    # auditorLedgerVerificationPercentage: of the entries between a fragment's first and
+    # last, the share check-all-ledgers reads too.
+    auditor_ledger_verification_percentage: int = Field(default=0, ge=0, le=100)
+    # auditorPeriodicReplicasCheckInterval: every entry on every replica, digest checked.
+    # 0: off (BookKeeper's default).
+    auditor_periodic_replicas_check_interval_s: int = Field(default=0, ge=0)
+    # auditorPeriodicPlacementPolicyCheckInterval: segments with fewer distinct bookies
+    # than the ensemble size or naming an unregistered bookie. 0: off (BookKeeper's).
+    auditor_periodic_placement_policy_check_interval_s: int = Field(default=0, ge=0)
+    # repairedPlacementPolicyNotAdheringBookieEnable: also mark such ledgers (reason
+    # placement), naming the repeated or unregistered bookies. Off: only reported.
+    repaired_placement_policy_not_adhering_bookie_enable: bool = False
+    # How often the leader looks at the bookie registry for lost bookies. BookKeeper is told
+    # by a ZooKeeper watch; here the registry is polled.
+    auditor_bookie_registry_poll_interval_ms: int = Field(default=1_000, ge=10)
+    # How often the leader looks whether the ledgers a limbo, recovered or decommissioned
+    # bookie held were all repaired (to clear its limbo or remove its cookie): each look
+    # reads the under-replication queue or every ledger.
+    auditor_repair_wait_check_interval_ms: int = Field(default=5_000, ge=10)
+    # auditorMaxNumberOfConcurrentOpenLedgerOperations: ledgers checked at once. BookKeeper's
+    # default is 500; 8 here, as a local cluster's bookies share a few cores with the
+    # foreground traffic the checks must not starve.
+    auditor_max_number_of_concurrent_open_ledger_operations: int = Field(default=8, ge=1)
+    # A check's reads of one bookie: entries per request, and how long one may take
+    # (BookKeeper's readTimeout, 5 s) before that bookie counts as unreachable.
+    auditor_read_batch_entries: int = Field(default=64, ge=1, le=4096)
+    auditor_read_timeout_ms: int = Field(default=5_000, ge=10)
+
+
 class GatewaySettings(BaseModel):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=7480, ge=0, le=65535)
@@ -238,6 +279,7 @@ class QuireSettings(BaseSettings):
     journal: JournalSettings = JournalSettings()
     ledgerstore: LedgerstoreSettings = LedgerstoreSettings()
     metadata: MetadataSettings = MetadataSettings()
+    auditor: AuditorSettings = AuditorSettings()
     gateway: GatewaySettings = GatewaySettings()
 
     @property

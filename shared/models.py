@@ -222,8 +222,9 @@ class ClusterSettings(_Strict):
     # BookKeeper's autoRecoveryDaemonEnabled switch (`bookkeeper shell autorecovery`). Stored;
     # the under-replication queue hands out no claims while it is off. Nothing re-replicates.
     autorecovery_enabled: bool = True
-    # BookKeeper's lostBookieRecoveryDelay (seconds its auditor waits after a bookie is lost
-    # before marking the bookie's ledgers under-replicated). Stored; no auditor reads it.
+    # BookKeeper's lostBookieRecoveryDelay: seconds the auditor waits after a bookie is lost
+    # before marking the bookie's ledgers under-replicated (it reads it at each look at the
+    # registry; a change reschedules a waiting audit from then).
     lost_bookie_recovery_delay_s: int = Field(default=0, ge=0, le=86_400)
 
 

@@ -79,6 +79,9 @@ class JournalService:
         self.disk_usage_fraction = 0.0
         self._state_changed = asyncio.Event()
         self.identity_checked = False
+        # The disk was found wiped (the cookie says `limbo`): registered so that the auditor
+        # has the bookie's ledgers re-replicated, then clears it (`handle_clear_limbo`).
+        self.limbo = False
         self.committed_subject = rt.subjects.bookie(self.bookie_id, JOURNAL_COMMITTED)
         self._announce_position = JOURNAL_START
         self._announce_timer: asyncio.TimerHandle | None = None
@@ -386,11 +389,13 @@ class JournalService:
             cookie = reconcile_offline(self.expected_cookie(), disk, self._has_data())
             if cookie != disk:
                 write_disk_cookie(bookie_dir, cookie)
+            self.limbo = cookie.limbo
             return False
         meta = Cookie.decode(stored.data) if stored.data else None
         cookie, publish = reconcile(self.expected_cookie(instance_id), disk, meta, self._has_data())
         if cookie != disk:
             write_disk_cookie(bookie_dir, cookie)
+        self.limbo = cookie.limbo
         if publish:
             await client.put_cookie(
                 self.bookie_id, replace(cookie, limbo=False).encode(), NO_VERSION
@@ -419,7 +424,9 @@ class JournalService:
             self._state_changed.clear()
             state = BookieState.READONLY if self.read_only else BookieState.WRITABLE
             try:
-                await client.register_bookie(self.bookie_id, state=state, info=info)
+                await client.register_bookie(
+                    self.bookie_id, state=state, info={**info, "limbo": self.limbo}
+                )
                 if not registered:
                     log.info("bookie registered", extra={"state": state.value})
                     registered = True
@@ -428,6 +435,19 @@ class JournalService:
                 registered = False
             # A state change (read-only or back) is registered at once, not at the next beat.
             await wait_event(self._state_changed, settings.metadata.bookie_heartbeat_ms / 1000)
+
+    async def handle_clear_limbo(self, request: Request) -> None:
+        """The auditor found no ledger that still needs what the wiped disk lost: rewrite
+        the cookie without `limbo` (the ledgerstore follows it and answers NO_ENTRY again
+        where it has the authority to)."""
+        bookie_dir = self.rt.settings.bookie_dir
+        cookie = read_disk_cookie(bookie_dir)
+        if cookie is not None and cookie.limbo:
+            write_disk_cookie(bookie_dir, replace(cookie, limbo=False))
+            log.warning("bookie limbo cleared: its lost ledgers were re-replicated")
+        self.limbo = False
+        self._state_changed.set()  # registered at once, not at the next beat
+        await request.respond(json.dumps({"ok": True, "limbo": False}).encode())
 
     async def unregister(self) -> None:
         client = MetadataClient(self.rt.nc, self.rt.subjects, timeout_s=UNREGISTER_TIMEOUT_S)
@@ -456,6 +476,7 @@ async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> Non
         ("journal-checkpoint", JOURNAL_CHECKPOINT, service.handle_checkpoint, 4),
         ("journal-stats", "journal.stats", service.handle_stats, 16),
         ("info", "info", service.handle_info, 16),
+        ("clear_limbo", "clear_limbo", service.handle_clear_limbo, 1),
     ]
     for name, op, handler, max_in_flight in endpoints:
         await rt.add_endpoint(

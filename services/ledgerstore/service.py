@@ -128,13 +128,16 @@ class LedgerstoreService:
                 self._flush_soon.set()
 
     def _check_limbo(self) -> None:
-        """The journal may find the disk wiped only once metadata answers: follow it."""
-        if self.store.limbo:
-            return
+        """Follow the cookie's `limbo`: the journal may find the disk wiped only once
+        metadata answers, and clears it when the auditor says the lost ledgers are whole
+        again (journal `clear_limbo`)."""
         cookie = read_disk_cookie(self.rt.settings.bookie_dir)
-        if cookie is not None and cookie.limbo:
+        limbo = cookie is not None and cookie.limbo
+        if limbo and not self.store.limbo:
             log.error("bookie disk was wiped: absent entries answer UNKNOWN_LEDGER_STATE")
-            self.store.limbo = True
+        elif self.store.limbo and not limbo:
+            log.warning("bookie limbo cleared: absent entries answer NO_ENTRY again")
+        self.store.limbo = limbo
 
     async def checkpoint_forever(self) -> None:
         """Checkpoint every flush_interval_ms, or sooner once flush_threshold_bytes of

@@ -7,6 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The pure cores (STYLE.md rule 1): no IO, no clock, no randomness; mypy-checked.
 CORES = [
     "shared/quorum.py",
+    "shared/autorecovery.py",
     "shared/digest.py",
     "shared/wire.py",
     "shared/status.py",

@@ -1,0 +1,292 @@
+"""The auditor over a real in-process cluster (metadata, four bookies, a gateway, two
+auditors): lost bookies after lostBookieRecoveryDelay, the replicas check finding a damaged
+entry, a wiped bookie's limbo, decommission; the standby never acts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from shared import wire
+from shared.auditor_client import AuditorClient
+from shared.autorecovery import bookies_to_mark
+from shared.bookie_client import BookieClient
+from shared.config import QuireSettings
+from shared.metaclient import MetadataClient
+from shared.models import LedgerMetadata, Segment, UpdateLedgerRequest
+from shared.status import BookieStatus
+from shared.subjects import Subjects
+from tests.integration.test_gateway_http import PW, append_batch, create
+from tests.support.stack import Stack, running_stack
+
+BOOKIES = [f"bookie-{i}" for i in range(1, 5)]
+
+
+def cluster_settings(settings: QuireSettings, data_dir: Path) -> QuireSettings:
+    return settings.model_copy(
+        update={
+            "data_dir": data_dir,
+            "metadata": settings.metadata.model_copy(update={"auditor_lease_ms": 3_000}),
+            "ledgerstore": settings.ledgerstore.model_copy(update={"flush_interval_ms": 50}),
+            "auditor": settings.auditor.model_copy(
+                update={
+                    "auditor_bookie_registry_poll_interval_ms": 50,
+                    "auditor_repair_wait_check_interval_ms": 100,
+                }
+            ),
+        }
+    )
+
+
+class Cluster:
+    def __init__(self, stack: Stack, nc) -> None:
+        self.stack = stack
+        self.subjects = Subjects(stack.settings.subject_prefix)
+        self.meta = MetadataClient(nc, self.subjects)
+        self.client = AuditorClient(nc, self.subjects, self.meta, timeout_s=30)
+        self.bookies = BookieClient(nc, self.subjects, add_timeout_ms=2000, read_timeout_ms=2000)
+
+    def bookie_settings(self, bookie_id: str) -> QuireSettings:
+        return self.stack.settings.model_copy(update={"bookie_id": bookie_id})
+
+    async def stop_bookie(self, bookie_id: str) -> None:
+        await self.stack.stop(f"{bookie_id}.ledgerstore")
+        await self.stack.stop(f"{bookie_id}.journal")
+
+    async def start_bookie(self, bookie_id: str) -> None:
+        settings = self.bookie_settings(bookie_id)
+        await self.stack.start(f"{bookie_id}.journal", "journal", settings)
+        await self.stack.start(f"{bookie_id}.ledgerstore", "ledgerstore", settings)
+
+    def auditors(self) -> list:
+        return [self.stack.runtimes[n].auditor for n in ("auditor-1", "auditor-2")]  # type: ignore[attr-defined]
+
+    def leader(self):
+        leaders = [a for a in self.auditors() if a.is_leader]
+        return leaders[0] if leaders else None
+
+    def standby(self):
+        return next(a for a in self.auditors() if a is not self.leader())
+
+    async def marked(self) -> dict[int, list[str]]:
+        page = await self.meta.list_underreplicated(limit=1000)
+        return {u.ledger_id: u.missing_bookies for u in page.ledgers}
+
+    async def ledgers(self) -> list[LedgerMetadata]:
+        return (await self.meta.list_ledgers(limit=1000)).ledgers
+
+
+async def wait_for(condition: Callable, what: str, timeout_s: float = 20.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def cluster(settings: QuireSettings, database_url: str, nc) -> AsyncIterator[Cluster]:
+    async with running_stack(settings, database_url, bookies=len(BOOKIES)) as stack:
+        await stack.start("auditor-1", "auditor", stack.settings)
+        await stack.start("auditor-2", "auditor", stack.settings)
+        c = Cluster(stack, nc)
+        await wait_for(lambda: c.leader() is not None, "an elected auditor")
+        # The new term's bookie check ran over the healthy cluster.
+        await wait_for(lambda: c.leader().checks["bookie_check"].runs >= 1, "the bookie check")
+        first = c.leader()
+        yield c
+        # Only the leader acted (and it stayed leader throughout).
+        assert c.leader() is first
+        assert c.standby().marks == 0 and c.standby().commands == 0
+
+
+async def closed_ledgers(c: Cluster, count: int, entries: int = 8, **body) -> list[int]:
+    http = c.stack.http
+    ids = []
+    for _ in range(count):
+        lid = (await create(http, digest="crc32c", **body))["ledger_id"]
+        payloads = [
+            f"ledger {lid} entry {e} {os.urandom(8).hex()}".encode() for e in range(entries)
+        ]
+        assert (await append_batch(http, lid, payloads)).status_code == 200
+        assert (await http.post(f"/v1/ledgers/{lid}/close", headers=PW)).status_code == 200
+        ids.append(lid)
+    return ids
+
+
+def holders(ledgers: list[LedgerMetadata], bookie_id: str) -> set[int]:
+    return {m.ledger_id for m in ledgers if bookies_to_mark(m, {bookie_id})}
+
+
+def busiest_bookie(ledgers: list[LedgerMetadata]) -> str:
+    return max(BOOKIES, key=lambda b: (len(holders(ledgers, b)), b))
+
+
+async def test_a_lost_bookie_is_marked_after_the_delay_and_not_if_it_returns_within_it(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        await closed_ledgers(c, 6)
+        ledgers = await c.ledgers()
+        lost = busiest_bookie(ledgers)
+        expected = holders(ledgers, lost)
+        assert expected
+        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
+
+        # Lost and back within the delay: its audit waited, then was cancelled.
+        await c.stop_bookie(lost)
+        await wait_for(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
+        await c.start_bookie(lost)
+        await wait_for(lambda: not c.leader().lost.waiting, "the audit cancelled")
+        assert await c.marked() == {} and c.leader().marks == 0
+
+        # Lost for good: marked once the (now shorter) delay has passed.
+        await c.stop_bookie(lost)
+        await wait_for(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
+        assert await c.marked() == {}
+        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=1)
+        await wait_for(lambda: c.leader().last_lost_bookie_audit, "the lost-bookie audit")
+        assert await c.marked() == {lid: [lost] for lid in expected}
+        assert c.leader().marks_by_reason == {"lost_bookie": len(expected)}
+        audit = c.leader().last_lost_bookie_audit
+        assert (audit["bookies"], audit["ledgers_marked"]) == ([lost], len(expected))
+
+
+async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        (lid,) = await closed_ledgers(c, 1, entries=5)
+        (metadata,) = await c.ledgers()
+        # Damage one replica of entry 3 in its bookie's entry log (one payload bit).
+        needle = f"ledger {lid} entry 3 ".encode()
+        victim, path, at = None, None, -1
+
+        def find() -> bool:
+            nonlocal victim, path, at
+            for bookie_id in metadata.segments[0].bookies:
+                for log in (tmp_path / bookie_id / "ledgers").glob("entrylog-*.log"):
+                    at = log.read_bytes().find(needle)
+                    if at >= 0:
+                        victim, path = bookie_id, log
+                        return True
+            return False
+
+        await wait_for(find, "the entry in an entry log")
+        with open(path, "r+b") as f:
+            f.seek(at + len(needle))
+            byte = f.read(1)
+            f.seek(at + len(needle))
+            f.write(bytes([byte[0] ^ 0x01]))
+
+        reply = await c.client.trigger_audit()
+        assert reply["replicas_check"]["ledgers_checked"] == 1
+        assert reply["replicas_check"]["ledgers_marked"] == 1
+        assert reply["replicas_check"]["digest_unverified_ledgers"] == 0
+        assert reply["check_all_ledgers"]["ledgers_checked"] == 1
+        assert reply["bookie_check"] == {"ledgers_marked": 0}
+        assert await c.marked() == {lid: [victim]}
+        assert c.leader().marks_by_reason["replicas_check"] == 1
+        # The bookie reported the bad read itself (entry.corrupt): the auditor marks that
+        # too, naming the same bookie.
+        await wait_for(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
+        assert await c.marked() == {lid: [victim]}
+
+        # The leader's status (the standby answers the same subject: ask until the leader
+        # does) has each check's last run and findings.
+        async def leader_status() -> dict | None:
+            reply = await nc.request(c.subjects.service("auditor", "status"), b"", 5)
+            status = json.loads(reply.data)
+            return status if status["leader"] else None
+
+        status = await wait_for(leader_status, "the leader's status")
+        replicas = status["checks"]["replicas_check"]
+        assert replicas["runs"] == 1 and replicas["last_findings"]["ledgers_marked"] == 1
+        assert replicas["last_duration_ms"] >= 0 and replicas["last_error"] is None
+        assert status["ledgers_marked_by_reason"]["replicas_check"] == 1
+
+
+async def test_a_wiped_bookie_is_marked_in_limbo_and_its_limbo_cleared_once_repaired(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        await closed_ledgers(c, 4)
+        ledgers = await c.ledgers()
+        wiped = busiest_bookie(ledgers)
+        expected = holders(ledgers, wiped)
+        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
+        await c.stop_bookie(wiped)
+        shutil.rmtree(tmp_path / wiped)
+        await c.start_bookie(wiped)
+        await wait_for(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
+        assert await c.marked() == {lid: [wiped] for lid in expected}
+        assert c.leader().marks_by_reason == {"limbo": len(expected)}
+        lid = min(expected)
+        status, answers = await c.bookies.read(wiped, [wire.ReadItem(lid, 0)])
+        assert answers[0].status is BookieStatus.UNKNOWN_LEDGER_STATE
+
+        # What a replicator does once it has repaired each ledger (copied the wiped
+        # bookie's fragments elsewhere): the queue empties, and the limbo is cleared.
+        while claimed := await c.meta.claim_underreplicated("test-worker", 60_000):
+            assert await c.meta.mark_replicated(
+                claimed.ledger_id, "test-worker", claimed.mark_version
+            )
+        await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
+        await wait_for(lambda: _registered_limbo(c, wiped, False), "the registration without limbo")
+        await wait_for(lambda: _answers_no_ledger(c, wiped, lid), "NO_LEDGER answers")
+
+
+async def _registered_limbo(c: Cluster, bookie_id: str, limbo: bool) -> bool:
+    infos = {b.bookie_id: b.info for b in await c.meta.list_bookies()}
+    return infos[bookie_id].get("limbo") is limbo
+
+
+async def _answers_no_ledger(c: Cluster, bookie_id: str, lid: int) -> bool:
+    _, answers = await c.bookies.read(bookie_id, [wire.ReadItem(lid, 0)])
+    return answers[0].status is BookieStatus.NO_LEDGER
+
+
+async def test_decommission_marks_then_removes_the_cookie_once_no_ledger_needs_the_bookie(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        await closed_ledgers(c, 4)
+        ledgers = await c.ledgers()
+        gone = busiest_bookie(ledgers)
+        expected = holders(ledgers, gone)
+        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
+        assert (await c.meta.get_cookie(gone)).data is not None
+        await c.stop_bookie(gone)
+        assert await c.client.decommission(gone) == {"ledgers_marked": len(expected)}
+        assert await c.marked() == {lid: [gone] for lid in expected}
+        assert c.leader().pending_cookie_removals == {gone}
+
+        # A replicator's work, by hand: each segment's `gone` replaced by a bookie the
+        # segment lacks. The cookie goes once the last ledger no longer needs `gone`.
+        for metadata in ledgers:
+            if metadata.ledger_id not in expected:
+                continue
+            assert (await c.meta.get_cookie(gone)).data is not None
+            segments = []
+            for segment in metadata.segments:
+                spare = next(b for b in BOOKIES if b not in segment.bookies)
+                bookies = [spare if b == gone else b for b in segment.bookies]
+                segments.append(Segment(first_entry_id=segment.first_entry_id, bookies=bookies))
+            await c.meta.update_ledger(
+                UpdateLedgerRequest(
+                    ledger_id=metadata.ledger_id,
+                    expected_version=metadata.version,
+                    segments=segments,
+                )
+            )
+        await wait_for(lambda: not c.leader().pending_cookie_removals, "the cookie removal")
+        assert (await c.meta.get_cookie(gone)).data is None
