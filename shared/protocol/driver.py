@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.config import GatewaySettings
-from shared.digest import DigestManager, master_key
+from shared.digest import DigestManager, mac_key, master_key
 from shared.metaclient import MetadataError
 from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
 from shared.protocol.ensemble import choose_ensemble
@@ -816,6 +816,10 @@ class ProtocolClient:
             password_hash=password_hash(salt, password),
             metadata=metadata,
             ensemble=ensemble,
+            # Stored so that the replicator can write the ledger's entries again without
+            # the password (LedgerMetadata.master_key says why).
+            master_key=master_key(password).hex(),
+            mac_key=mac_key(password).hex(),
         )
         created = await self.meta.create_ledger(request)
         settings = self.settings

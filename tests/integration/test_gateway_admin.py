@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.metaclient import MetadataClient
+from shared.models import PRIVATE_LEDGER_FIELDS
 from tests.support.stack import Stack, running_stack, scratch_database, stack_settings
 
 PW = {"Quire-Ledger-Password": "pw"}
@@ -60,7 +61,7 @@ async def test_ledger_endpoints(stack: Stack) -> None:
     assert listed[str(lid)] is None
     with_meta = (await stack.http.get("/api/v1/ledger/list?print_metadata=true")).json()
     assert with_meta[str(lid)]["ledger_id"] == lid
-    assert "password_hash" not in str(with_meta)
+    assert not any(name in str(with_meta) for name in PRIVATE_LEDGER_FIELDS)
     meta = (await stack.http.get("/api/v1/ledger/metadata", params={"ledger_id": lid})).json()
     assert meta["state"] == "OPEN"
     read = await stack.http.get(
