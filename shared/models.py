@@ -98,7 +98,7 @@ class LedgerMetadata(_Strict):
 
     def public(self) -> dict[str, Any]:
         """What users see: everything but the password material and the ledger's keys."""
-        return self.model_dump(mode="json", exclude=PRIVATE_LEDGER_FIELDS)
+        return self.model_dump(mode="json", exclude=set(PRIVATE_LEDGER_FIELDS))
 
 
 class BookieInfo(_Strict):
