@@ -144,6 +144,11 @@ class GatewaySettings(BaseModel):
     # addEntryTimeoutSec: a bookie that has not answered an add by then has failed and is
     # replaced by an ensemble change (the add itself goes on).
     add_bookie_timeout_ms: int = Field(default=5_000, ge=10)
+    # "No responders" from a bookie that registered at least this long ago is a failed
+    # request at once (the bookie is gone: its replacement starts at the first failed write);
+    # from one that registered more recently it is asked again briefly (its subscriptions may
+    # not be known everywhere yet). Registration times: `shared.models.REGISTERED_AT`.
+    new_bookie_grace_ms: int = Field(default=5_000, ge=0)
     # speculativeReadTimeout: a replica slower than this to answer a read gets the next
     # replica asked too (the first good answer wins); 0 turns speculative reads off.
     speculative_read_timeout_ms: int = Field(default=500, ge=0)

@@ -101,12 +101,19 @@ class LedgerMetadata(_Strict):
         return self.model_dump(mode="json", exclude=set(PRIVATE_LEDGER_FIELDS))
 
 
+# The key of `BookieInfo.info` where a bookie's journal says when it registered (ms since
+# the epoch, its own wall clock): stamped once per journal process, after its endpoints are
+# subscribed, so a restarted bookie registers anew. Clients use it to tell a bookie that is
+# just starting (its subscriptions may not be known everywhere yet) from one that is gone.
+REGISTERED_AT = "registered_at"
+
+
 class BookieInfo(_Strict):
     bookie_id: str
     state: BookieState
     last_seen: int  # ms since the epoch of the last heartbeat
     lease_expires_at: int  # ms since the epoch
-    info: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)  # what the bookie says of itself
 
 
 # -- metadata service requests ------------------------------------------------------------

@@ -620,7 +620,9 @@ class BookieAddBatcher:
             status, results = await self._bookies.add(bookie_id, merge_sends(commands))
             replies = split_add_reply(commands, status, results)
         except BookieUnreachable as exc:
-            replies = [AddSendFailed(bookie_id, c.entry_ids, str(exc)) for c in commands]
+            replies = [
+                AddSendFailed(bookie_id, c.entry_ids, str(exc), exc.timed_out) for c in commands
+            ]
         finally:
             if not replies:  # cancelled (the client is closing): still one answer each
                 replies = [AddSendFailed(bookie_id, c.entry_ids, "cancelled") for c in commands]
@@ -779,9 +781,11 @@ class ProtocolClient:
         """The registered bookies that are writable and whose lease has not expired;
         raises MetadataError."""
         now_ms = self.wall_clock()
+        bookies = await self.meta.list_bookies()
+        self.bookies.bookies_listed(bookies)
         return [
             b.bookie_id
-            for b in await self.meta.list_bookies()
+            for b in bookies
             if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
         ]
 

@@ -49,6 +49,11 @@ class BookieTransport(Protocol):
 
     async def read_lac(self, bookie_id: str, ledger_id: int) -> LacReply: ...
 
+    def bookies_listed(self, bookies: list[BookieInfo]) -> None:
+        """The bookies' registrations as the metadata last listed them (a transport may
+        tell a bookie that just registered from one that is gone by them)."""
+        ...
+
 
 class MetadataTransport(Protocol):
     """The ledger metadata operations a driver needs. Each raises
