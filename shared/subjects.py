@@ -4,6 +4,7 @@
 <prefix>.meta.<area>.<op>          requests to the metadata service (queue group)
 <prefix>.meta.watch.ledger.<id>    a ledger's new metadata after each change (core NATS)
 <prefix>.<service>.<op>            requests to the auditor or replicators
+<prefix>.auditor.<candidate>.<op>  operator commands to one auditor (the elected one serves them)
 <prefix>.events.<kind>             domain events, captured by the QUIRE_EVENTS stream
 """
 
@@ -43,6 +44,11 @@ class Subjects:
     def service(self, kind: str, op: str) -> str:
         """Requests to a singleton-style service, e.g. ("auditor", "status")."""
         return f"{self.prefix}.{kind}.{op}"
+
+    def auditor_command(self, candidate_id: str, op: str) -> str:
+        """An operator command (trigger_audit, recover_bookie, decommission) to the auditor
+        `candidate_id`: only the elected one acts, so callers address the leader by name."""
+        return f"{self.prefix}.auditor.{candidate_id}.{op}"
 
     def event(self, kind: str) -> str:
         """`kind` is dotted, e.g. "ledger.created"."""

@@ -17,17 +17,32 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from nats.micro.request import Request
+from pydantic import BaseModel, ValidationError
 
 from services.auditor.core import bookie_transitions
+from shared.auditor_client import (
+    DECOMMISSION,
+    RECOVER_BOOKIE,
+    TRIGGER_AUDIT,
+    DecommissionCommand,
+    RecoverBookieCommand,
+    TriggerAuditCommand,
+    error_reply,
+)
+from shared.autorecovery import MarkReason, bookies_to_mark
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import BookieState, Leadership
 from shared.service import ServiceRuntime
+from shared.status import ApiCodes, QuireError
 
 log = logging.getLogger(__name__)
 
 AUDIT_INTERVAL_S = 1.0
+LEDGER_PAGE_SIZE = 100
 EVENT_KINDS = {
     BookieState.LOST: "bookie.lost",
     BookieState.READONLY: "bookie.readonly",
@@ -45,6 +60,8 @@ class Auditor:
         self.leadership: Leadership | None = None
         self.known: dict[str, BookieState] = {}
         self.audits = 0
+        self.marks = 0  # ledgers this auditor marked
+        self.commands = 0  # operator commands this auditor carried out
 
     @property
     def is_leader(self) -> bool:
@@ -84,6 +101,81 @@ class Auditor:
                 after=change.after,
             )
         self.audits += 1
+
+    async def mark_ledgers_on(self, bookie_ids: set[str], reason: MarkReason) -> int:
+        """Mark every ledger holding a fragment on `bookie_ids` under-replicated, naming
+        those of them it holds; how many ledgers were marked."""
+        marked = 0
+        after: int | None = None
+        while True:
+            page = await self._meta.list_ledgers(after=after, limit=LEDGER_PAGE_SIZE)
+            for metadata in page.ledgers:
+                missing = bookies_to_mark(metadata, bookie_ids)
+                if missing:
+                    await self.mark(metadata.ledger_id, missing, reason)
+                    marked += 1
+            if page.next_after is None:
+                return marked
+            after = page.next_after
+
+    async def mark(self, ledger_id: int, bookie_ids: list[str], reason: MarkReason) -> None:
+        await self._meta.mark_underreplicated(ledger_id, bookie_ids)
+        self.marks += 1
+        log.info(
+            "ledger marked under-replicated",
+            extra={"ledger_id": ledger_id, "bookies": bookie_ids, "reason": reason.value},
+        )
+        self._rt.events.emit(
+            "autorecovery.marked",
+            ledger_id=ledger_id,
+            bookie_id=bookie_ids[0],
+            bookie_ids=bookie_ids,
+            reason=reason.value,
+        )
+
+    async def trigger_audit(self, _: TriggerAuditCommand) -> dict[str, Any]:
+        bookies = await self._meta.list_bookies()
+        lost = {b.bookie_id for b in bookies if b.state is BookieState.LOST}
+        return {"ledgers_marked": await self.mark_ledgers_on(lost, MarkReason.LOST_BOOKIE)}
+
+    async def recover_bookie(self, command: RecoverBookieCommand) -> dict[str, Any]:
+        marked = await self.mark_ledgers_on(set(command.bookie_ids()), MarkReason.MANUAL)
+        return {"ledgers_marked": marked}
+
+    async def decommission(self, command: DecommissionCommand) -> dict[str, Any]:
+        for bookie in await self._meta.list_bookies():
+            if bookie.bookie_id == command.bookie_src and bookie.state is not BookieState.LOST:
+                raise QuireError(
+                    ApiCodes.INVALID_ARGUMENT,
+                    f"bookie {command.bookie_src} is registered {bookie.state.value}: "
+                    "stop it before decommissioning it",
+                )
+        marked = await self.mark_ledgers_on({command.bookie_src}, MarkReason.DECOMMISSION)
+        return {"ledgers_marked": marked}
+
+    def command_handler(
+        self, model: type[BaseModel], run: Callable[[Any], Awaitable[dict[str, Any]]]
+    ) -> Callable[[Request], Awaitable[None]]:
+        """One operator command: only the leader acts; a bad body is INVALID_ARGUMENT."""
+
+        async def handle(request: Request) -> None:
+            reply: dict[str, Any]
+            if not self.is_leader:
+                reply = error_reply(ApiCodes.UNAVAILABLE, f"{self.candidate_id} is not the leader")
+            else:
+                try:
+                    command = model.model_validate_json(request.data or b"{}")
+                    reply = await run(command)
+                    self.commands += 1
+                except ValidationError as exc:
+                    reply = error_reply(ApiCodes.INVALID_ARGUMENT, str(exc))
+                except QuireError as exc:
+                    reply = error_reply(exc.api, exc.detail)
+                except MetadataError as exc:
+                    reply = error_reply(ApiCodes.UNAVAILABLE, f"metadata: {exc}")
+            await request.respond(json.dumps(reply).encode())
+
+        return handle
 
     async def elect_loop(self) -> None:
         while True:
@@ -131,6 +223,18 @@ async def main(rt: ServiceRuntime) -> None:
     auditor = Auditor(rt)
     rt.auditor = auditor  # type: ignore[attr-defined]  # for tests
     await rt.add_endpoint("status", rt.subjects.service("auditor", "status"), auditor.status)
+    commands = (
+        (TRIGGER_AUDIT, TriggerAuditCommand, auditor.trigger_audit),
+        (RECOVER_BOOKIE, RecoverBookieCommand, auditor.recover_bookie),
+        (DECOMMISSION, DecommissionCommand, auditor.decommission),
+    )
+    for op, model, run in commands:
+        await rt.add_endpoint(
+            op,
+            rt.subjects.auditor_command(auditor.candidate_id, op),
+            auditor.command_handler(model, run),
+            max_in_flight=4,
+        )
     rt.on_shutdown(auditor.resign)
     rt.spawn(auditor.elect_loop(), "auditor-election")
     rt.spawn(auditor.run(), "audit-loop")
