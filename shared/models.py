@@ -240,8 +240,9 @@ class InstanceIdReply(_Strict):
 
 
 class ClusterSettings(_Strict):
-    # BookKeeper's autoRecoveryDaemonEnabled switch (`bookkeeper shell autorecovery`). Stored;
-    # the under-replication queue hands out no claims while it is off. Nothing re-replicates.
+    # BookKeeper's autoRecoveryDaemonEnabled switch (`bookkeeper shell autorecovery`): while
+    # it is off the under-replication queue hands out no claims, so no replicator worker
+    # starts re-replicating a ledger (the auditor still marks them).
     autorecovery_enabled: bool = True
     # BookKeeper's lostBookieRecoveryDelay (seconds its auditor waits after a bookie is lost
     # before marking the bookie's ledgers under-replicated). Stored; no auditor reads it.
