@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway.ledgers import Ledgers, metadata_error
 from services.gateway.problems import error_responses
-from shared.auditor_client import DecommissionCommand, RecoverBookieCommand
+from shared.auditor_client import BOOKIE_ID_PATTERN
 from shared.metaclient import MetadataError
 from shared.models import MAX_LEDGER_ID, BookieState
 from shared.status import ApiCodes, QuireError
@@ -51,6 +51,28 @@ REPLICATION_ON = (
 )
 REPLICATION_OFF = "The switch is off: the queue hands out no under-replicated ledger to claim."
 NO_REPLICATOR = "No replicator worker answered: nothing claims under-replicated ledgers."
+
+
+BookieSrc = Annotated[str, Field(pattern=BOOKIE_ID_PATTERN, max_length=128)]
+
+
+class DecommissionBody(BaseModel):
+    """BookKeeper's DecommissionService body."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    bookie_src: BookieSrc = Field(description="The bookie to decommission (it must be down)")
+
+
+class RecoverBookieBody(BaseModel):
+    """BookKeeper's RecoveryBookieService body."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    bookie_src: list[BookieSrc] = Field(
+        min_length=1, max_length=1000, description="The bookies whose ledgers to recover"
+    )
+    delete_cookie: bool = Field(
+        default=False, description="Remove their cookies once no ledger needs them"
+    )
 
 
 class AutoRecoveryStatus(BaseModel):
@@ -297,7 +319,7 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         tags=["admin"],
         operation_id="admin_decommission_bookie",
     )
-    async def decommission(command: DecommissionCommand) -> dict[str, Any]:
+    async def decommission(command: DecommissionBody) -> dict[str, Any]:
         """Decommission a bookie that is down (BookKeeper's DecommissionService): the auditor
         marks every ledger with a fragment on it under-replicated and removes its cookie
         once no ledger needs it. 200 once started; progress in list_under_replicated_ledger.
@@ -305,11 +327,12 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         return await ledgers.auditor.decommission(command.bookie_src)
 
     @router.put("/api/v1/autorecovery/bookie", tags=["admin"], operation_id="admin_recover_bookie")
-    async def recover_bookie(command: RecoverBookieCommand) -> dict[str, Any]:
+    async def recover_bookie(command: RecoverBookieBody) -> dict[str, Any]:
         """Manual recovery of bookies' ledgers onto others (BookKeeper's RecoveryBookieService):
         the auditor marks every ledger with a fragment on `bookie_src` under-replicated, and
         with `delete_cookie` removes their cookies once no ledger needs them."""
-        return await ledgers.auditor.recover_bookie(command.bookie_ids(), command.delete_cookie)
+        bookie_ids = sorted(set(command.bookie_src))
+        return await ledgers.auditor.recover_bookie(bookie_ids, command.delete_cookie)
 
     @router.get(
         "/api/v1/autorecovery/lost_bookie_recovery_delay",

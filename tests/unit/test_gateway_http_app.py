@@ -214,6 +214,7 @@ async def test_bad_auto_recovery_bodies_never_reach_the_auditor() -> None:
         ("/api/v1/autorecovery/bookie", {"bookie_src": []}),
         ("/api/v1/autorecovery/bookie", {"bookie_src": "bookie-2"}),
         ("/api/v1/autorecovery/bookie", {"bookie_src": ["bookie-2"], "delete_cookie": "maybe"}),
+        ("/api/v1/autorecovery/bookie", {"bookie_src": ["bookie-2"], "delete_cookie": 0}),
         ("/api/v1/autorecovery/bookie", {"bookie_src": ["bookie-2"], "extra": 1}),
     ]
     async with client(AdminLedgers(auditor)) as http:
