@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from nats.aio.client import Client as NatsClient
+from nats.errors import NoRespondersError
 
 from shared import wire
 from shared.models import REGISTERED_AT, BookieInfo
@@ -32,6 +33,9 @@ MICRO_ERROR_HEADER = "Nats-Service-Error"
 # the writer's ensemble change starts at the first failed write.
 NEW_BOOKIE_GRACE_MS = 5_000
 NO_RESPONDERS_RETRIES = 2
+# How long a probe (has_responder) waits for the journal's answer; only "no responders",
+# which comes at once, says anything.
+PROBE_TIMEOUT_S = 1.0
 # A bound on the registrations remembered (bookie ids that come and go).
 MAX_BOOKIES_REMEMBERED = 10_000
 
@@ -167,6 +171,20 @@ class BookieClient:
             return wire.decode_lac_reply(data)
         except wire.WireError as exc:
             raise BookieUnreachable(f"read_lac reply from {bookie_id}: {exc}") from exc
+
+    async def has_responder(self, bookie_id: str) -> bool:
+        """Whether the bookie's journal still has a subscription: NATS answers a request
+        nobody subscribes to with "no responders" at once; an answer, an error or a timeout
+        means a journal took it. A bookie that registered only just may lack it for a moment:
+        it counts as there."""
+        subject = self._subjects.bookie(bookie_id, "info")
+        try:
+            await self._nc.request(subject, b"", timeout=PROBE_TIMEOUT_S)
+        except NoRespondersError:
+            return self._no_responders_retries(bookie_id) > 0
+        except Exception:  # a timeout, a closed connection: no proof that it is gone
+            return True
+        return True
 
     async def info(self, bookie_id: str, timeout_s: float = 2.0) -> dict:
         """What the bookie says of itself (its journal's `info`): space, state, marks, files."""

@@ -538,20 +538,36 @@ class BookieAddBatcher:
 
     A send is answered through its callback, exactly once (the writer's flow control
     counts on it): no task and no future per send, which with one entry per send were
-    most of the client's cost per entry."""
+    most of the client's cost per entry.
+
+    A request unanswered after `probe_after_ms` makes it ask whether the bookie still has a
+    responder at all (one probe at a time per bookie). A bookie killed while requests were
+    in flight to it never answers them, and with its request slots full nothing new goes to
+    it to meet "no responders": without the probe its writers would go on acknowledging on
+    the other bookies until the add timeout. When it is gone, its requests in flight fail
+    at once as unreachable, so their writers replace it now (BookKeeper fails a closed
+    channel's outstanding adds the same way)."""
 
     def __init__(
-        self, bookies: BookieTransport, observer: ProtocolObserver, max_requests_per_bookie: int
+        self,
+        bookies: BookieTransport,
+        observer: ProtocolObserver,
+        max_requests_per_bookie: int,
+        probe_after_ms: int = 0,
     ) -> None:
         assert max_requests_per_bookie >= 1
         self._bookies = bookies
         self._observer = observer
         self.max_requests_per_bookie = max_requests_per_bookie
+        self._probe_after_s = probe_after_ms / 1000  # 0: no probe
         self._in_flight: dict[str, int] = {}
         self._queued: dict[str, deque[tuple[SendAdds, OnAddReply]]] = {}
         self._batches: set[asyncio.Task[None]] = set()
         self._flush_due: set[str] = set()  # bookies with a flush due at the end of the turn
         self._closed = False
+        self._batches_to: dict[str, set[asyncio.Task[None]]] = {}  # in flight, by bookie
+        self._probing: set[str] = set()
+        self._gone: set[asyncio.Task[None]] = set()  # cancelled: their bookie is gone
 
     def submit(self, command: SendAdds, on_reply: OnAddReply) -> None:
         """Send `command` (now, or merged with others once the bookie answers); its answer
@@ -611,6 +627,33 @@ class BookieAddBatcher:
         task = asyncio.create_task(self._send_batch(bookie_id, batch))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
+        if self._probe_after_s:
+            to_bookie = self._batches_to.setdefault(bookie_id, set())
+            to_bookie.add(task)
+            probe = asyncio.get_running_loop().call_later(
+                self._probe_after_s, self._unanswered, bookie_id
+            )
+            task.add_done_callback(lambda done: (probe.cancel(), to_bookie.discard(done)))
+
+    def _unanswered(self, bookie_id: str) -> None:
+        """A request to the bookie waited probe_after_ms: ask whether it is still there."""
+        if bookie_id in self._probing or self._closed:
+            return
+        self._probing.add(bookie_id)
+        task = asyncio.ensure_future(self._probe(bookie_id))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _probe(self, bookie_id: str) -> None:
+        try:
+            there = await self._bookies.has_responder(bookie_id)
+        finally:
+            self._probing.discard(bookie_id)
+        if there:
+            return
+        for task in list(self._batches_to.get(bookie_id, ())):
+            self._gone.add(task)
+            task.cancel()
 
     async def _send_batch(self, bookie_id: str, batch: list[tuple[SendAdds, OnAddReply]]) -> None:
         commands = [command for command, _ in batch]
@@ -624,7 +667,12 @@ class BookieAddBatcher:
                 AddSendFailed(bookie_id, c.entry_ids, str(exc), exc.timed_out) for c in commands
             ]
         finally:
-            if not replies:  # cancelled (the client is closing): still one answer each
+            task = asyncio.current_task()
+            if not replies and task in self._gone:
+                self._gone.discard(task)
+                reason = "no responder any more (its process is gone)"
+                replies = [AddSendFailed(bookie_id, c.entry_ids, reason, False) for c in commands]
+            elif not replies:  # cancelled (the client is closing): still one answer each
                 replies = [AddSendFailed(bookie_id, c.entry_ids, "cancelled") for c in commands]
             self._in_flight[bookie_id] -= 1
             if self._queued.get(bookie_id) and not self._closed:
@@ -729,7 +777,12 @@ class ProtocolClient:
         self.rng = rng or random.Random(os.urandom(16))
         self.clock = clock
         self.wall_clock = wall_clock
-        self.adds = BookieAddBatcher(bookies, self.observer, settings.max_add_requests_per_bookie)
+        self.adds = BookieAddBatcher(
+            bookies,
+            self.observer,
+            settings.max_add_requests_per_bookie,
+            settings.add_bookie_probe_ms,
+        )
         self.lacs = BookieLacBatcher(bookies)
         self.deadlines = DeadlineWheel(clock)
         self._pumps: list[WriterHandle] = []  # handles to pump at the end of this turn

@@ -135,9 +135,9 @@ def test_kill_9_of_an_ensemble_bookie_while_appending(cluster: QuireUp) -> None:
         assert len(meta["segments"]) >= 2, meta
         # The entries acknowledged after the kill on the old ensemble: on Qw-1 bookies.
         exposed = meta["segments"][1]["first_entry_id"] - killed_at
-        # Usually 0 or 1 (the kill's "no responders" starts the change at once); a kill that
-        # catches max_add_requests_per_bookie requests in flight to the bookie waits for
-        # their add_bookie_timeout_ms instead (nothing more is sent to it meanwhile).
+        # 0 or 1 when the kill's "no responders" starts the change at once; a kill that
+        # catches requests in flight waits add_bookie_probe_ms for the probe that finds the
+        # bookie gone (a few tens). Printed for the README's figures: a count, not a bound.
         print(f"\nentries acknowledged at Qw-1 before the ensemble change: {exposed}")
         assert victim not in meta["segments"][-1]["bookies"]
         last = max(appender.acked)

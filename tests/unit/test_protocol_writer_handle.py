@@ -201,3 +201,62 @@ async def test_a_bookie_with_no_responder_is_replaced_at_its_first_failed_write(
         await asyncio.sleep(0.005)
     assert sorted(b for b, _ in bookies.requests) == ["b0", "b1", "b2", "b3"]
     client.close()
+
+
+class KilledWithAddsInFlight(CountingBookies):
+    """b2's process dies while `hung` add requests are in flight to it: they are never
+    answered, and it has no responder any more."""
+
+    def __init__(self, hung: int) -> None:
+        super().__init__()
+        self.hung = hung
+        self.probed: list[str] = []
+
+    async def add(self, bookie_id: str, items: list[AddItem]):
+        if bookie_id == "b2" and self.hung > 0:
+            self.hung -= 1
+            self.requests.append((bookie_id, len(items)))
+            await asyncio.Event().wait()  # never answered
+        if bookie_id == "b2":
+            self.requests.append((bookie_id, len(items)))
+            raise BookieUnreachable("add to b2: NoRespondersError", timed_out=False)
+        return await super().add(bookie_id, items)
+
+    async def has_responder(self, bookie_id: str) -> bool:
+        self.probed.append(bookie_id)
+        return bookie_id != "b2"
+
+    def bookies_listed(self, bookies: list[BookieInfo]) -> None:
+        pass
+
+
+async def test_adds_in_flight_to_a_killed_bookie_fail_once_a_probe_finds_it_gone() -> None:
+    """Two adds hang on b2 (its request slots full: nothing new reaches it to meet "no
+    responders"); the probe after add_bookie_probe_ms finds b2 gone, the hung adds fail as
+    unreachable, and the writer replaces b2 then, not after add_bookie_timeout_ms."""
+    clock, bookies = Clock(), KilledWithAddsInFlight(hung=2)
+    meta = Metadata(metadata(3, 3, 2))
+    settings = GatewaySettings(
+        add_entry_timeout_ms=ADD_TIMEOUT_MS, add_bookie_probe_ms=10, max_add_requests_per_bookie=2
+    )
+    client = ProtocolClient(bookies, meta, settings, clock=clock)  # type: ignore[arg-type]
+    core = LedgerWriter(
+        meta.ledger,
+        KEY,
+        DigestManager("crc32c", b"pw"),
+        add_entry_timeout_ms=ADD_TIMEOUT_MS,
+        max_add_requests_per_bookie=2,
+    )
+    handle = WriterHandle(core, client)
+    for _ in range(2):  # completed on b0 and b1; their adds to b2 hang
+        await handle.append([b"entry"])
+    assert meta.updates == []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not meta.updates:
+        assert loop.time() < deadline, "the killed bookie was not replaced"
+        await asyncio.sleep(0.005)
+    [update] = meta.updates
+    assert update.segments[-1].bookies == ["b0", "b1", "b3"]
+    assert bookies.probed[0] == "b2" and set(bookies.probed) == {"b2"}
+    client.close()
