@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.models import PRIVATE_LEDGER_FIELDS
 from tests.support.cluster import QuireUp, quire_executable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -151,6 +152,7 @@ def test_shell_classic_commands(cluster: QuireUp) -> None:
     assert {"ledger_id": int(lid)} in listed
     meta = as_json(quire(cluster, "shell", "ledgermetadata", "--ledgerid", lid, "-o", "json"))
     assert meta["ledger_id"] == int(lid)
+    assert not PRIVATE_LEDGER_FIELDS & set(meta)  # no password material, no ledger keys
     # The gateway holds the writer, so its LAC is the last acknowledged entry.
     entries = as_json(quire(cluster, "shell", "readledger", "-l", lid, "-p", "pw", "-o", "json"))
     assert [base64.b64decode(e["data"]) for e in entries] == [b"a", b"b", b"c"]
