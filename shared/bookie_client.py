@@ -8,10 +8,14 @@ did not answer"."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterable
 
 from nats.aio.client import Client as NatsClient
+from nats.errors import NoRespondersError
 
 from shared import wire
+from shared.models import REGISTERED_AT, BookieInfo
 from shared.protocol.transport import BookieUnreachable
 from shared.requests import request
 from shared.status import BookieStatus
@@ -21,22 +25,71 @@ from shared.telemetry import inject_headers
 # Room for the wire framing around the items of one request.
 REQUEST_OVERHEAD_BYTES = 4096
 MICRO_ERROR_HEADER = "Nats-Service-Error"
-# A bookie that has no responder is most likely dead: ask again only briefly (60 ms), so
-# that its replacement is not held up, yet a bookie that is just starting is not replaced.
+# A bookie that registered less than new_bookie_grace_ms ago (or that this client has not
+# seen registered) may not have its subscriptions known everywhere yet: its "no responders"
+# is asked again briefly (60 ms), so that a bookie that is just starting is not replaced.
+# From a bookie registered longer ago, "no responders" means it is gone: a failed request at
+# once (BookKeeper's client fails the write when the bookie's connection closes), so that
+# the writer's ensemble change starts at the first failed write.
+NEW_BOOKIE_GRACE_MS = 5_000
 NO_RESPONDERS_RETRIES = 2
+# How long a probe (has_responder) waits for the journal's answer; only "no responders",
+# which comes at once, says anything.
+PROBE_TIMEOUT_S = 1.0
+# A bound on the registrations remembered (bookie ids that come and go).
+MAX_BOOKIES_REMEMBERED = 10_000
+
+
+def wall_clock_ms() -> int:
+    """Registrations are wall-clock times (stamped by the bookie's machine)."""
+    return time.time_ns() // 1_000_000
+
+
+def no_responders_retries(registered_at_ms: int | None, now_ms: int, grace_ms: int) -> int:
+    """How often to ask a bookie again after "no responders": briefly while it may still be
+    starting (registered less than `grace_ms` ago, or not known registered), never after."""
+    if registered_at_ms is not None and now_ms - registered_at_ms >= grace_ms:
+        return 0
+    return NO_RESPONDERS_RETRIES
 
 
 class BookieClient:
     """BookieTransport over NATS."""
 
     def __init__(
-        self, nc: NatsClient, subjects: Subjects, *, add_timeout_ms: int, read_timeout_ms: int
+        self,
+        nc: NatsClient,
+        subjects: Subjects,
+        *,
+        add_timeout_ms: int,
+        read_timeout_ms: int,
+        new_bookie_grace_ms: int = NEW_BOOKIE_GRACE_MS,
+        wall_clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._nc = nc
         self._subjects = subjects
         self._add_timeout_s = add_timeout_ms / 1000
         self._read_timeout_ms = read_timeout_ms
         self._read_timeout_s = read_timeout_ms / 1000
+        self._new_bookie_grace_ms = new_bookie_grace_ms
+        self._wall_clock = wall_clock
+        # bookie id -> when its journal registered (ms since the epoch), as last listed.
+        self._registered_at: dict[str, int] = {}
+
+    def bookies_listed(self, bookies: Iterable[BookieInfo]) -> None:
+        """What the metadata last said of the bookies: when each registered (the
+        `registered_at` its journal puts in its registration's info)."""
+        for bookie in bookies:
+            registered_at = bookie.info.get(REGISTERED_AT)
+            if isinstance(registered_at, int):
+                self._registered_at[bookie.bookie_id] = registered_at
+        if len(self._registered_at) > MAX_BOOKIES_REMEMBERED:
+            self._registered_at.clear()  # bounded; the next listing fills it again
+
+    def _no_responders_retries(self, bookie_id: str) -> int:
+        return no_responders_retries(
+            self._registered_at.get(bookie_id), self._wall_clock(), self._new_bookie_grace_ms
+        )
 
     @property
     def max_send_bytes(self) -> int:
@@ -52,7 +105,7 @@ class BookieClient:
                 body,
                 timeout_s=timeout_s,
                 headers=inject_headers(),
-                retries=NO_RESPONDERS_RETRIES,
+                retries=self._no_responders_retries(bookie_id),
             )
         except TimeoutError as exc:  # nats.errors.TimeoutError is one
             raise BookieUnreachable(
@@ -118,6 +171,20 @@ class BookieClient:
             return wire.decode_lac_reply(data)
         except wire.WireError as exc:
             raise BookieUnreachable(f"read_lac reply from {bookie_id}: {exc}") from exc
+
+    async def has_responder(self, bookie_id: str) -> bool:
+        """Whether the bookie's journal still has a subscription: NATS answers a request
+        nobody subscribes to with "no responders" at once; an answer, an error or a timeout
+        means a journal took it. A bookie that registered only just may lack it for a moment:
+        it counts as there."""
+        subject = self._subjects.bookie(bookie_id, "info")
+        try:
+            await self._nc.request(subject, b"", timeout=PROBE_TIMEOUT_S)
+        except NoRespondersError:
+            return self._no_responders_retries(bookie_id) > 0
+        except Exception:  # a timeout, a closed connection: no proof that it is gone
+            return True
+        return True
 
     async def info(self, bookie_id: str, timeout_s: float = 2.0) -> dict:
         """What the bookie says of itself (its journal's `info`): space, state, marks, files."""

@@ -185,6 +185,16 @@ class GatewaySettings(BaseModel):
     # addEntryTimeoutSec: a bookie that has not answered an add by then has failed and is
     # replaced by an ensemble change (the add itself goes on).
     add_bookie_timeout_ms: int = Field(default=5_000, ge=10)
+    # "No responders" from a bookie that registered at least this long ago is a failed
+    # request at once (the bookie is gone: its replacement starts at the first failed write);
+    # from one that registered more recently it is asked again briefly (its subscriptions may
+    # not be known everywhere yet). Registration times: `shared.models.REGISTERED_AT`.
+    new_bookie_grace_ms: int = Field(default=5_000, ge=0)
+    # An add request unanswered this long makes the client ask whether its bookie still has
+    # a responder (one probe at a time per bookie); if not, the adds in flight to it fail
+    # at once and its writers replace it, instead of waiting add_bookie_timeout_ms (a bookie
+    # killed with requests in flight never answers them). 0: never ask.
+    add_bookie_probe_ms: int = Field(default=50, ge=0)
     # speculativeReadTimeout: a replica slower than this to answer a read gets the next
     # replica asked too (the first good answer wins); 0 turns speculative reads off.
     speculative_read_timeout_ms: int = Field(default=500, ge=0)

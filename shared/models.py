@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shared.digest import DigestType
 from shared.quorum import QuorumSpec
 
-# 1: the first format; 2: adds the creator token (BookKeeper's cToken).
-METADATA_FORMAT_VERSION = 2
+# 1: the first format; 2: adds the creator token (BookKeeper's cToken); 3: adds the ledger's
+# keys (master_key, mac_key).
+METADATA_FORMAT_VERSION = 3
 MAX_LEDGER_ID = 2**63 - 1
 
 
@@ -42,6 +43,11 @@ class Segment(_Strict):
     bookies: list[str] = Field(min_length=1)
 
 
+# What `LedgerMetadata.public()` leaves out: nothing a caller could sign entries or guess the
+# password with.
+PRIVATE_LEDGER_FIELDS = frozenset({"password_salt", "password_hash", "master_key", "mac_key"})
+
+
 class LedgerMetadata(_Strict):
     ledger_id: int = Field(ge=0, le=MAX_LEDGER_ID)
     state: LedgerState
@@ -59,15 +65,22 @@ class LedgerMetadata(_Strict):
     # Never returned by any public endpoint.
     password_salt: str = ""
     password_hash: str = ""
-    # Hex of the keys derived from the password (shared.digest.LedgerKeys), so that a
-    # replicator can write and sign the ledger's entries; "" for a ledger created before
-    # they were stored (it cannot be re-replicated). Never returned by any public endpoint.
-    master_key: str = ""
-    mac_key: str = ""
     format_version: int = METADATA_FORMAT_VERSION
     # BookKeeper's cToken: a random number the creator chose, so that a create retried after
     # a lost reply recognises its own ledger (0: none given).
     creator_token: int = 0
+    # The ledger's keys, hex: `shared.digest.master_key(password)` (what its bookies check
+    # on every add) and `shared.digest.mac_key(password)` (the `hmac` digest's key). Stored
+    # so that a process that never saw the password can write the ledger's entries again:
+    # the replicator copying a lost replica, and recovery of a ledger whose writer is gone.
+    # BookKeeper's metadata format v3 stores the password itself for the same reason; only
+    # the derived keys are stored here, so the password cannot be read back, but whoever can
+    # read stored metadata (the metadata service, its database, the `meta.*` and ledger
+    # watch subjects) can sign and add entries to every ledger: keep them as private as the
+    # bookies' own subjects. "" (a ledger created before format 3): nobody can re-replicate
+    # it. Never returned by any public endpoint.
+    master_key: str = ""
+    mac_key: str = ""
 
     @property
     def quorum(self) -> QuorumSpec:
@@ -84,10 +97,15 @@ class LedgerMetadata(_Strict):
         return chosen
 
     def public(self) -> dict[str, Any]:
-        """What users see: everything but the password material."""
-        return self.model_dump(
-            mode="json", exclude={"password_salt", "password_hash", "master_key", "mac_key"}
-        )
+        """What users see: everything but the password material and the ledger's keys."""
+        return self.model_dump(mode="json", exclude=set(PRIVATE_LEDGER_FIELDS))
+
+
+# The key of `BookieInfo.info` where a bookie's journal says when it registered (ms since
+# the epoch, its own wall clock): stamped once per journal process, after its endpoints are
+# subscribed, so a restarted bookie registers anew. Clients use it to tell a bookie that is
+# just starting (its subscriptions may not be known everywhere yet) from one that is gone.
+REGISTERED_AT = "registered_at"
 
 
 class BookieInfo(_Strict):
@@ -95,7 +113,7 @@ class BookieInfo(_Strict):
     state: BookieState
     last_seen: int  # ms since the epoch of the last heartbeat
     lease_expires_at: int  # ms since the epoch
-    info: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)  # what the bookie says of itself
 
 
 # -- metadata service requests ------------------------------------------------------------
@@ -114,6 +132,9 @@ class CreateLedgerRequest(_Strict):
     # With a chosen ledger_id, a retry with the same non-zero token returns the ledger it
     # created instead of LEDGER_EXISTS (createLedgerAdv after a lost reply).
     creator_token: int = Field(default=0, ge=0, le=MAX_LEDGER_ID)
+    # The ledger's keys, hex (LedgerMetadata.master_key and mac_key say why they are stored).
+    master_key: str = Field(default="", pattern=r"^([0-9a-f]{40})?$")
+    mac_key: str = Field(default="", pattern=r"^([0-9a-f]{40})?$")
 
     @model_validator(mode="after")
     def _check_quorum(self) -> CreateLedgerRequest:
@@ -219,8 +240,10 @@ class InstanceIdReply(_Strict):
 
 
 class ClusterSettings(_Strict):
-    # BookKeeper's autoRecoveryDaemonEnabled switch (`bookkeeper shell autorecovery`). Stored;
-    # the under-replication queue hands out no claims while it is off. Nothing re-replicates.
+    # BookKeeper's autoRecoveryDaemonEnabled switch (`bookkeeper shell autorecovery`): while
+    # it is off the auditor runs none of its audits and the under-replication queue hands out
+    # no claims, so no replicator worker starts re-replicating a ledger (operator commands
+    # and entry.corrupt events still mark ledgers, for when it is on again).
     autorecovery_enabled: bool = True
     # BookKeeper's lostBookieRecoveryDelay: seconds the auditor waits after a bookie is lost
     # before marking the bookie's ledgers under-replicated (it reads it at each look at the

@@ -80,6 +80,7 @@ class InProcessTarget(Target):
             subjects,
             add_timeout_ms=settings.gateway.add_bookie_timeout_ms,
             read_timeout_ms=settings.gateway.read_entry_timeout_ms,
+            new_bookie_grace_ms=settings.gateway.new_bookie_grace_ms,
         )
         # Each writer handle keeps its own deadline timer: no ticker to run here.
         self.client = ProtocolClient(bookies, meta, settings.gateway)

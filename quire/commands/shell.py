@@ -153,10 +153,83 @@ def simpletest(
     emit(output, run(gateway, data_dir, work))
 
 
+@app.command()
+def listunderreplicated(
+    missingreplica: Annotated[
+        str | None, typer.Option("--missingreplica", "-mr", help="Bookie id of a missing replica.")
+    ] = None,
+    excludingmissingreplica: Annotated[
+        str | None,
+        typer.Option(
+            "--excludingmissingreplica", "-emr", help="Bookie id of a missing replica to ignore."
+        ),
+    ] = None,
+    printmissingreplica: Annotated[
+        bool,
+        typer.Option("--printmissingreplica", "-pmr", help="Print each ledger's missing replicas."),
+    ] = False,
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """List the ledgers marked under-replicated (with -pmr, their missing replicas)."""
+    under_replicated = autorecovery_commands.under_replicated
+    rows = run(
+        gateway, data_dir, lambda c: under_replicated(c, missingreplica, excludingmissingreplica)
+    )
+    if printmissingreplica:
+        emit(output, rows, None if output is Output.JSON else ["ledger_id", "missing_bookies"])
+    else:
+        emit(output, [{"ledger_id": r["ledger_id"]} for r in rows], ["ledger_id"])
+
+
+@app.command()
+def recover(
+    bookiesrc: Annotated[
+        str, typer.Argument(help="The bookie(s) to recover, comma separated: b1[,b2,...].")
+    ],
+    deletecookie: Annotated[
+        bool,
+        typer.Option(
+            "--deleteCookie", "-d", help="Remove their cookies once no ledger needs them."
+        ),
+    ] = False,
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Recover the ledgers of bookies onto other bookies (the auditor marks them
+    under-replicated; the replicators copy them)."""
+    bookie_ids = [b for b in bookiesrc.split(",") if b]
+    if not bookie_ids:
+        fail("name at least one bookie to recover")
+    body = run(
+        gateway,
+        data_dir,
+        lambda c: autorecovery_commands.recover_bookies(c, bookie_ids, deletecookie),
+    )
+    emit(output, body)
+
+
+@app.command()
+def decommissionbookie(
+    bookieid: Annotated[
+        str, typer.Option("--bookieid", "-bookieid", help="The bookie to decommission (down).")
+    ],
+    gateway: GatewayOption = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Decommission a bookie that is down: its ledgers are re-replicated elsewhere, then its
+    cookie is removed."""
+    body = run(gateway, data_dir, lambda c: autorecovery_commands.decommission_bookie(c, bookieid))
+    emit(output, body)
+
+
 app.command("bookieinfo", help="What one bookie says of itself.")(bookie_commands.info)
 app.command("whoisauditor", help="The elected auditor.")(autorecovery_commands.who_is_auditor)
-app.command("listunderreplicated", help="Under-replicated ledgers and their missing bookies.")(
-    autorecovery_commands.list_under_replicated
+app.command("triggeraudit", help="Run the auditor's audit now.")(
+    autorecovery_commands.trigger_audit
 )
 
 # The bookie's storage commands (readjournal, readlog, ledger, lastmark, bookiesanity).

@@ -6,14 +6,17 @@ Where BookKeeper answers about "this bookie" (the HTTP server runs inside a book
 gateway serves every bookie and takes `bookie_id`. Entry reads and deletes need the
 ledger password (`Quire-Ledger-Password`), as everywhere else in the API.
 
-No service re-replicates ledgers, so the auto-recovery answers keep BookKeeper's fields
-but never say that replication happens: `enabled` is the stored switch as the operator set
-it, `ledgerReplicationActive` and cluster_info's `ledgerReplicationEnabled` are false.
+The auto-recovery commands (trigger_audit, decommission, bookie) go to the elected auditor
+(`Ledgers.auditor`, a `shared.auditor_client.AuditorClient`): 503 UNAVAILABLE when none is
+elected or it does not answer, 400 INVALID_ARGUMENT for what it refuses (a live bookie to
+decommission), 422 INVALID_ARGUMENT for a body of the wrong shape, as everywhere in the API.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 from contextlib import aclosing
 from typing import Annotated, Any
 
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway.ledgers import Ledgers, metadata_error
 from services.gateway.problems import error_responses
+from shared.auditor_client import BOOKIE_ID_PATTERN
 from shared.metaclient import MetadataError
 from shared.models import MAX_LEDGER_ID, BookieState
 from shared.status import ApiCodes, QuireError
@@ -37,34 +41,100 @@ BookieIdQuery = Annotated[
 ]
 Password = Annotated[str | None, Header(alias=PASSWORD_HEADER, description="Ledger password")]
 
-# Whether under-replicated ledgers get re-replicated. They do not: the auditor reports lost
-# bookies but marks no ledger under-replicated, and the replicator claims and copies
-# nothing. Whatever the stored switch says, the answers below report this.
-LEDGER_REPLICATION_ACTIVE = False
-LEDGER_REPLICATION_DETAIL = (
-    "No ledger is re-replicated: the auditor reports lost bookies but marks no ledger "
-    "under-replicated, and the replicator copies no fragments. `enabled` is only the "
-    "stored auto-recovery switch."
+# NATS micro discovery: every running replicator worker answers a ping on this subject.
+REPLICATOR_PING_SUBJECT = "$SRV.PING.quire-replicator"
+# How long the status waits for the replicators' answers to a discovery ping.
+REPLICATOR_PING_WAIT_S = 0.25
+REPLICATORS_COUNTED_MAX = 1000
+REPLICATION_ON = (
+    "Replicator workers claim under-replicated ledgers from the queue and re-replicate them."
 )
+REPLICATION_OFF = "The switch is off: the queue hands out no under-replicated ledger to claim."
+NO_REPLICATOR = "No replicator worker answered: nothing claims under-replicated ledgers."
+
+
+BookieSrc = Annotated[str, Field(pattern=BOOKIE_ID_PATTERN, max_length=128)]
+
+
+class DecommissionBody(BaseModel):
+    """BookKeeper's DecommissionService body."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    bookie_src: BookieSrc = Field(description="The bookie to decommission (it must be down)")
+
+
+class RecoverBookieBody(BaseModel):
+    """BookKeeper's RecoveryBookieService body."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    bookie_src: list[BookieSrc] = Field(
+        min_length=1, max_length=1000, description="The bookies whose ledgers to recover"
+    )
+    delete_cookie: bool = Field(
+        default=False, description="Remove their cookies once no ledger needs them"
+    )
 
 
 class AutoRecoveryStatus(BaseModel):
-    """BookKeeper's AutoRecoveryStatusService answer (`enabled`), and whether it means
-    anything here."""
+    """BookKeeper's AutoRecoveryStatusService answer (`enabled`), with what it means now."""
 
     # Every field is in every answer: the OpenAPI document says so.
     model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
     enabled: bool = Field(
-        description="The stored auto-recovery switch (BookKeeper's autoRecoveryDaemonEnabled), "
-        "as last set."
+        description="The auto-recovery switch (BookKeeper's autoRecoveryDaemonEnabled): while "
+        "it is off, no replicator worker claims an under-replicated ledger."
+    )
+    replicators: int = Field(
+        description="Replicator workers that answered a discovery ping (NATS micro) just now."
     )
     ledgerReplicationActive: bool = Field(
-        default=LEDGER_REPLICATION_ACTIVE,
-        description="Whether under-replicated ledgers are re-replicated now: false whatever "
-        "`enabled` says, since no service re-replicates.",
+        description="Whether under-replicated ledgers are being re-replicated: the switch is "
+        "on and at least one replicator worker runs."
     )
-    detail: str = Field(default=LEDGER_REPLICATION_DETAIL, description="Why, in a sentence.")
+    detail: str = Field(description="Why, in a sentence.")
+
+
+def replication_status(enabled: bool, replicators: int) -> AutoRecoveryStatus:
+    if not enabled:
+        detail = REPLICATION_OFF
+    elif replicators == 0:
+        detail = NO_REPLICATOR
+    else:
+        detail = REPLICATION_ON
+    return AutoRecoveryStatus(
+        enabled=enabled,
+        replicators=replicators,
+        ledgerReplicationActive=enabled and replicators > 0,
+        detail=detail,
+    )
+
+
+async def count_replicators(ledgers: Ledgers) -> int:
+    """The replicator workers that answer NATS micro discovery within the wait."""
+    nc = ledgers.nc
+    inbox = nc.new_inbox()
+    answered: set[str] = set()
+    sub = await nc.subscribe(inbox)
+    try:
+        await nc.publish(REPLICATOR_PING_SUBJECT, b"", reply=inbox)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLICATOR_PING_WAIT_S
+        while len(answered) < REPLICATORS_COUNTED_MAX:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                msg = await sub.next_msg(timeout=remaining)
+            except TimeoutError:
+                break
+            try:
+                answered.add(str(json.loads(msg.data)["id"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # not a micro PING answer
+    finally:
+        await sub.unsubscribe()
+    return len(answered)
 
 
 def create_admin_router(ledgers: Ledgers) -> APIRouter:
@@ -94,17 +164,18 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
     @router.get("/api/v1/bookie/cluster_info", tags=["admin"], operation_id="admin_cluster_info")
     async def cluster_info() -> dict[str, Any]:
         """The cluster at a glance (BookKeeper's ClusterInfoService). `ledgerReplicationEnabled`
-        says whether ledgers are re-replicated (false: nothing re-replicates), not the stored
-        switch, which `GET /api/v1/autorecovery/status` reports."""
+        is the auto-recovery switch, as BookKeeper's isLedgerReplicationEnabled;
+        `GET /api/v1/autorecovery/status` also says whether any replicator runs."""
         bookies = await ledgers.list_bookies()
-        auditor = await call(ledgers.meta.who_is_auditor())
+        leadership = await call(ledgers.meta.who_is_auditor())
         under = await call(ledgers.meta.list_underreplicated(None, 1))
+        switch = await call(ledgers.meta.get_cluster_settings())
         count = {state: sum(b.state is state for b in bookies) for state in BookieState}
         return {
-            "auditorElected": auditor.leader_id is not None,
-            "auditorId": auditor.leader_id or "",
+            "auditorElected": leadership.leader_id is not None,
+            "auditorId": leadership.leader_id or "",
             "clusterUnderReplicated": bool(under.ledgers),
-            "ledgerReplicationEnabled": LEDGER_REPLICATION_ACTIVE,
+            "ledgerReplicationEnabled": switch.autorecovery_enabled,
             "totalBookiesCount": len(bookies),
             "writableBookiesCount": count[BookieState.WRITABLE],
             "readonlyBookiesCount": count[BookieState.READONLY],
@@ -203,10 +274,21 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         operation_id="admin_list_under_replicated_ledger",
     )
     async def list_under_replicated_ledger(
-        missingreplica: str | None = None, excludingmissingreplica: str | None = None
-    ) -> dict[str, list[str]]:
-        """Under-replicated ledgers -> their missing bookies, optionally only those missing
-        (or not missing) a given bookie."""
+        missingreplica: Annotated[
+            str | None, Query(max_length=128, description="Only ledgers missing this bookie")
+        ] = None,
+        excludingmissingreplica: Annotated[
+            str | None, Query(max_length=128, description="Only ledgers not missing this bookie")
+        ] = None,
+        printmissingreplica: Annotated[
+            bool, Query(description="Answer ledger id -> its missing bookies")
+        ] = False,
+    ) -> list[int] | dict[str, list[str]]:
+        """Under-replicated ledgers, as BookKeeper's ListUnderReplicatedLedgerService: their
+        ids, or with `printmissingreplica` each id with its missing bookies; optionally only
+        those missing (`missingreplica`) or not missing (`excludingmissingreplica`) a
+        bookie. Nothing under-replicated answers 200 with an empty list (BookKeeper answers
+        404 "No under replicated ledgers found")."""
         found: dict[str, list[str]] = {}
         after = None
         while True:
@@ -218,8 +300,39 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
                     continue
                 found[str(row.ledger_id)] = row.missing_bookies
             if page.next_after is None:
-                return found
+                break
             after = page.next_after
+        return found if printmissingreplica else [int(ledger_id) for ledger_id in found]
+
+    @router.put(
+        "/api/v1/autorecovery/trigger_audit",
+        tags=["admin"],
+        operation_id="admin_trigger_audit",
+    )
+    async def trigger_audit() -> dict[str, Any]:
+        """Run the elected auditor's audit now (BookKeeper's TriggerAuditService): every
+        ledger with a fragment on a lost bookie is marked under-replicated. What it did."""
+        return await ledgers.auditor.trigger_audit()
+
+    @router.put(
+        "/api/v1/autorecovery/decommission",
+        tags=["admin"],
+        operation_id="admin_decommission_bookie",
+    )
+    async def decommission(command: DecommissionBody) -> dict[str, Any]:
+        """Decommission a bookie that is down (BookKeeper's DecommissionService): the auditor
+        marks every ledger with a fragment on it under-replicated and removes its cookie
+        once no ledger needs it. 200 once started; progress in list_under_replicated_ledger.
+        A bookie still registered alive: 400 INVALID_ARGUMENT."""
+        return await ledgers.auditor.decommission(command.bookie_src)
+
+    @router.put("/api/v1/autorecovery/bookie", tags=["admin"], operation_id="admin_recover_bookie")
+    async def recover_bookie(command: RecoverBookieBody) -> dict[str, Any]:
+        """Manual recovery of bookies' ledgers onto others (BookKeeper's RecoveryBookieService):
+        the auditor marks every ledger with a fragment on `bookie_src` under-replicated, and
+        with `delete_cookie` removes their cookies once no ledger needs them."""
+        bookie_ids = sorted(set(command.bookie_src))
+        return await ledgers.auditor.recover_bookie(bookie_ids, command.delete_cookie)
 
     @router.get(
         "/api/v1/autorecovery/lost_bookie_recovery_delay",
@@ -247,19 +360,20 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         "/api/v1/autorecovery/status", tags=["admin"], operation_id="admin_autorecovery_status"
     )
     async def autorecovery_status() -> AutoRecoveryStatus:
-        """The stored auto-recovery switch, and whether ledgers are re-replicated (they are
-        not: see `detail`)."""
-        settings = await call(ledgers.meta.get_cluster_settings())
-        return AutoRecoveryStatus(enabled=settings.autorecovery_enabled)
+        """The auto-recovery switch, and whether ledgers are being re-replicated: the switch
+        is on and replicator workers run (they claim only while it is on)."""
+        stored = await call(ledgers.meta.get_cluster_settings())
+        return replication_status(stored.autorecovery_enabled, await count_replicators(ledgers))
 
     @router.put(
         "/api/v1/autorecovery/status", tags=["admin"], operation_id="admin_set_autorecovery_status"
     )
     async def set_autorecovery_status(enabled: bool) -> AutoRecoveryStatus:
-        """Store the auto-recovery switch. Nothing re-replicates ledgers whatever it says;
-        the metadata service's under-replication queue hands out no claims while it is off."""
-        settings = await call(ledgers.meta.set_cluster_settings(autorecovery_enabled=enabled))
-        return AutoRecoveryStatus(enabled=settings.autorecovery_enabled)
+        """Turn auto-recovery on or off (BookKeeper's `shell autorecovery -enable|-disable`):
+        while it is off, the under-replication queue hands out no claims, so no replicator
+        worker starts on an under-replicated ledger."""
+        stored = await call(ledgers.meta.set_cluster_settings(autorecovery_enabled=enabled))
+        return replication_status(stored.autorecovery_enabled, await count_replicators(ledgers))
 
     # -- Quire's own ----------------------------------------------------------------------
 
@@ -272,8 +386,10 @@ def create_admin_router(ledgers: Ledgers) -> APIRouter:
         after: Annotated[int | None, Query(ge=-1, le=MAX_LEDGER_ID)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict[str, Any]:
-        """Ledgers marked under-replicated, their missing bookies, and any worker's claim.
-        Nothing re-replicates them (see `GET /api/v1/autorecovery/status`)."""
+        """Ledgers waiting for re-replication: their missing bookies, when they were first
+        marked, and the replicator worker's claim on each (`claimed_by`, until
+        `claim_expires_at`), if any. `GET /api/v1/autorecovery/status` says whether workers
+        run and may claim."""
         page = await call(ledgers.meta.list_underreplicated(after, limit))
         return {
             "ledgers": [row.model_dump(mode="json") for row in page.ledgers],

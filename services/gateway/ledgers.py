@@ -19,6 +19,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
+from shared.auditor_client import AuditorClient
 from shared.bookie_client import BookieClient, BookieUnreachable
 from shared.config import QuireSettings
 from shared.events import EventPublisher
@@ -40,6 +41,7 @@ from shared.protocol.driver import (
 )
 from shared.protocol.messages import EnsembleChanged, ReplicaCorrupt
 from shared.status import ApiCodes, QuireError
+from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,9 @@ class Ledgers(ProtocolObserver):
         )
         self.writers: dict[int, WriterHandle] = {}
         self._acks: dict[int, _AckWindow] = {}
+        # The operator commands that only the elected auditor carries out.
+        timeout_s = settings.request_timeout_ms / 1000
+        self.auditor = AuditorClient(nc, Subjects(settings.subject_prefix), meta, timeout_s)
 
     # -- background ---------------------------------------------------------------------------
 

@@ -76,6 +76,7 @@ async def main(rt: ServiceRuntime) -> None:
         rt.subjects,
         add_timeout_ms=gateway.add_bookie_timeout_ms,
         read_timeout_ms=gateway.read_entry_timeout_ms,
+        new_bookie_grace_ms=gateway.new_bookie_grace_ms,
     )
     ledgers = Ledgers(rt.nc, settings, meta, bookies, rt.events, metrics)
     rt.spawn(ledgers.run_ack_events(), "gateway-ack-events")

@@ -49,7 +49,7 @@ from shared.bookie.journal_format import (
 from shared.bookie.rules import admit_adds, meta_records, refuse_adds
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
-from shared.models import NO_VERSION, BookieState, MetaErrorCode
+from shared.models import NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
@@ -411,7 +411,14 @@ class JournalService:
         client = MetadataClient(
             self.rt.nc, self.rt.subjects, timeout_s=settings.request_timeout_ms / 1000
         )
-        info = {"journal_pid": os.getpid(), "bookie_dir": str(settings.bookie_dir.resolve())}
+        # Called once the endpoints are subscribed (main), so registered_at never precedes
+        # them; clients give a bookie registered that recently a moment before they take its
+        # "no responders" for its death.
+        info = {
+            "journal_pid": os.getpid(),
+            "bookie_dir": str(settings.bookie_dir.resolve()),
+            REGISTERED_AT: time.time_ns() // 1_000_000,
+        }
         registered = False
         while True:
             if not self.identity_checked:

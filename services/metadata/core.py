@@ -91,6 +91,8 @@ def new_ledger(request: CreateLedgerRequest, ledger_id: int, ctime_ms: int) -> L
         password_hash=request.password_hash,
         format_version=METADATA_FORMAT_VERSION,
         creator_token=request.creator_token,
+        master_key=request.master_key,
+        mac_key=request.mac_key,
     )
 
 

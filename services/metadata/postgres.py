@@ -320,6 +320,8 @@ class PostgresMetadataStore:
             "password_hash": meta.password_hash,
             "format_version": meta.format_version,
             "creator_token": meta.creator_token,
+            "master_key": meta.master_key,
+            "mac_key": meta.mac_key,
             "now": ctime_ms,
         }
         async with self._connection() as conn:

@@ -50,6 +50,9 @@ ledgers = Table(
     Column("format_version", Integer, nullable=False),
     # BookKeeper's cToken (0: none).
     Column("creator_token", BigInteger, nullable=False, server_default=text("0")),
+    # The ledger's keys, hex ("": created before format 3; LedgerMetadata says why).
+    Column("master_key", Text, nullable=False, server_default=text("''")),
+    Column("mac_key", Text, nullable=False, server_default=text("''")),
 )
 
 bookies = Table(

@@ -27,6 +27,8 @@ LEDGER_FIELDS = {
     "password_hash": "password_hash",
     "format_version": "format_version",
     "creator_token": "creator_token",
+    "master_key": "master_key",
+    "mac_key": "mac_key",
 }
 
 
@@ -57,11 +59,11 @@ SQL_CREATE_LEDGER = f"""
 WITH ins AS (
     INSERT INTO ledgers (ledger_id, version, state, ensemble_size, write_quorum, ack_quorum,
         digest, last_entry_id, length, ctime, custom_metadata, segments, password_salt,
-        password_hash, format_version, creator_token)
+        password_hash, format_version, creator_token, master_key, mac_key)
     VALUES (COALESCE(%(ledger_id)s::bigint, nextval('ledger_id_seq')), 0, %(state)s,
         %(ensemble_size)s, %(write_quorum)s, %(ack_quorum)s, %(digest)s, NULL, 0, %(ctime)s,
         %(custom_metadata)s, %(segments)s, %(password_salt)s, %(password_hash)s,
-        %(format_version)s, %(creator_token)s)
+        %(format_version)s, %(creator_token)s, %(master_key)s, %(mac_key)s)
     ON CONFLICT (ledger_id) DO NOTHING
     RETURNING *
 ), ev AS ({_outbox_insert(core.LEDGER_CREATED, "ins", _CREATED_DATA)})

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.config import GatewaySettings
-from shared.digest import DigestManager, LedgerKeys, master_key
+from shared.digest import DigestManager, LedgerKeys, mac_key, master_key
 from shared.metaclient import MetadataError
 from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
 from shared.protocol.ensemble import choose_ensemble
@@ -553,20 +553,36 @@ class BookieAddBatcher:
 
     A send is answered through its callback, exactly once (the writer's flow control
     counts on it): no task and no future per send, which with one entry per send were
-    most of the client's cost per entry."""
+    most of the client's cost per entry.
+
+    A request unanswered after `probe_after_ms` makes it ask whether the bookie still has a
+    responder at all (one probe at a time per bookie). A bookie killed while requests were
+    in flight to it never answers them, and with its request slots full nothing new goes to
+    it to meet "no responders": without the probe its writers would go on acknowledging on
+    the other bookies until the add timeout. When it is gone, its requests in flight fail
+    at once as unreachable, so their writers replace it now (BookKeeper fails a closed
+    channel's outstanding adds the same way)."""
 
     def __init__(
-        self, bookies: BookieTransport, observer: ProtocolObserver, max_requests_per_bookie: int
+        self,
+        bookies: BookieTransport,
+        observer: ProtocolObserver,
+        max_requests_per_bookie: int,
+        probe_after_ms: int = 0,
     ) -> None:
         assert max_requests_per_bookie >= 1
         self._bookies = bookies
         self._observer = observer
         self.max_requests_per_bookie = max_requests_per_bookie
+        self._probe_after_s = probe_after_ms / 1000  # 0: no probe
         self._in_flight: dict[str, int] = {}
         self._queued: dict[str, deque[tuple[SendAdds, OnAddReply]]] = {}
         self._batches: set[asyncio.Task[None]] = set()
         self._flush_due: set[str] = set()  # bookies with a flush due at the end of the turn
         self._closed = False
+        self._batches_to: dict[str, set[asyncio.Task[None]]] = {}  # in flight, by bookie
+        self._probing: set[str] = set()
+        self._gone: set[asyncio.Task[None]] = set()  # cancelled: their bookie is gone
 
     def submit(self, command: SendAdds, on_reply: OnAddReply) -> None:
         """Send `command` (now, or merged with others once the bookie answers); its answer
@@ -626,6 +642,33 @@ class BookieAddBatcher:
         task = asyncio.create_task(self._send_batch(bookie_id, batch))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
+        if self._probe_after_s:
+            to_bookie = self._batches_to.setdefault(bookie_id, set())
+            to_bookie.add(task)
+            probe = asyncio.get_running_loop().call_later(
+                self._probe_after_s, self._unanswered, bookie_id
+            )
+            task.add_done_callback(lambda done: (probe.cancel(), to_bookie.discard(done)))
+
+    def _unanswered(self, bookie_id: str) -> None:
+        """A request to the bookie waited probe_after_ms: ask whether it is still there."""
+        if bookie_id in self._probing or self._closed:
+            return
+        self._probing.add(bookie_id)
+        task = asyncio.ensure_future(self._probe(bookie_id))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _probe(self, bookie_id: str) -> None:
+        try:
+            there = await self._bookies.has_responder(bookie_id)
+        finally:
+            self._probing.discard(bookie_id)
+        if there:
+            return
+        for task in list(self._batches_to.get(bookie_id, ())):
+            self._gone.add(task)
+            task.cancel()
 
     async def _send_batch(self, bookie_id: str, batch: list[tuple[SendAdds, OnAddReply]]) -> None:
         commands = [command for command, _ in batch]
@@ -635,9 +678,16 @@ class BookieAddBatcher:
             status, results = await self._bookies.add(bookie_id, merge_sends(commands))
             replies = split_add_reply(commands, status, results)
         except BookieUnreachable as exc:
-            replies = [AddSendFailed(bookie_id, c.entry_ids, str(exc)) for c in commands]
+            replies = [
+                AddSendFailed(bookie_id, c.entry_ids, str(exc), exc.timed_out) for c in commands
+            ]
         finally:
-            if not replies:  # cancelled (the client is closing): still one answer each
+            task = asyncio.current_task()
+            if not replies and task in self._gone:
+                self._gone.discard(task)
+                reason = "no responder any more (its process is gone)"
+                replies = [AddSendFailed(bookie_id, c.entry_ids, reason, False) for c in commands]
+            elif not replies:  # cancelled (the client is closing): still one answer each
                 replies = [AddSendFailed(bookie_id, c.entry_ids, "cancelled") for c in commands]
             self._in_flight[bookie_id] -= 1
             if self._queued.get(bookie_id) and not self._closed:
@@ -742,7 +792,12 @@ class ProtocolClient:
         self.rng = rng or random.Random(os.urandom(16))
         self.clock = clock
         self.wall_clock = wall_clock
-        self.adds = BookieAddBatcher(bookies, self.observer, settings.max_add_requests_per_bookie)
+        self.adds = BookieAddBatcher(
+            bookies,
+            self.observer,
+            settings.max_add_requests_per_bookie,
+            settings.add_bookie_probe_ms,
+        )
         self.lacs = BookieLacBatcher(bookies)
         self.deadlines = DeadlineWheel(clock)
         self._pumps: list[WriterHandle] = []  # handles to pump at the end of this turn
@@ -794,9 +849,11 @@ class ProtocolClient:
         """The registered bookies that are writable and whose lease has not expired;
         raises MetadataError."""
         now_ms = self.wall_clock()
+        bookies = await self.meta.list_bookies()
+        self.bookies.bookies_listed(bookies)
         return [
             b.bookie_id
-            for b in await self.meta.list_bookies()
+            for b in bookies
             if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
         ]
 
@@ -831,6 +888,10 @@ class ProtocolClient:
             password_hash=password_hash(salt, password),
             metadata=metadata,
             ensemble=ensemble,
+            # Stored so that the replicator can write the ledger's entries again without
+            # the password (LedgerMetadata.master_key says why).
+            master_key=master_key(password).hex(),
+            mac_key=mac_key(password).hex(),
         )
         created = await self.meta.create_ledger(request)
         settings = self.settings

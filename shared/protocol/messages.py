@@ -72,11 +72,14 @@ class BookieAddReply:
 
 @dataclass(frozen=True, slots=True)
 class AddSendFailed:
-    """A SendAdds got no answer (timeout, no responder, undecodable reply)."""
+    """A SendAdds got no answer: it timed out (the bookie may be slow, the add may still
+    land) or could not be delivered (no responder: the bookie is down; an undecodable
+    reply)."""
 
     bookie_id: str
     entry_ids: tuple[int, ...]
     reason: str
+    timed_out: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,16 @@ class BookieTransport(Protocol):
 
     async def read_lac(self, bookie_id: str, ledger_id: int) -> LacReply: ...
 
+    async def has_responder(self, bookie_id: str) -> bool:
+        """Whether a request to the bookie's journal would be delivered at all (False only
+        when it certainly would not: the bookie is gone)."""
+        ...
+
+    def bookies_listed(self, bookies: list[BookieInfo]) -> None:
+        """The bookies' registrations as the metadata last listed them (a transport may
+        tell a bookie that just registered from one that is gone by them)."""
+        ...
+
 
 class MetadataTransport(Protocol):
     """The ledger metadata operations a driver needs. Each raises

@@ -79,8 +79,10 @@ class LedgerWriter:
     adds are resent to it. While a change is in flight nothing is confirmed (the segment
     boundary is the LAC) and new adds wait. A failure that leaves the entry's ack quorum
     reachable is delayed (delayEnsembleChange): the add may complete, the bookie is
-    replaced after. With `recovery` the writer re-writes what a LedgerRecovery found: adds
-    carry FLAG_RECOVERY_ADD, and the metadata stays IN_RECOVERY until the close.
+    replaced after; but a bookie that could not be reached at all (no responder) is
+    replaced at once, as BookKeeper does without delayEnsembleChange. With `recovery` the
+    writer re-writes what a LedgerRecovery found: adds carry FLAG_RECOVERY_ADD, and the
+    metadata stays IN_RECOVERY until the close.
 
     Flow control (`flow.py`): at most `max_add_requests_per_bookie` SendAdds go unanswered
     per bookie (None: no bound), the rest held and merged; the driver answers each SendAdds
@@ -142,6 +144,8 @@ class LedgerWriter:
         self._flow = AddFlowControl(max_add_requests_per_bookie, max_send_bytes)
         # Bookies of the last segment that failed and wait for a replacement.
         self._failed: dict[int, str] = {}
+        # A failed bookie was unreachable (not slow): its replacement need not wait.
+        self._change_at_once = False
         self._change: _EnsembleChange | None = None
         self._change_due_ms = 0
         self._close_cas = False  # the close CAS is in flight
@@ -235,7 +239,11 @@ class LedgerWriter:
             case AddSendFailed():
                 for entry_id in event.entry_ids:
                     self._on_bookie_failed(
-                        entry_id, event.bookie_id, None, f"bookie {event.bookie_id}: {event.reason}"
+                        entry_id,
+                        event.bookie_id,
+                        None,
+                        f"bookie {event.bookie_id}: {event.reason}",
+                        unreachable=not event.timed_out,
                     )
                 self._flow.answered(event.bookie_id)
             case WritableBookies():
@@ -282,9 +290,16 @@ class LedgerWriter:
         pending.acks.add(index)
 
     def _on_bookie_failed(
-        self, entry_id: int, bookie_id: str, status: BookieStatus | None, detail: str
+        self,
+        entry_id: int,
+        bookie_id: str,
+        status: BookieStatus | None,
+        detail: str,
+        *,
+        unreachable: bool = False,
     ) -> None:
-        """`status` None: the bookie did not answer."""
+        """`status` None: the bookie did not answer; `unreachable`: the request could not
+        even be delivered (the bookie is down)."""
         index = self._index_of(entry_id, bookie_id)
         if index is None or self.broken is not None:
             return
@@ -299,6 +314,11 @@ class LedgerWriter:
             pending.failed.add(index)
         elif entry_id < self.metadata.segments[-1].first_entry_id:
             return  # an older segment's bookie: not ours to replace
+        if unreachable:
+            # Nothing in flight to it can complete: waiting would only acknowledge more
+            # entries on Qw-1 bookies. Change at once, as BookKeeper does at its first
+            # failed write.
+            self._change_at_once = True
         # Also for an entry that completed without it: the bookie is replaced after.
         if index in self._failed:
             return
@@ -323,12 +343,15 @@ class LedgerWriter:
         """Start replacing the failed bookies: at once when an add cannot reach its ack
         quorum without them; otherwise (delayed write failure) at the first tick
         ensemble_change_delay_ms after the first failure, so that the adds in flight may
-        complete first, and ensemble_change_retry_ms later when no writable bookie was found."""
+        complete first, and ensemble_change_retry_ms later when no writable bookie was found.
+        A bookie that could not be reached at all is replaced at once too: no add in flight
+        to it can complete."""
         if not self._change_wanted():
             return
-        if self._quorum_blocked() is None:
+        if self._quorum_blocked() is None and not self._change_at_once:
             if not ticking or self._now_ms < self._change_due_ms:
                 return
+        self._change_at_once = False
         self._change = _EnsembleChange(self.lac + 1, dict(sorted(self._failed.items())))
         self._commands.append(ListWritableBookies())
 

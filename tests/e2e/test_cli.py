@@ -6,10 +6,12 @@ import base64
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from shared.models import PRIVATE_LEDGER_FIELDS
 from tests.support.cluster import QuireUp, quire_executable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -150,6 +152,7 @@ def test_shell_classic_commands(cluster: QuireUp) -> None:
     assert {"ledger_id": int(lid)} in listed
     meta = as_json(quire(cluster, "shell", "ledgermetadata", "--ledgerid", lid, "-o", "json"))
     assert meta["ledger_id"] == int(lid)
+    assert not PRIVATE_LEDGER_FIELDS & set(meta)  # no password material, no ledger keys
     # The gateway holds the writer, so its LAC is the last acknowledged entry.
     entries = as_json(quire(cluster, "shell", "readledger", "-l", lid, "-p", "pw", "-o", "json"))
     assert [base64.b64decode(e["data"]) for e in entries] == [b"a", b"b", b"c"]
@@ -158,23 +161,45 @@ def test_shell_classic_commands(cluster: QuireUp) -> None:
     assert as_json(quire(cluster, "shell", "listbookies", "-ro", "-o", "json")) == []
 
 
-def test_autorecovery_status_says_nothing_re_replicates(cluster: QuireUp) -> None:
-    """The stored switch is shown as stored, beside the fact that no ledger is
-    re-replicated whatever it says."""
+def test_autorecovery_status_tells_the_switch_and_the_replicators(cluster: QuireUp) -> None:
+    """The switch as stored; `quire up` runs a replicator, so ledgers are re-replicated
+    while the switch is on, and not while it is off."""
     status = as_json(quire(cluster, "autorecovery", "status", "-o", "json"))
     assert set(status) == {
         "enabled",
+        "replicators",
         "ledger_replication_active",
         "detail",
         "lost_bookie_recovery_delay_s",
     }
-    assert status["enabled"] is True and status["ledger_replication_active"] is False
-    assert "No ledger is re-replicated" in status["detail"]
+    assert status["replicators"] >= 1
+    assert (status["enabled"], status["ledger_replication_active"]) == (True, True)
     try:
         off = as_json(quire(cluster, "autorecovery", "status", "--disable", "-o", "json"))
         assert (off["enabled"], off["ledger_replication_active"]) == (False, False)
     finally:
         on = as_json(quire(cluster, "autorecovery", "status", "--enable", "-o", "json"))
-    assert (on["enabled"], on["ledger_replication_active"]) == (True, False)
+    assert (on["enabled"], on["ledger_replication_active"]) == (True, True)
     table = quire(cluster, "autorecovery", "status").stdout.decode()
-    assert "ledger_replication_active" in table and "False" in table
+    assert "ledger_replication_active" in table and "True" in table
+
+
+def test_auditor_commands(cluster: QuireUp) -> None:
+    """BookKeeper's auditor commands reach the elected auditor; a live bookie is not
+    decommissioned. (bookie-9 was never registered: nothing of it to mark.)"""
+    deadline = time.monotonic() + 30
+    while as_json(quire(cluster, "shell", "whoisauditor", "-o", "json"))["auditor"] is None:
+        assert time.monotonic() < deadline, "no auditor elected"
+        time.sleep(0.2)
+    audit = as_json(quire(cluster, "autorecovery", "trigger-audit", "-o", "json"))
+    assert "ledgers_marked" in audit
+    live = quire(cluster, "shell", "decommissionbookie", "-bookieid", "bookie-1", check=False)
+    assert live.returncode == 1 and b"INVALID_ARGUMENT" in live.stderr
+    gone = as_json(quire(cluster, "autorecovery", "decommission", "bookie-9", "-o", "json"))
+    assert gone["ledgers_marked"] == 0
+    recovered = as_json(quire(cluster, "shell", "recover", "bookie-9", "-d", "-o", "json"))
+    assert recovered["ledgers_marked"] == 0
+    listed = as_json(
+        quire(cluster, "shell", "listunderreplicated", "-mr", "bookie-9", "-pmr", "-o", "json")
+    )
+    assert listed == []

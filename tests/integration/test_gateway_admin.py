@@ -3,15 +3,19 @@ stack: the paths and answer shapes a BookKeeper operator's scripts expect."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 
 import pytest
 
+from services.gateway.admin import NO_REPLICATOR, REPLICATION_OFF, REPLICATION_ON
 from shared.metaclient import MetadataClient
+from shared.models import PRIVATE_LEDGER_FIELDS
 from tests.support.stack import Stack, running_stack, scratch_database, stack_settings
 
 PW = {"Quire-Ledger-Password": "pw"}
+LIST = "/api/v1/autorecovery/list_under_replicated_ledger"
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +43,8 @@ async def test_bookie_endpoints(stack: Stack) -> None:
     info = (await stack.http.get("/api/v1/bookie/cluster_info")).json()
     assert info["totalBookiesCount"] == 4 and info["writableBookiesCount"] == 4
     assert info["readonlyBookiesCount"] == 0 and info["unavailableBookiesCount"] == 0
-    # Nothing re-replicates, so cluster_info does not say replication is enabled.
-    assert info["ledgerReplicationEnabled"] is False
+    # The auto-recovery switch, on by default (BookKeeper's isLedgerReplicationEnabled).
+    assert info["ledgerReplicationEnabled"] is True
     space = (await stack.http.get("/api/v1/bookie/info", params={"bookie_id": "bookie-2"})).json()
     assert 0 < space["freeSpace"] <= space["totalSpace"]
     state = (await stack.http.get("/api/v1/bookie/state?bookie_id=bookie-3")).json()
@@ -60,7 +64,7 @@ async def test_ledger_endpoints(stack: Stack) -> None:
     assert listed[str(lid)] is None
     with_meta = (await stack.http.get("/api/v1/ledger/list?print_metadata=true")).json()
     assert with_meta[str(lid)]["ledger_id"] == lid
-    assert "password_hash" not in str(with_meta)
+    assert not any(name in str(with_meta) for name in PRIVATE_LEDGER_FIELDS)
     meta = (await stack.http.get("/api/v1/ledger/metadata", params={"ledger_id": lid})).json()
     assert meta["state"] == "OPEN"
     read = await stack.http.get(
@@ -82,20 +86,28 @@ async def test_ledger_endpoints(stack: Stack) -> None:
 
 async def test_autorecovery_endpoints(stack: Stack) -> None:
     http = stack.http
-    # `enabled` is the stored switch; whatever it says, no ledger is re-replicated, and
-    # the answer says that too.
+    # `enabled` is the switch; with no replicator worker running, nothing re-replicates,
+    # and the answer says so.
     status = (await http.get("/api/v1/autorecovery/status")).json()
-    assert set(status) == {"enabled", "ledgerReplicationActive", "detail"}
-    assert status["enabled"] is True and status["ledgerReplicationActive"] is False
-    assert "No ledger is re-replicated" in status["detail"]
+    assert set(status) == {"enabled", "replicators", "ledgerReplicationActive", "detail"}
+    assert (status["enabled"], status["replicators"]) == (True, 0)
+    assert status["ledgerReplicationActive"] is False
+    assert status["detail"] == NO_REPLICATOR
     off = (await http.put("/api/v1/autorecovery/status?enabled=false")).json()
-    assert (off["enabled"], off["ledgerReplicationActive"]) == (False, False)
+    assert (off["enabled"], off["ledgerReplicationActive"], off["detail"]) == (
+        False,
+        False,
+        REPLICATION_OFF,
+    )
     stored = (await http.get("/api/v1/autorecovery/status")).json()
     assert (stored["enabled"], stored["ledgerReplicationActive"]) == (False, False)
+    # cluster_info's ledgerReplicationEnabled is the switch (isLedgerReplicationEnabled).
+    info = (await http.get("/api/v1/bookie/cluster_info")).json()
+    assert info["ledgerReplicationEnabled"] is False
     on = (await http.put("/api/v1/autorecovery/status?enabled=true")).json()
     assert (on["enabled"], on["ledgerReplicationActive"]) == (True, False)
     info = (await http.get("/api/v1/bookie/cluster_info")).json()
-    assert info["ledgerReplicationEnabled"] is False
+    assert info["ledgerReplicationEnabled"] is True
     schema = (await http.get("/openapi.json")).json()["components"]["schemas"]
     assert set(schema["AutoRecoveryStatus"]["required"]) == set(status)
     delay = await http.put(
@@ -111,23 +123,84 @@ async def test_autorecovery_endpoints(stack: Stack) -> None:
     assert bad.status_code == 422
     who = (await http.get("/api/v1/autorecovery/who_is_auditor")).json()
     assert set(who) == {"Auditor"}
+    # No auditor runs in this stack: its commands are 503 UNAVAILABLE.
+    none = await http.put("/api/v1/autorecovery/trigger_audit")
+    assert none.status_code == 503 and none.json()["code"] == "UNAVAILABLE"
+    assert "no auditor is elected" in none.json()["detail"]
 
-    # A ledger marked under-replicated shows up in both listings.
+    # A ledger marked under-replicated shows up in every listing, in BookKeeper's shapes.
     lid = await new_ledger(stack, [b"a"])
     rt = stack.runtimes["gateway"]
     meta = MetadataClient(rt.nc, rt.subjects)
     await meta.mark_underreplicated(lid, ["bookie-2"])
-    listed = (await http.get("/api/v1/autorecovery/list_under_replicated_ledger")).json()
-    assert listed[str(lid)] == ["bookie-2"]
-    only = await http.get(
-        "/api/v1/autorecovery/list_under_replicated_ledger", params={"missingreplica": "bookie-3"}
-    )
-    assert str(lid) not in only.json()
+    path = "/api/v1/autorecovery/list_under_replicated_ledger"
+    assert lid in (await http.get(path)).json()
+    printed = (await http.get(path, params={"printmissingreplica": "true"})).json()
+    assert printed[str(lid)] == ["bookie-2"]
+    only = await http.get(path, params={"missingreplica": "bookie-3"})
+    assert lid not in only.json()
+    excluding = await http.get(path, params={"excludingmissingreplica": "bookie-3"})
+    assert lid in excluding.json()
     public = (await http.get("/v1/autorecovery/underreplicated")).json()
     row = next(r for r in public["ledgers"] if r["ledger_id"] == lid)
     assert row["missing_bookies"] == ["bookie-2"]
     info = (await http.get("/api/v1/bookie/cluster_info")).json()
     assert info["clusterUnderReplicated"] is True
+
+
+async def wait_for_auditor(http) -> str:
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        leader = (await http.get("/api/v1/autorecovery/who_is_auditor")).json()["Auditor"]
+        if leader is not None:
+            return leader
+        assert asyncio.get_running_loop().time() < deadline, "no auditor elected"
+        await asyncio.sleep(0.05)
+
+
+async def test_operator_commands_through_a_real_auditor(settings, fresh_database_url) -> None:
+    """trigger_audit, decommission and bookie (manual recover) reach the elected auditor
+    and mark what BookKeeper's would; a live bookie is not decommissioned; a running
+    replicator worker makes the status active."""
+    async with running_stack(settings, fresh_database_url, bookies=4) as stack:
+        http = stack.http
+        await stack.start("replicator", "replicator", stack.settings)
+        status = (await http.get("/api/v1/autorecovery/status")).json()
+        assert (status["replicators"], status["ledgerReplicationActive"]) == (1, True)
+        assert status["detail"] == REPLICATION_ON
+        # Off, so that no replicator takes the marks away while this test looks at them.
+        assert (await http.put("/api/v1/autorecovery/status?enabled=false")).is_success
+        await stack.start("auditor", "auditor", stack.settings)
+        await wait_for_auditor(http)
+
+        created = await http.post("/v1/ledgers", json={"password": "pw"})
+        lid, ensemble = created.json()["ledger_id"], created.json()["segments"][0]["bookies"]
+        victim = ensemble[0]
+        live = await http.put("/api/v1/autorecovery/decommission", json={"bookie_src": victim})
+        assert live.status_code == 400 and live.json()["code"] == "INVALID_ARGUMENT"
+        assert victim in live.json()["detail"]
+        assert lid not in (await http.get(LIST)).json()
+
+        await stack.stop(f"{victim}.journal")
+        await stack.stop(f"{victim}.ledgerstore")
+        decommission = await http.put(
+            "/api/v1/autorecovery/decommission", json={"bookie_src": victim}
+        )
+        assert decommission.status_code == 200, decommission.text
+        assert decommission.json()["ledgers_marked"] >= 1
+        missing = (
+            await http.get(LIST, params={"missingreplica": victim, "printmissingreplica": "true"})
+        ).json()
+        assert missing[str(lid)] == [victim]
+
+        recover = await http.put(
+            "/api/v1/autorecovery/bookie", json={"bookie_src": [victim], "delete_cookie": False}
+        )
+        assert recover.status_code == 200 and recover.json()["ledgers_marked"] >= 1
+        audit = await http.put("/api/v1/autorecovery/trigger_audit")
+        assert audit.status_code == 200 and "ledgers_marked" in audit.json()
+        bad = await http.put("/api/v1/autorecovery/bookie", json={"bookie_src": victim})
+        assert bad.status_code == 422 and bad.json()["code"] == "INVALID_ARGUMENT"
 
 
 async def test_openapi_describes_every_error_as_a_problem(stack: Stack) -> None:

@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
+from shared.models import PRIVATE_LEDGER_FIELDS
 from tests.support.stack import (
     MAX_BATCH,
     MAX_ENTRY,
@@ -81,6 +82,8 @@ async def test_create_get_list_delete(grpc_stub: pb_grpc.LedgersStub) -> None:
     assert len(ledger.segments[0].bookies) == 3 and ledger.metadata["app"] == "grpc"
     got = await grpc_stub.Get(pb.GetRequest(ledger_id=ledger.ledger_id))
     assert got == ledger
+    # The message has no field for the password material or the ledger's keys.
+    assert not PRIVATE_LEDGER_FIELDS & set(pb.Ledger.DESCRIPTOR.fields_by_name)
     page = await grpc_stub.List(pb.ListRequest(after=ledger.ledger_id - 1, limit=1))
     assert [m.ledger_id for m in page.ledgers] == [ledger.ledger_id]
     await grpc_stub.Delete(pb.DeleteRequest(ledger_id=ledger.ledger_id), metadata=AUTH)

@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from shared.digest import mac_key, master_key
+from shared.metaclient import MetadataClient
+from shared.models import PRIVATE_LEDGER_FIELDS
 from shared.subjects import Subjects
 from tests.support.stack import (
     MAX_BATCH,
@@ -85,9 +88,15 @@ async def test_create_append_read_close(stack: Stack) -> None:
     assert (ledger["ensemble_size"], ledger["write_quorum"], ledger["ack_quorum"]) == (3, 3, 2)
     assert ledger["state"] == "OPEN" and ledger["last_entry_id"] is None
     assert len(ledger["segments"]) == 1 and len(set(ledger["segments"][0]["bookies"])) == 3
-    assert not {"password", "password_hash", "password_salt"} & set(ledger)
+    assert not {"password", *PRIVATE_LEDGER_FIELDS} & set(ledger)
     assert "s3cret" not in json.dumps(ledger)
     lid = ledger["ledger_id"]
+    # The ledger's keys are stored (for the replicator), never shown.
+    rt = stack.runtimes["gateway"]
+    stored = await MetadataClient(rt.nc, rt.subjects).get_ledger(lid)
+    assert stored.master_key == master_key(b"s3cret").hex()
+    assert stored.mac_key == mac_key(b"s3cret").hex()
+    assert stored.master_key not in json.dumps(ledger)
 
     first = bytes(range(256)) * 3
     response = await append_raw(http, lid, first)
@@ -124,7 +133,8 @@ async def test_create_append_read_close(stack: Stack) -> None:
 
     listed = (await http.get("/v1/ledgers", params={"after": lid - 1, "limit": 1})).json()
     assert [m["ledger_id"] for m in listed["ledgers"]] == [lid]
-    assert "password_hash" not in listed["ledgers"][0]
+    assert not PRIVATE_LEDGER_FIELDS & set(listed["ledgers"][0])
+    assert stored.master_key not in json.dumps(listed)
     assert (await http.delete(f"/v1/ledgers/{lid}", headers=PW)).status_code == 204
     gone = await http.get(f"/v1/ledgers/{lid}")
     assert gone.status_code == 404 and gone.json()["code"] == "NO_SUCH_LEDGER"
@@ -408,6 +418,8 @@ async def test_operations_endpoints(stack: Stack) -> None:
         "/readyz",
     ):
         assert path in spec["paths"], path
+    # The OpenAPI document names none of the private fields (nor does any answer).
+    assert not any(name in json.dumps(spec) for name in PRIVATE_LEDGER_FIELDS)
     lid = (await create(http))["ledger_id"]
     await append_raw(http, lid, b"m")
     text = (await http.get("/metrics")).text

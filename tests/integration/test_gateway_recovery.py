@@ -110,3 +110,36 @@ async def test_a_stopped_bookie_is_replaced_and_appends_go_on(settings, fresh_da
         response = await append_raw(http, lid, b"no")
         assert response.status_code == 503 and response.json()["code"] == "NOT_ENOUGH_BOOKIES"
         assert (await http.get(f"/v1/ledgers/{lid}")).json()["segments"] == meta["segments"]
+
+
+async def test_a_stopped_bookie_is_replaced_at_its_first_failed_write(
+    settings, fresh_database_url
+) -> None:
+    """Qa=2 of Qw=3 would let adds complete without a stopped bookie, on two replicas
+    (Qw-1), until its replacement. Its "no responders" is a failed write at once (it
+    registered long enough ago), and the ensemble change starts at that first failed
+    write, as BookKeeper's: at most the one entry whose two acks beat the "no responders"
+    answer is acknowledged on Qw-1 bookies, none after it. (With retries and the delayed
+    change, a client appending every 2 ms saw ~60.)"""
+    # Every bookie counts as registered long enough ago (no grace for new ones).
+    async with running_stack(
+        settings, fresh_database_url, bookies=4, new_bookie_grace_ms=0
+    ) as stack:
+        http = stack.http
+        lid = (await create(http, ensemble_size=3, write_quorum=3, ack_quorum=2))["ledger_id"]
+        meta = (await http.get(f"/v1/ledgers/{lid}")).json()
+        victim = meta["segments"][0]["bookies"][1]
+        for i in range(20):
+            assert (await append_raw(http, lid, b"before-%d" % i)).status_code == 200
+        await stack.stop(f"{victim}.journal")
+        acked: list[int] = []
+        while len(meta["segments"]) < 2:
+            assert len(acked) < 1_000, "no ensemble change after 1,000 appends"
+            response = await append_raw(http, lid, b"after-%d" % len(acked))
+            assert response.status_code == 200, response.text
+            acked.append(response.json()["entry_id"])
+            meta = (await http.get(f"/v1/ledgers/{lid}")).json()
+        assert victim not in meta["segments"][1]["bookies"]
+        exposed = meta["segments"][1]["first_entry_id"] - 20
+        assert exposed <= 1, meta
+        assert acked == list(range(20, 20 + len(acked)))

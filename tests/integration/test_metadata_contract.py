@@ -21,8 +21,10 @@ from services.metadata.store import (
     NoSuchCookie,
     NoSuchLedger,
 )
+from shared.digest import mac_key, master_key
 from shared.models import (
     NO_VERSION,
+    PRIVATE_LEDGER_FIELDS,
     BookieState,
     CreateLedgerRequest,
     DeleteCookieRequest,
@@ -74,7 +76,7 @@ async def test_create_and_get(store: MetadataStore) -> None:
     created = await store.create_ledger(create_request(metadata={"k": "v"}), ctime_ms=1234)
     assert created.ledger_id == 0
     assert created.state is LedgerState.OPEN
-    assert (created.version, created.ctime, created.format_version) == (0, 1234, 2)
+    assert (created.version, created.ctime, created.format_version) == (0, 1234, 3)
     assert created.segments == [Segment(first_entry_id=0, bookies=ENSEMBLE)]
     assert created.last_entry_id is None and created.length == 0
     assert (created.password_salt, created.password_hash) == ("salt", "hash")
@@ -83,6 +85,30 @@ async def test_create_and_get(store: MetadataStore) -> None:
     assert second.ledger_id == 1
     with pytest.raises(NoSuchLedger):
         await store.get_ledger(99)
+
+
+async def test_ledger_keys_are_stored_kept_by_updates_and_never_public(
+    store: MetadataStore,
+) -> None:
+    keys = {"master_key": master_key(b"pw").hex(), "mac_key": mac_key(b"pw").hex()}
+    ledger = await store.create_ledger(create_request(**keys), 1)
+    assert (ledger.master_key, ledger.mac_key) == (keys["master_key"], keys["mac_key"])
+    change = await store.update_ledger(
+        UpdateLedgerRequest(ledger_id=ledger.ledger_id, expected_version=0, length=10), 2
+    )
+    assert (change.metadata.master_key, change.metadata.mac_key) == tuple(keys.values())
+    assert await store.get_ledger(ledger.ledger_id) == change.metadata
+    page = await store.list_ledgers(None, 10)
+    assert page.ledgers[0].master_key == keys["master_key"]
+    public = change.metadata.public()
+    assert not PRIVATE_LEDGER_FIELDS & public.keys()
+    assert not {keys["master_key"], keys["mac_key"]} & {str(v) for v in public.values()}
+    # A ledger created without them (before format 3) reads back as "": not re-replicable.
+    legacy = await store.create_ledger(create_request(), 3)
+    assert (legacy.master_key, legacy.mac_key) == ("", "")
+    # The events say nothing of the keys.
+    for _, _, data in await drain_outbox(store):
+        assert keys["master_key"] not in repr(data) and keys["mac_key"] not in repr(data)
 
 
 async def test_creator_token_makes_a_retried_create_idempotent(store: MetadataStore) -> None:

@@ -51,7 +51,7 @@ async def test_migration_matches_models_and_serializes_across_instances(
         ("ledger_id_seq", "0", "0"),
         ("outbox_id_seq", "1", "1"),
     ]
-    assert revision == "0002"
+    assert revision == "0003"
 
 
 async def test_unreachable_database_is_unavailable() -> None:

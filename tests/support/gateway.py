@@ -23,6 +23,7 @@ def bookie_client(nc: NatsClient, settings: QuireSettings) -> BookieClient:
         Subjects(settings.subject_prefix),
         add_timeout_ms=settings.gateway.add_bookie_timeout_ms,
         read_timeout_ms=settings.gateway.read_entry_timeout_ms,
+        new_bookie_grace_ms=settings.gateway.new_bookie_grace_ms,
     )
 
 

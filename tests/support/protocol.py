@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from shared.digest import master_key
-from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.models import BookieInfo, LedgerMetadata, LedgerState, Segment
 from shared.quorum import write_set
 from shared.status import BookieStatus
 from shared.wire import ReadItem, ReadResult
@@ -81,3 +81,10 @@ class MemoryBookies:
             raise
         finally:
             self.in_flight[bookie_id] -= len(items)
+
+    async def has_responder(self, bookie_id: str) -> bool:
+        """Bookies in memory never go away."""
+        return True
+
+    def bookies_listed(self, bookies: list[BookieInfo]) -> None:
+        """Registrations change nothing for bookies in memory."""

@@ -12,6 +12,7 @@ from services.gateway.http import create_app
 from services.gateway.ledgers import Page
 from services.gateway.metrics import GatewayMetrics
 from shared.config import GatewaySettings
+from shared.models import ListUnderreplicatedReply, UnderreplicatedLedger
 from shared.status import ApiCodes, QuireError
 
 
@@ -115,3 +116,130 @@ async def test_a_late_error_is_the_last_ndjson_line() -> None:
     assert last["error"]["code"] == "UNAVAILABLE" and last["error"]["status"] == 503
     assert last["error"]["detail"] == "entry 5: no replica"
     assert ledgers.closed
+
+
+class Auditor:
+    """The AuditorClient's side as the routes see it: what it was asked, and `refuse` raised
+    instead of an answer (as the real client raises the auditor's documented codes)."""
+
+    def __init__(self, refuse: QuireError | None = None) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple] = []
+
+    async def _answer(self, *call) -> dict:
+        self.calls.append(call)
+        if self.refuse is not None:
+            raise self.refuse
+        return {"ledgers_marked": 2}
+
+    async def trigger_audit(self) -> dict:
+        return await self._answer("trigger_audit")
+
+    async def recover_bookie(self, bookie_ids: list[str], delete_cookie: bool) -> dict:
+        return await self._answer("recover_bookie", bookie_ids, delete_cookie)
+
+    async def decommission(self, bookie_id: str) -> dict:
+        return await self._answer("decommission", bookie_id)
+
+
+class Queue:
+    """The metadata client's under-replication queue: one page of these rows."""
+
+    def __init__(self, rows: dict[int, list[str]]) -> None:
+        self.rows = rows
+
+    async def list_underreplicated(self, after, limit) -> ListUnderreplicatedReply:
+        return ListUnderreplicatedReply(
+            ledgers=[
+                UnderreplicatedLedger(
+                    ledger_id=ledger_id, missing_bookies=missing, mark_version=1, marked_at=0
+                )
+                for ledger_id, missing in self.rows.items()
+            ],
+            next_after=None,
+        )
+
+
+class AdminLedgers:
+    def __init__(self, auditor: Auditor, rows: dict[int, list[str]] | None = None) -> None:
+        self.auditor = auditor
+        self.meta = Queue(rows or {})
+
+
+async def test_auto_recovery_commands_go_to_the_auditor_with_bookkeepers_bodies() -> None:
+    auditor = Auditor()
+    async with client(AdminLedgers(auditor)) as http:
+        audit = await http.put("/api/v1/autorecovery/trigger_audit")
+        recover = await http.put(
+            "/api/v1/autorecovery/bookie",
+            json={"bookie_src": ["bookie-3", "bookie-2", "bookie-3"], "delete_cookie": True},
+        )
+        decommission = await http.put(
+            "/api/v1/autorecovery/decommission", json={"bookie_src": "bookie-2"}
+        )
+    assert [r.status_code for r in (audit, recover, decommission)] == [200, 200, 200]
+    assert audit.json() == {"ledgers_marked": 2}
+    assert auditor.calls == [
+        ("trigger_audit",),
+        ("recover_bookie", ["bookie-2", "bookie-3"], True),
+        ("decommission", "bookie-2"),
+    ]
+
+
+async def test_auto_recovery_command_errors_have_their_documented_codes() -> None:
+    cases = [
+        (QuireError(ApiCodes.UNAVAILABLE, "no auditor is elected"), 503, "UNAVAILABLE"),
+        (
+            QuireError(ApiCodes.INVALID_ARGUMENT, "bookie bookie-2 is registered writable"),
+            400,
+            "INVALID_ARGUMENT",
+        ),
+    ]
+    for refusal, status, code in cases:
+        async with client(AdminLedgers(Auditor(refusal))) as http:
+            response = await http.put(
+                "/api/v1/autorecovery/decommission", json={"bookie_src": "bookie-2"}
+            )
+        assert (response.status_code, response.json()["code"]) == (status, code)
+        assert response.json()["detail"] == refusal.detail
+        assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_bad_auto_recovery_bodies_never_reach_the_auditor() -> None:
+    auditor = Auditor()
+    bad = [
+        ("/api/v1/autorecovery/decommission", {}),
+        ("/api/v1/autorecovery/decommission", {"bookie_src": ["bookie-2"]}),
+        ("/api/v1/autorecovery/decommission", {"bookie_src": "bookie 2; rm"}),
+        ("/api/v1/autorecovery/bookie", {"bookie_src": []}),
+        ("/api/v1/autorecovery/bookie", {"bookie_src": "bookie-2"}),
+        ("/api/v1/autorecovery/bookie", {"bookie_src": ["bookie-2"], "delete_cookie": "maybe"}),
+        ("/api/v1/autorecovery/bookie", {"bookie_src": ["bookie-2"], "delete_cookie": 0}),
+        ("/api/v1/autorecovery/bookie", {"bookie_src": ["bookie-2"], "extra": 1}),
+    ]
+    async with client(AdminLedgers(auditor)) as http:
+        for path, body in bad:
+            response = await http.put(path, json=body)
+            assert response.status_code == 422, (path, body, response.text)
+            assert response.json()["code"] == "INVALID_ARGUMENT"
+    assert auditor.calls == []
+
+
+async def test_list_under_replicated_ledger_answers_as_bookkeeper() -> None:
+    rows = {3: ["bookie-1"], 5: ["bookie-1", "bookie-2"], 8: ["bookie-2"]}
+    path = "/api/v1/autorecovery/list_under_replicated_ledger"
+    async with client(AdminLedgers(Auditor(), rows)) as http:
+        ids = (await http.get(path)).json()
+        missing = (await http.get(path, params={"printmissingreplica": "true"})).json()
+        only = (await http.get(path, params={"missingreplica": "bookie-1"})).json()
+        excluding = (await http.get(path, params={"excludingmissingreplica": "bookie-1"})).json()
+        both = (
+            await http.get(
+                path, params={"missingreplica": "bookie-2", "excludingmissingreplica": "bookie-1"}
+            )
+        ).json()
+    assert ids == [3, 5, 8]
+    assert missing == {"3": ["bookie-1"], "5": ["bookie-1", "bookie-2"], "8": ["bookie-2"]}
+    assert (only, excluding, both) == ([3, 5], [8], [8])
+    async with client(AdminLedgers(Auditor(), {})) as http:
+        assert (await http.get(path)).json() == []

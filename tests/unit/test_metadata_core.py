@@ -110,12 +110,27 @@ def test_new_ledger() -> None:
         metadata={"k": "v"},
         password_salt="s",
         password_hash="h",
+        master_key="1" * 40,
+        mac_key="2" * 40,
     )
     meta = core.new_ledger(request, ledger_id=7, ctime_ms=123)
     assert (meta.ledger_id, meta.state, meta.version, meta.ctime) == (7, LedgerState.OPEN, 0, 123)
     assert meta.segments == [seg(0, "a", "b")]
     assert (meta.last_entry_id, meta.length, meta.metadata) == (None, 0, {"k": "v"})
     assert (meta.password_salt, meta.password_hash) == ("s", "h")
+    assert (meta.master_key, meta.mac_key, meta.format_version) == ("1" * 40, "2" * 40, 3)
+
+
+def test_ledger_keys_must_be_hex_of_a_sha1() -> None:
+    with pytest.raises(ValidationError):
+        CreateLedgerRequest(
+            ensemble_size=1,
+            write_quorum=1,
+            ack_quorum=1,
+            digest="crc32c",
+            ensemble=["a"],
+            master_key="not hex",
+        )
 
 
 def change(previous: LedgerState, state: LedgerState, segments_changed: bool) -> LedgerChange:

@@ -130,6 +130,35 @@ def test_no_ack_is_confirmed_while_the_ensemble_changes() -> None:
     assert others(w.take_commands())[0] == CompleteAdds(0, 0, 0, 1)
 
 
+def test_an_unreachable_bookie_is_replaced_at_its_first_failed_write() -> None:
+    """No responder (not a timeout): nothing in flight to it can complete, so the change
+    starts at once instead of after ensemble_change_delay_ms, and nothing more is
+    acknowledged on the Qw-1 bookies meanwhile (BookKeeper without delayEnsembleChange)."""
+    w = writer(3, 3, 2, ensemble_change_delay_ms=10)
+    w.add([b"a", b"b"], 0)
+    w.take_commands()
+    w.step(AddSendFailed("b2", (0,), "no responders", timed_out=False), 0)
+    assert w.take_commands() == [ListWritableBookies()]
+    # Entry 0 reaches Qa on the other two, but waits for the new segment to be stored.
+    w.step(ok("b0", 0, 1), 0)
+    w.step(ok("b1", 0, 1), 0)
+    assert w.take_commands() == []
+    w.step(WritableBookies(("b0", "b1", "b2", "b3")), 0)
+    [update] = w.take_commands()
+    assert isinstance(update, UpdateLedger)
+    assert update.request.segments[-1] == Segment(first_entry_id=0, bookies=["b0", "b1", "b3"])
+
+
+def test_a_timed_out_bookie_still_waits_for_the_delay() -> None:
+    w = writer(3, 3, 2, ensemble_change_delay_ms=10)
+    w.add([b"a"], 0)
+    w.take_commands()
+    w.step(AddSendFailed("b2", (0,), "timed out", timed_out=True), 0)
+    assert w.take_commands() == []
+    w.tick(10)
+    assert w.take_commands() == [ListWritableBookies()]
+
+
 def test_delayed_write_failure_completes_first_and_replaces_after_the_delay() -> None:
     w = writer(3, 3, 2, ensemble_change_delay_ms=10)
     w.add([b"a"], 0)
