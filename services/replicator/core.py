@@ -67,8 +67,13 @@ class Reason(StrEnum):
     OPEN_GRACE = "open_ledger_grace_period"
     NOT_REPLICATED = "fragments_left"
     FAILED = "replication_failed"
+    # The claim was no longer this worker's while it worked (its lease lapsed).
     CLAIM_LOST = "claim_lost"
-    NEWER_MARK = "newer_mark"
+    # `urq.replicated` refused: a newer mark came meanwhile (the ledger stays queued) or
+    # the claim was no longer this worker's.
+    STILL_MARKED = "still_marked"
+    # The replicator is shutting down: its claim goes back to the queue at once.
+    SHUTDOWN = "shutdown"
 
 
 @dataclass(frozen=True)
