@@ -17,6 +17,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 import crc32c as _crc32c
 
@@ -50,6 +51,39 @@ def mac_key(password: bytes) -> bytes:
     return hashlib.sha1(b"mac" + password).digest()
 
 
+class _StoresKeys(Protocol):
+    """What `LedgerKeys.of` needs of a ledger's metadata (shared.models.LedgerMetadata,
+    which imports this module): the hex of its stored keys, "" when none are stored."""
+
+    @property
+    def master_key(self) -> str: ...
+
+    @property
+    def mac_key(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerKeys:
+    """The keys a client derives from a ledger's password: the master key the bookies hold
+    per ledger, and the HMAC key of the `hmac` digest. With them (stored in the ledger's
+    metadata) a replicator writes and signs a ledger's entries without its password."""
+
+    master_key: bytes
+    mac_key: bytes
+
+    @classmethod
+    def from_password(cls, password: bytes) -> LedgerKeys:
+        return cls(master_key(password), mac_key(password))
+
+    @classmethod
+    def of(cls, metadata: _StoresKeys) -> LedgerKeys | None:
+        """The keys stored in a ledger's metadata; None for a ledger created before keys
+        were stored (it cannot be re-replicated)."""
+        if not metadata.master_key or not metadata.mac_key:
+            return None
+        return cls(bytes.fromhex(metadata.master_key), bytes.fromhex(metadata.mac_key))
+
+
 @dataclass(frozen=True, slots=True)
 class EntryFrame:
     ledger_id: int
@@ -77,6 +111,14 @@ class DigestManager:
         self._crc = {DigestType.CRC32C: _crc32c.crc32c, DigestType.CRC32: zlib.crc32}.get(
             self.digest_type
         )
+
+    @classmethod
+    def for_keys(cls, digest_type: DigestType | str, keys: LedgerKeys) -> DigestManager:
+        """The digest manager of a ledger known by its keys, not its password."""
+        manager = cls(digest_type)
+        if manager.digest_type is DigestType.HMAC:
+            manager._mac_key = keys.mac_key
+        return manager
 
     def _digest(self, header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
         match self.digest_type:

@@ -59,6 +59,11 @@ class LedgerMetadata(_Strict):
     # Never returned by any public endpoint.
     password_salt: str = ""
     password_hash: str = ""
+    # Hex of the keys derived from the password (shared.digest.LedgerKeys), so that a
+    # replicator can write and sign the ledger's entries; "" for a ledger created before
+    # they were stored (it cannot be re-replicated). Never returned by any public endpoint.
+    master_key: str = ""
+    mac_key: str = ""
     format_version: int = METADATA_FORMAT_VERSION
     # BookKeeper's cToken: a random number the creator chose, so that a create retried after
     # a lost reply recognises its own ledger (0: none given).
@@ -80,7 +85,9 @@ class LedgerMetadata(_Strict):
 
     def public(self) -> dict[str, Any]:
         """What users see: everything but the password material."""
-        return self.model_dump(mode="json", exclude={"password_salt", "password_hash"})
+        return self.model_dump(
+            mode="json", exclude={"password_salt", "password_hash", "master_key", "mac_key"}
+        )
 
 
 class BookieInfo(_Strict):

@@ -8,6 +8,8 @@
   sticky blocks, speculative reads and retries within a budget.
 - `recovery.LedgerRecovery`: fence, find the last entry, re-write the tail, close
   (LedgerRecoveryOp).
+- `replication.LedgerReplication`: copy a ledger's fragments on bad bookies to new ones and
+  store the new ensembles (LedgerChecker, LedgerFragmentReplicator).
 - `ensemble.choose_ensemble`: where a new ledger goes.
 - `messages`: the events the cores take and the commands they return.
 - `transport`: what a driver needs of the bookies and the metadata store (interfaces).

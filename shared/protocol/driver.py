@@ -18,12 +18,12 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shared.config import GatewaySettings
-from shared.digest import DigestManager, master_key
+from shared.digest import DigestManager, LedgerKeys, master_key
 from shared.metaclient import MetadataError
 from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
 from shared.protocol.ensemble import choose_ensemble
@@ -41,6 +41,7 @@ from shared.protocol.messages import (
     FailAdds,
     FenceReply,
     FenceSendFailed,
+    FragmentReplicated,
     LedgerUpdated,
     LedgerUpdateFailed,
     ListWritableBookies,
@@ -48,6 +49,8 @@ from shared.protocol.messages import (
     RecoveryDone,
     RecoveryFailed,
     ReplicaCorrupt,
+    ReplicationDone,
+    ReplicationFailed,
     SendAdds,
     SendFence,
     SendReads,
@@ -57,6 +60,7 @@ from shared.protocol.messages import (
 )
 from shared.protocol.reader import LedgerReader, ReadSettings, lac_from_replies
 from shared.protocol.recovery import LedgerRecovery
+from shared.protocol.replication import LedgerReplication, ReplicationSettings
 from shared.protocol.transport import BookieTransport, BookieUnreachable, MetadataTransport
 from shared.protocol.writer import LedgerWriter
 from shared.status import ApiCode, ApiCodes, QuireError
@@ -152,6 +156,17 @@ class _ReadCounts:
         if core.backoffs != self.backoffs:
             observer.read_backoffs(core.backoffs - self.backoffs)
             self.backoffs = core.backoffs
+
+
+@dataclass(frozen=True)
+class ReplicationResult:
+    """What `ProtocolClient.replicate` did: the metadata as stored after, the fragments it
+    replicated (each with its new bookie), and the entries and frame bytes it copied."""
+
+    metadata: LedgerMetadata
+    fragments: tuple[FragmentReplicated, ...]
+    entries: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -857,14 +872,22 @@ class ProtocolClient:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    async def recover(self, metadata: LedgerMetadata, password: bytes) -> LedgerRecovery:
+    async def recover(
+        self, metadata: LedgerMetadata, credentials: bytes | LedgerKeys
+    ) -> LedgerRecovery:
         """BookKeeper's open-with-recovery: fence, find the last entry, close. The finished
-        core (its `result`, `recovered_entries`); raises QuireError if it failed."""
+        core (its `result`, `recovered_entries`); raises QuireError if it failed.
+        `credentials` is the ledger's password, or its keys (a replicator has no password)."""
         settings = self.settings
+        keys = (
+            credentials
+            if isinstance(credentials, LedgerKeys)
+            else LedgerKeys.from_password(credentials)
+        )
         core = LedgerRecovery(
             metadata,
-            master_key(password),
-            DigestManager(metadata.digest, password),
+            keys.master_key,
+            DigestManager.for_keys(metadata.digest, keys),
             self.clock(),
             rng=self.rng,
             retry_interval_ms=settings.recovery_retry_interval_ms,
@@ -885,14 +908,14 @@ class ProtocolClient:
                 case EnsembleChanged():
                     self.observer.ensemble_changed(command)
                 case _:
-                    return self._recovery_io(core, command)
+                    return self._core_io(core, command)
             return None
 
         await drive(core, dispatch, self.clock)
         return core
 
-    async def _recovery_io(self, core: LedgerRecovery, command: Any) -> Any:
-        """One command of a recovery as IO; the event it turns into."""
+    async def _core_io(self, core: LedgerRecovery | LedgerReplication, command: Any) -> Any:
+        """One command of a recovery or a replication as IO; the event it turns into."""
         match command:
             case UpdateLedger():
                 return await self.cas(command)
@@ -907,7 +930,67 @@ class ProtocolClient:
                     return WritableBookies(tuple(await self.writable_bookies()))
                 except MetadataError:
                     return WritableBookies(())
-        raise AssertionError(f"unknown recovery command {command!r}")
+        raise AssertionError(f"unknown command {command!r}")
+
+    # -- re-replication -----------------------------------------------------------------------
+
+    def replication_settings(self) -> ReplicationSettings:
+        """A replication's bounds with BookKeeper's defaults, reading as this client reads."""
+        return ReplicationSettings(read=self.read_settings())
+
+    async def replicate(
+        self,
+        metadata: LedgerMetadata,
+        bad_bookies: Collection[str],
+        *,
+        settings: ReplicationSettings | None = None,
+        on_fragment: Callable[[FragmentReplicated], None] | None = None,
+    ) -> ReplicationResult:
+        """Copy every fragment of the ledger stored on `bad_bookies` to a new bookie and
+        store each new ensemble (`replication.LedgerReplication`); `on_fragment` hears of
+        each as it is stored. The open last segment of a ledger that is not closed is left
+        (`replication.open_fragment_on`: fence and recover it first). Raises QuireError:
+        INVALID_ARGUMENT for a ledger whose keys are not stored (created before they were),
+        else the failure's code; what was replicated before a failure stays so."""
+        keys = LedgerKeys.of(metadata)
+        if keys is None:
+            raise QuireError(
+                ApiCodes.INVALID_ARGUMENT,
+                f"ledger {metadata.ledger_id} was created before ledger keys were stored "
+                "with its metadata: it cannot be re-replicated",
+            )
+        core = LedgerReplication(
+            metadata,
+            bad_bookies,
+            keys,
+            self.clock(),
+            settings=settings or self.replication_settings(),
+            rng=self.rng,
+        )
+
+        def dispatch(command: Any) -> Any:
+            match command:
+                case ReplicationDone():
+                    return Finished(
+                        ReplicationResult(
+                            command.metadata,
+                            tuple(core.replicated),
+                            core.entries_copied,
+                            core.bytes_copied,
+                        )
+                    )
+                case ReplicationFailed():
+                    raise QuireError(command.api, command.detail)
+                case FragmentReplicated():
+                    if on_fragment is not None:
+                        on_fragment(command)
+                case ReplicaCorrupt():
+                    self.observer.replica_corrupt(core.ledger_id, command)
+                case _:
+                    return self._core_io(core, command)
+            return None
+
+        return await drive(core, dispatch, self.clock)
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -270,3 +270,68 @@ RecoveryEvent = (
     | LedgerUpdateFailed
     | WritableBookies
 )
+
+
+# -- re-replication events and commands (replication.py) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """BookKeeper's LedgerFragment: the entries first..last (inclusive) of the segment that
+    starts at `segment_first_entry_id` whose write set holds `ensemble_index`, stored there
+    on `bookie_id`."""
+
+    segment_first_entry_id: int
+    first_entry_id: int
+    last_entry_id: int
+    ensemble_index: int
+    bookie_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentReplicated:
+    """Every entry of `fragment` is durable on `new_bookie_id`, and the stored metadata
+    (`metadata`) names it in the fragment's place."""
+
+    fragment: Fragment
+    new_bookie_id: str
+    entries: int
+    bytes: int  # frame bytes written to the new bookie
+    metadata: LedgerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationDone:
+    """No fragment of the bad bookies is left to copy (`metadata` as stored now), except
+    the open last segment of a ledger that is not closed (`replication.open_fragment_on`)."""
+
+    metadata: LedgerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationFailed:
+    """The fragments replicated before the failure stay replicated; the rest are not."""
+
+    api: ApiCode
+    detail: str
+
+
+ReplicationCommand = (
+    ListWritableBookies
+    | SendReads
+    | SendAdds
+    | UpdateLedger
+    | ReplicaCorrupt
+    | FragmentReplicated
+    | ReplicationDone
+    | ReplicationFailed
+)
+ReplicationEvent = (
+    WritableBookies
+    | BookieReadReply
+    | ReadSendFailed
+    | BookieAddReply
+    | AddSendFailed
+    | LedgerUpdated
+    | LedgerUpdateFailed
+)

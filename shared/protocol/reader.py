@@ -38,12 +38,20 @@ The rules of a range read, and why:
   ended in a timeout or TOO_MANY_REQUESTS (with the defaults, nine tries of 2 s each at
   worst, each its own small request): TIMEOUT or TOO_MANY_REQUESTS, naming the entry and
   the replicas. The first failure in entry order ends the read: nothing more is sent.
+
+Options for a reader that copies replicas (`replication.LedgerReplication`):
+- **avoid**: bookies asked for an entry only once every other replica of it failed (the
+  bookies being replaced: lost, or holding a damaged copy).
+- **wanted**: only the entries of the range it accepts are read and delivered (a fragment's
+  entries are those whose write set holds one ensemble index: with E > Qw, not all).
+- **admit_until**: a consumer that keeps what it is given (until a bookie has stored it)
+  paces the reader: no entry past the limit is started, whatever the read-ahead allows.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from shared.digest import DigestManager, DigestMismatch
@@ -132,8 +140,11 @@ class LedgerReader:
         metadata: LedgerMetadata,
         digest: DigestManager,
         settings: ReadSettings | None = None,
+        *,
+        avoid: Collection[str] = (),
     ) -> None:
         self.metadata = metadata
+        self._avoid = frozenset(avoid)
         self.ledger_id = metadata.ledger_id
         self.quorum = metadata.quorum
         self._digest = digest
@@ -148,6 +159,8 @@ class LedgerReader:
         self._started = False
         self._ended = False
         self._last = -1
+        self._wanted: Callable[[int], bool] | None = None  # None: every entry of the range
+        self._admit_limit: int | None = None  # None: only the read-ahead bounds the reading
         self.next_entry_id = 0  # the next entry to deliver
         self._next_admitted = 0  # the next entry to start reading
         # Counters, for the driver's metrics and the tests.
@@ -164,7 +177,7 @@ class LedgerReader:
     @property
     def buffered(self) -> int:
         """Entries started and not yet delivered (pending or in the reorder buffer)."""
-        return self._next_admitted - self.next_entry_id
+        return max(self._next_admitted - self.next_entry_id, 0)
 
     def window(self, bookie_id: str) -> float:
         flow = self._flows.get(bookie_id)
@@ -174,13 +187,31 @@ class LedgerReader:
         flow = self._flows.get(bookie_id)
         return len(flow.asked) if flow else 0
 
-    def read(self, first: int, last: int, now_ms: int) -> None:
-        """Start reading entries first..last (inclusive; empty when last < first)."""
+    def read(
+        self,
+        first: int,
+        last: int,
+        now_ms: int,
+        *,
+        wanted: Callable[[int], bool] | None = None,
+        admit_until: int | None = None,
+    ) -> None:
+        """Start reading entries first..last (inclusive; empty when last < first); with
+        `wanted`, only the entries it accepts; with `admit_until`, none past it for now."""
         assert not self._started and first >= 0
         self._started = True
         self.next_entry_id = self._next_admitted = first
         self._last = last
+        self._wanted = wanted
+        self._admit_limit = admit_until
         self._pump(now_ms)
+
+    def admit_until(self, entry_id: int, now_ms: int) -> None:
+        """Entries up to `entry_id` may now be started (the consumer made room)."""
+        assert self._admit_limit is not None, "a reader paced by admit_until from its start"
+        if entry_id > self._admit_limit:
+            self._admit_limit = entry_id
+            self._pump(now_ms)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -460,12 +491,22 @@ class LedgerReader:
         self._dispatch(now_ms)
 
     def _deliver(self) -> None:
-        while not self._ended and self.next_entry_id in self._results:
-            outcome = self._results.pop(self.next_entry_id)
-            self._commands.append(outcome)
-            self.next_entry_id += 1
-            if isinstance(outcome, EntryReadFailed):
-                self._end()
+        wanted = self._wanted
+        while not self._ended:
+            if self.next_entry_id in self._results:
+                outcome = self._results.pop(self.next_entry_id)
+                self._commands.append(outcome)
+                self.next_entry_id += 1
+                if isinstance(outcome, EntryReadFailed):
+                    self._end()
+            elif (
+                wanted is not None
+                and self.next_entry_id <= self._last
+                and not wanted(self.next_entry_id)
+            ):
+                self.next_entry_id += 1  # not asked for: nothing to deliver
+            else:
+                break
 
     def _end(self) -> None:
         """A failure was delivered: the read is over, what is in flight is abandoned."""
@@ -477,9 +518,16 @@ class LedgerReader:
     def _admit(self, now_ms: int) -> None:
         settings = self.settings
         limit = min(self._last, self.next_entry_id + settings.read_ahead_max_entries - 1)
+        if self._admit_limit is not None:
+            limit = min(limit, self._admit_limit)
+        # Entries not wanted are passed over by the delivery without being started.
+        self._next_admitted = max(self._next_admitted, self.next_entry_id)
+        wanted = self._wanted
         while self._next_admitted <= limit:
             entry_id = self._next_admitted
             self._next_admitted += 1
+            if wanted is not None and not wanted(entry_id):
+                continue
             pending = _PendingRead(entry_id, self._replicas(entry_id))
             self._pending[entry_id] = pending
             self._enqueue(pending, self._choose(pending, now_ms))
@@ -491,7 +539,11 @@ class LedgerReader:
         key = (segment.first_entry_id, order)
         replicas = self._replicas_cached.get(key)
         if replicas is None:  # at most E x E orders per segment
-            replicas = self._replicas_cached[key] = tuple(segment.bookies[i] for i in order)
+            replicas = tuple(segment.bookies[i] for i in order)
+            if self._avoid:
+                # Stable: the preferred order among the rest, the avoided ones last.
+                replicas = tuple(sorted(replicas, key=lambda b: b in self._avoid))
+            self._replicas_cached[key] = replicas
         return replicas
 
     def _enqueue(self, pending: _PendingRead, bookie_id: str) -> None:

@@ -8,6 +8,8 @@ from shared.digest import (
     DigestManager,
     DigestMismatch,
     DigestType,
+    LedgerKeys,
+    mac_key,
     master_key,
     parse_header,
 )
@@ -74,3 +76,28 @@ def test_master_key_is_not_the_password() -> None:
 def test_unknown_digest_type() -> None:
     with pytest.raises(ValueError):
         DigestManager("md5")
+
+
+def test_ledger_keys_come_from_the_password_or_the_stored_metadata() -> None:
+    keys = LedgerKeys.from_password(b"secret")
+    assert keys == LedgerKeys(master_key(b"secret"), mac_key(b"secret"))
+
+    class Stored:
+        master_key = keys.master_key.hex()
+        mac_key = keys.mac_key.hex()
+
+    class Older:
+        master_key = ""
+        mac_key = ""
+
+    assert LedgerKeys.of(Stored()) == keys
+    assert LedgerKeys.of(Older()) is None
+
+
+@pytest.mark.parametrize("digest", list(DigestType))
+def test_a_digest_manager_from_keys_signs_as_one_from_the_password(digest: DigestType) -> None:
+    by_password = DigestManager(digest, b"secret")
+    by_keys = DigestManager.for_keys(digest, LedgerKeys.from_password(b"secret"))
+    frame = by_password.sign(3, 4, 2, 100, b"payload")
+    assert by_keys.sign(3, 4, 2, 100, b"payload") == frame
+    assert by_keys.verify(frame, 3, 4).payload == b"payload"

@@ -580,3 +580,54 @@ def test_a_failed_entry_ends_the_read() -> None:
 )
 def test_lac_from_replies(replies, expected) -> None:
     assert lac_from_replies(replies) == expected
+
+
+# -- the options of a reader that copies replicas (replication.LedgerReplication) -------------
+
+
+def test_avoided_bookies_are_asked_last() -> None:
+    core = LedgerReader(
+        metadata(3, 3, 2),
+        DigestManager("crc32c"),
+        ReadSettings(sticky_read_block_entries=BLOCK),
+        avoid={"b0"},
+    )
+    core.read(0, 11, 0)
+    sends = sends_of(core.take_commands())
+    assert "b0" not in sends and sorted(sends["b1"] + sends["b2"]) == list(range(12))
+    # Asked of b0 only once both others failed it.
+    failed: dict[int, set[str]] = {}
+    while "b0" not in sends:
+        for bookie_id, entries in sends.items():
+            core.step(read_status(bookie_id, BookieStatus.IO_ERROR, *entries), 1)
+            for e in entries:
+                failed.setdefault(e, set()).add(bookie_id)
+        sends = sends_of(core.take_commands())
+    assert all(failed[e] == {"b1", "b2"} for e in sends["b0"])
+
+
+def test_only_wanted_entries_are_read_and_delivered() -> None:
+    core = reader(4, 2, 2)
+    core.read(0, 19, 0, wanted=lambda e: e % 4 in (0, 3))
+    asked = sends_of(core.take_commands())
+    assert sorted(e for entries in asked.values() for e in entries) == [
+        e for e in range(20) if e % 4 in (0, 3)
+    ]
+    for bookie_id, entries in asked.items():
+        core.step(read_ok(bookie_id, *entries), 1)
+    got = [c.entry_id for c in delivered(core.take_commands())]
+    assert got == [0, 3, 4, 7, 8, 11, 12, 15, 16, 19] and core.done
+
+
+def test_admit_until_paces_the_reader() -> None:
+    core = reader()
+    core.read(0, 99, 0, admit_until=9)
+    asked = sends_of(core.take_commands())
+    assert sorted(e for entries in asked.values() for e in entries) == list(range(10))
+    for bookie_id, entries in asked.items():
+        core.step(read_ok(bookie_id, *entries), 1)
+    assert len(delivered(core.take_commands())) == 10
+    assert core.buffered == 0 and not core.done  # nothing more until the consumer says
+    core.admit_until(14, 2)
+    asked = sends_of(core.take_commands())
+    assert sorted(e for entries in asked.values() for e in entries) == list(range(10, 15))
