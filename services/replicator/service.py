@@ -60,7 +60,8 @@ from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import LedgerMetadata, MetaErrorCode, UnderreplicatedLedger
 from shared.protocol.driver import ProtocolClient, monotonic_ms, wall_clock_ms
-from shared.protocol.replication import Fragment, fragments_on, open_fragment_on
+from shared.protocol.messages import FragmentReplicated
+from shared.protocol.replication import ReplicationSettings, fragments_on, open_fragment_on
 from shared.service import ServiceRuntime
 from shared.status import QuireError
 
@@ -117,6 +118,12 @@ class ReplicationWorker:
         self._stats = stats
         self.failed_ledgers = FailedLedgers()
         self.current: UnderreplicatedLedger | None = None  # the claim being worked on
+        self._fragment_started_ms = 0
+        self._replication = ReplicationSettings(
+            rereplication_entry_batch_size=settings.rereplication_entry_batch_size,
+            replication_rate_by_bytes=settings.replication_rate_by_bytes,
+            read=client.read_settings(),
+        )
 
     async def run(self) -> None:
         """Claim and work until cancelled; nothing a ledger or the queue does stops it."""
@@ -257,7 +264,10 @@ class ReplicationWorker:
             assert recovery.result is not None
             metadata = recovery.result
             self._stats.recovered += 1
-        result = await self._client.replicate(metadata, bad, on_fragment=self._on_fragment)
+        self._fragment_started_ms = monotonic_ms()
+        result = await self._client.replicate(
+            metadata, bad, settings=self._replication, on_fragment=self._on_fragment
+        )
         after = result.metadata
         outcome = after_replication(len(fragments_on(after, bad)), open_fragment_on(after, bad))
         if outcome is Outcome.DEFER_OPEN:
@@ -284,8 +294,31 @@ class ReplicationWorker:
                 return None
             raise
 
-    def _on_fragment(self, fragment: Fragment, *args: Any) -> None:
-        raise NotImplementedError
+    def _on_fragment(self, copied: FragmentReplicated) -> None:
+        """A fragment's copy is stored (its new bookie named in the metadata): count it and
+        announce it, whatever becomes of the rest of the ledger."""
+        fragment = copied.fragment
+        stats = self._stats
+        stats.fragments += 1
+        stats.entries += copied.entries
+        stats.bytes += copied.bytes
+        # Fragments are copied one after the other: this one took since the last one.
+        started_ms = self._fragment_started_ms
+        now_ms = monotonic_ms()
+        self._fragment_started_ms = now_ms
+        self._events.emit(
+            "autorecovery.fragment_replicated",
+            ledger_id=copied.metadata.ledger_id,
+            worker_id=self.worker_id,
+            first_entry_id=fragment.first_entry_id,
+            last_entry_id=fragment.last_entry_id,
+            ensemble_index=fragment.ensemble_index,
+            bookie_src=fragment.bookie_id,
+            bookie_dest=copied.new_bookie_id,
+            entries=copied.entries,
+            bytes=copied.bytes,
+            duration_ms=now_ms - started_ms,
+        )
 
     async def _end_claim(
         self, claim: UnderreplicatedLedger, verdict: Verdict, started_ms: int
