@@ -401,10 +401,10 @@ class ReplicationWorker:
         then lapses by itself)."""
         try:
             return bool(await op(ledger_id, self.worker_id, arg))
-        except MetadataError as exc:
+        except Exception as exc:  # unavailable, or an answer that does not parse
             log.warning(
                 "queue operation failed; the claim will lapse",
-                extra={"ledger_id": ledger_id, "op": op.__name__, "err": str(exc)},
+                extra={"ledger_id": ledger_id, "op": op.__name__, "err": repr(exc)},
             )
             return False
 
@@ -417,8 +417,8 @@ class ReplicationWorker:
         self.current = None
         try:
             await self._meta.release_underreplicated(claim.ledger_id, self.worker_id)
-        except MetadataError as exc:
-            log.warning("release at shutdown failed", extra={"err": str(exc)})
+        except Exception as exc:  # shutting down goes on; the lease lapses instead
+            log.warning("release at shutdown failed", extra={"err": repr(exc)})
             return
         self._events.emit(
             "autorecovery.released",
