@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from services.replicator.core import (
     LEASE_MS_MAX,
@@ -20,6 +21,7 @@ from services.replicator.core import (
     hold_lease_ms,
     plan_claim,
 )
+from shared.config import ReplicatorSettings
 
 GRACE_MS = 30_000
 MARKED_AT = 1_000_000
@@ -165,3 +167,10 @@ def test_claim_lease_is_held_until_the_last_lease_obtained_runs_out() -> None:
     assert lease.held(9_099) and not lease.held(9_100)
     lease.renewed(asked_at_ms=3_100)  # counted from the asking, not the answer
     assert lease.held(12_099) and not lease.held(12_100)
+
+
+def test_a_zero_replication_rate_is_refused() -> None:
+    """BookKeeper's replicationRateByBytes is positive or -1; 0 would copy nothing, ever."""
+    with pytest.raises(ValidationError):
+        ReplicatorSettings(replication_rate_by_bytes=0)
+    assert ReplicatorSettings(replication_rate_by_bytes=-1).replication_rate_by_bytes == -1
