@@ -504,7 +504,10 @@ class Replicator:
         await request.respond(json.dumps(body).encode())
 
     async def release_claims(self) -> None:
+        """At shutdown (the workers already stopped): their claims back to the queue, and
+        the client's senders stopped."""
         await asyncio.gather(*(w.release_current() for w in self.workers))
+        self.client.close()
 
 
 async def main(rt: ServiceRuntime) -> None:

@@ -423,3 +423,46 @@ async def test_kill_9_of_a_worker_mid_copy_leaves_the_ledger_to_another(
         await stop_bookie(stack, "bookie-1")
         await stop_bookie(stack, "bookie-3")
         assert await read_all(stack.http, lid) == stored
+
+
+async def test_a_worker_that_loses_its_claim_stops_before_its_compare_and_set(
+    settings, fresh_database_url, nc
+) -> None:
+    async with running_stack(settings, fresh_database_url, bookies=3) as stack:
+        subjects = Subjects(stack.settings.subject_prefix)
+        meta = MetadataClient(nc, subjects)
+        ledger, stored = await closed_ledger(stack.http, 100)
+        lid = ledger["ledger_id"]
+        await start_bookie(stack, "bookie-4")
+        await stop_bookie(stack, "bookie-2")
+        bookie4 = BookieClient(nc, subjects, add_timeout_ms=2_000, read_timeout_ms=2_000)
+        throttled = replicator_settings(stack, replication_rate_by_bytes=20_000)
+        async with autorecovery_events(nc, subjects) as events:
+            await meta.mark_underreplicated(lid, ["bookie-2"])
+            rt = await stack.start("replicator", "replicator", throttled)
+            [worker] = rt.replicator.workers  # type: ignore[attr-defined]
+            await until(lambda: holds(bookie4, lid, 0), "the copy under way")
+            # The claim goes to someone else (as when a lease lapsed unrenewed).
+            assert await meta.release_underreplicated(lid, worker.worker_id)
+            assert (await meta.claim_underreplicated("intruder", 60_000)) is not None
+            await until(lambda: "released" in kinds(events, lid), "the worker to give up")
+            released = next(e for e in events if e.kind == "autorecovery.released")
+            assert released.data["reason"] == "claim_lost"
+            assert worker.current is None and rt.replicator.stats.in_progress == {}  # type: ignore[attr-defined]
+            # It stopped before its compare-and-set: the ensemble still names bookie-2.
+            assert "bookie-2" in bookies_of(await meta.get_ledger(lid))
+            assert not await holds(bookie4, lid, 99)
+            # Given back, the ledger is claimed again and finished.
+            assert await meta.release_underreplicated(lid, "intruder")
+            await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
+        assert kinds(events, lid) == [
+            "claimed",
+            "released",
+            "claimed",
+            "fragment_replicated",
+            "replicated",
+        ]
+        assert "bookie-2" not in bookies_of(await meta.get_ledger(lid))
+        await stop_bookie(stack, "bookie-1")
+        await stop_bookie(stack, "bookie-3")
+        assert await read_all(stack.http, lid) == stored
