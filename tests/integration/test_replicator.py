@@ -466,3 +466,39 @@ async def test_a_worker_that_loses_its_claim_stops_before_its_compare_and_set(
         await stop_bookie(stack, "bookie-1")
         await stop_bookie(stack, "bookie-3")
         assert await read_all(stack.http, lid) == stored
+
+
+async def test_a_stopped_replicator_gives_its_claim_back_at_once(
+    settings, fresh_database_url, nc
+) -> None:
+    async with running_stack(settings, fresh_database_url, bookies=3) as stack:
+        subjects = Subjects(stack.settings.subject_prefix)
+        meta = MetadataClient(nc, subjects)
+        ledger, stored = await closed_ledger(stack.http, 100)
+        lid = ledger["ledger_id"]
+        await start_bookie(stack, "bookie-4")
+        await stop_bookie(stack, "bookie-2")
+        bookie4 = BookieClient(nc, subjects, add_timeout_ms=2_000, read_timeout_ms=2_000)
+        # A lease far longer than the test: only the release can free the ledger in time.
+        slow = replicator_settings(
+            stack, replication_rate_by_bytes=20_000, underreplicated_lease_ms=600_000
+        )
+        async with autorecovery_events(nc, subjects) as events:
+            await meta.mark_underreplicated(lid, ["bookie-2"])
+            await stack.start("replicator", "replicator", slow)
+            await until(lambda: holds(bookie4, lid, 0), "the copy under way")
+            await stack.stop("replicator")
+            [queued] = (await meta.list_underreplicated()).ledgers
+            assert queued.claimed_by is None
+            await stack.start("replicator-2", "replicator", replicator_settings(stack))
+            await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
+        assert kinds(events, lid) == [
+            "claimed",
+            "released",
+            "claimed",
+            "fragment_replicated",
+            "replicated",
+        ]
+        released = next(e for e in events if e.kind == "autorecovery.released")
+        assert released.data["reason"] == "shutdown"
+        assert await read_all(stack.http, lid) == stored
