@@ -8,6 +8,7 @@ from quire.sim.model import Faults
 from shared.bookie.journal_format import EntryRecord, LacRecord, Record
 from shared.bookie.rules import BookieLedgerState
 from shared.protocol.recovery import LedgerRecovery, RecoveryPhase
+from shared.protocol.replication import LedgerReplication, ReplicationPhase
 from shared.protocol.writer import LedgerWriter
 from shared.quorum import AckSet, QuorumSpec
 from shared.status import BookieStatus
@@ -73,6 +74,21 @@ class SharedLacLedgerState(BookieLedgerState):
                 facts.lac = max(facts.lac, record.lac)
 
 
+class UncopiedTailReplication(LedgerReplication):
+    """Stores a fragment's replacement once its entries are read, dropping the last ones
+    read instead of waiting until the replacement holds them all."""
+
+    def _pump(self) -> None:
+        copy = self._copy
+        if self.phase is ReplicationPhase.COPY and copy is not None:
+            self._collect_reads(copy)
+            if copy.read_done and copy.queued:
+                for entry_id in copy.queued:
+                    del copy.kept[entry_id]
+                copy.queued.clear()
+        super()._pump()
+
+
 # Name -> the run overrides that break one rule (`python -m quire.sim --break NAME`).
 BROKEN: dict[str, dict] = {
     "early-ack": {
@@ -85,6 +101,7 @@ BROKEN: dict[str, dict] = {
     "no-fence": {"recovery_class": UnfencedRecovery},
     "add-after-fence": {"bookie_state_class": FenceBlindLedgerState},
     "shared-lac": {"bookie_state_class": SharedLacLedgerState},
+    "uncopied-tail": {"replication_class": UncopiedTailReplication, "lose_bookie": True},
     "unknown-absent": {
         "recovery_class": UnknownIsAbsentRecovery,
         "recoveries": 3,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from quire.sim.bookie import ReadLac
-from shared.digest import DigestManager
+from shared.digest import DigestManager, LedgerKeys
 from shared.protocol.messages import (
     AddSendFailed,
     CloseDone,
@@ -18,11 +18,14 @@ from shared.protocol.messages import (
     EntryReadFailed,
     FailAdds,
     FenceSendFailed,
+    FragmentReplicated,
     ListWritableBookies,
     ReadSendFailed,
     RecoveryDone,
     RecoveryFailed,
     ReplicaCorrupt,
+    ReplicationDone,
+    ReplicationFailed,
     SendAdds,
     SendFence,
     SendReads,
@@ -31,6 +34,7 @@ from shared.protocol.messages import (
 )
 from shared.protocol.reader import LedgerReader, ReadSettings, lac_from_replies
 from shared.protocol.recovery import LedgerRecovery
+from shared.protocol.replication import LedgerReplication, ReplicationSettings, open_fragment_on
 from shared.status import BookieStatus, QuireError
 
 if TYPE_CHECKING:
@@ -344,3 +348,124 @@ class ReaderClient(Client):
                     self.world.check(False, f"corrupt replica {command}")
         if self.core.done:
             self.core = None
+
+
+class ReplicatorClient(Client):
+    """The replication worker of a ledger the auditor marked (BookKeeper's ReplicationWorker):
+    the closed fragments on the lost bookies are copied while the writer writes; an open last
+    segment on them waits `open_ledger_grace_ms` from the mark, then the ledger is fenced
+    and recovered first (its writer is fenced off), then copied. A failure is released and
+    tried again after a pause, as the worker's claim would be."""
+
+    def __init__(self, world: World, ledger: SimLedger, attempts: int = 40) -> None:
+        super().__init__(world, ledger, "replicator")
+        self.attempts = attempts
+        self.core: LedgerRecovery | LedgerReplication | None = None
+        self.marked_at_ms: int | None = None
+        self.retry_scheduled = False
+        self.replicated = 0  # fragments this worker stored
+
+    @property
+    def busy(self) -> bool:
+        return self.core is not None and not self.core.done
+
+    def mark(self) -> None:
+        """The auditor marked the ledger under-replicated (again: a no-op while at it)."""
+        if self.marked_at_ms is None:
+            self.marked_at_ms = self.world.now_ms
+        if not self.busy and not self.retry_scheduled:
+            self.start()
+
+    @property
+    def repaired(self) -> bool:
+        lost = self.world.lost
+        return not any(lost & set(s.bookies) for s in self.ledger.metadata.ledger.segments)
+
+    def start(self) -> None:
+        self.retry_scheduled = False
+        if self.repaired or self.attempts <= 0:
+            return
+        self.attempts -= 1
+        self.pending.clear()  # answers to an earlier attempt go nowhere
+        world, config = self.world, self.world.config
+        metadata = self.ledger.metadata.ledger
+        assert self.marked_at_ms is not None
+        fence_due = self.marked_at_ms + config.open_ledger_grace_ms
+        keys = LedgerKeys.from_password(self.ledger.password)
+        if open_fragment_on(metadata, world.lost) and world.now_ms >= fence_due:
+            self.core = config.recovery_class(
+                metadata,
+                keys.master_key,
+                DigestManager.for_keys(metadata.digest, keys),
+                world.now_ms,
+                rng=world.rng,
+                retry_interval_ms=20,
+                recovery_timeout_ms=3_000,
+                add_entry_timeout_ms=config.add_entry_timeout_ms,
+                read_batch_size=config.recovery_read_batch_size,
+            )
+            world.log(f"{self.name} fence and recover at v{metadata.version}")
+        else:
+            settings = ReplicationSettings(
+                rereplication_entry_batch_size=config.rereplication_entry_batch_size,
+                rereplication_batches_in_flight=2,
+                read=ReadSettings(
+                    read_entry_timeout_ms=config.request_timeout_ms * 2,
+                    speculative_read_timeout_ms=config.speculative_read_timeout_ms,
+                ),
+            )
+            self.core = config.replication_class(
+                metadata, world.lost, keys, world.now_ms, settings=settings, rng=world.rng
+            )
+            world.log(f"{self.name} replicate at v{metadata.version}")
+        self.run()
+
+    def deliver(self, event: Any) -> None:
+        if event is None or not self.busy:
+            return
+        assert self.core is not None
+        self.core.step(event, self.world.now_ms)
+        self.run()
+
+    def tick(self) -> None:
+        if self.busy:
+            assert self.core is not None
+            self.core.tick(self.world.now_ms)
+            self.run()
+
+    def _again(self, delay_ms: int) -> None:
+        if not self.retry_scheduled:
+            self.retry_scheduled = True
+            self.world.at(delay_ms, self.start)
+
+    def run(self) -> None:
+        assert self.core is not None
+        for command in self.core.take_commands():
+            match command:
+                case SendFence() | SendReads() | SendAdds():
+                    self.send(command.bookie_id, command)
+                case UpdateLedger() | ListWritableBookies():
+                    self.meta(command)
+                case EnsembleChanged():
+                    self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
+                case ReplicaCorrupt():
+                    self.world.check(False, f"corrupt replica {command}")
+                case RecoveryDone():
+                    self.ledger.on_recovered(self, command.metadata)
+                    self._again(0)
+                case FragmentReplicated():
+                    self.replicated += 1
+                    fragment = command.fragment
+                    self.world.log(
+                        f"{self.name} REPLICATED {fragment.first_entry_id}.."
+                        f"{fragment.last_entry_id} {fragment.bookie_id} -> "
+                        f"{command.new_bookie_id} ({command.entries} entries)"
+                    )
+                case ReplicationDone():
+                    if not self.repaired:  # an open segment waits for its grace period
+                        assert self.marked_at_ms is not None
+                        due = self.marked_at_ms + self.world.config.open_ledger_grace_ms
+                        self._again(max(due - self.world.now_ms, 20))
+                case RecoveryFailed() | ReplicationFailed():
+                    self.world.log(f"{self.name} failed: {command.api.code}: {command.detail}")
+                    self._again(self.world.rng.randint(20, 200))

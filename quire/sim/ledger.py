@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from quire.sim.clients import ReaderClient, RecoveryClient, WriterClient
+from quire.sim.clients import ReaderClient, RecoveryClient, ReplicatorClient, WriterClient
 from quire.sim.metadata import SimMetadata
 from shared.digest import DigestManager, DigestType, master_key
 from shared.models import LedgerMetadata, LedgerState, Segment
-from shared.protocol.messages import CompleteAdds, EntryRead, SendReads
+from shared.protocol.messages import CompleteAdds, EntryRead, ReadSendFailed, SendReads
 from shared.protocol.reader import LedgerReader
 from shared.quorum import write_set
 
@@ -53,13 +53,16 @@ class SimLedger:
             RecoveryClient(world, self, f"recovery{i}") for i in range(config.recoveries)
         ]
         self.readers = [ReaderClient(world, self, f"reader{i}") for i in range(config.readers)]
+        # Only in a world that loses a bookie: the others' runs stay as they were.
+        self.replicator = ReplicatorClient(world, self) if world.loses_bookie else None
         self.acked: dict[int, bytes] = {}
         self.max_confirmed = -1
         self.recovered: list[int] = []
         self.max_reader_lac = -1
 
-    def clients(self) -> list[WriterClient | RecoveryClient | ReaderClient]:
-        return [self.writer, *self.recoveries, *self.readers]
+    def clients(self) -> list[WriterClient | RecoveryClient | ReaderClient | ReplicatorClient]:
+        replicators = [self.replicator] if self.replicator is not None else []
+        return [self.writer, *self.recoveries, *self.readers, *replicators]
 
     # -- activity
 
@@ -122,7 +125,9 @@ class SimLedger:
         self.world.log(f"{writer.name} ACK {command.first_entry_id}..{command.last_entry_id}")
         self.check_acked_within_close()
 
-    def on_recovered(self, client: RecoveryClient, metadata: LedgerMetadata) -> None:
+    def on_recovered(
+        self, client: RecoveryClient | ReplicatorClient, metadata: LedgerMetadata
+    ) -> None:
         last = metadata.last_entry_id
         assert last is not None
         self.world.log(f"{client.name} RECOVERED last={last}")
@@ -180,6 +185,13 @@ class SimLedger:
             self.max_reader_lac <= last,
             f"a reader saw LAC {self.max_reader_lac}, the ledger {tag}closed at {last}",
         )
+        lost = self.world.lost
+        for segment in ledger.segments:
+            check(
+                not lost & set(segment.bookies),
+                f"{tag}segment at {segment.first_entry_id} still names a lost bookie "
+                f"{segment.bookies} (lost {sorted(lost)})",
+            )
         got = self.read_back(ledger)
         check(len(got) == last + 1, f"{tag}read {len(got)} of {last + 1} entries back")
         for entry_id, payload in got.items():
@@ -196,7 +208,8 @@ class SimLedger:
         )
 
     def read_back(self, ledger: LedgerMetadata) -> dict[int, bytes]:
-        """Read the closed ledger with the real reader, every bookie answering at once."""
+        """Read the closed ledger with the real reader, every bookie answering at once but
+        a lost one (the copies left must do)."""
         bookies = self.world.bookies
         for bookie in bookies.values():
             bookie.unsure_until_ms = -1  # the ledgerstores have caught up by now
@@ -207,7 +220,10 @@ class SimLedger:
         got: dict[int, bytes] = {}
         while not reader.done:
             for command in reader.take_commands():
-                if isinstance(command, SendReads):
+                if isinstance(command, SendReads) and command.bookie_id in self.world.lost:
+                    gone = ReadSendFailed(command.bookie_id, command.entry_ids, "lost", False)
+                    reader.step(gone, now_ms)
+                elif isinstance(command, SendReads):
                     reader.step(bookies[command.bookie_id].read(command), now_ms)
                 elif isinstance(command, EntryRead):
                     got[command.entry_id] = command.payload

@@ -49,6 +49,7 @@ from shared.protocol.messages import (
     WritableBookies,
 )
 from shared.protocol.recovery import LedgerRecovery
+from shared.protocol.replication import LedgerReplication
 from shared.protocol.writer import LedgerWriter
 
 
@@ -114,6 +115,15 @@ class SimConfig:
     recovery_read_batch_size: int = 64  # entries a recovery reads at once
     max_add_requests_per_bookie: int = DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE  # the writer's
     max_events: int = 200_000
+    # AutoRecovery: a bookie of the first ledger's ensemble is lost for good while the
+    # writers run (when a spare bookie exists and Qa >= 2, so that no acknowledged entry
+    # had its only copy there); the auditor marks every ledger with a segment on it after
+    # lost_bookie_recovery_delay_ms, and each ledger's replicator repairs it.
+    lose_bookie: bool = False
+    lost_bookie_recovery_delay_ms: int = 20
+    open_ledger_grace_ms: int = 300  # BookKeeper's openLedgerRereplicationGracePeriod
+    rereplication_entry_batch_size: int = 4
+    replication_class: type[LedgerReplication] = LedgerReplication
 
 
 # -- the world ----------------------------------------------------------------------------
@@ -135,6 +145,10 @@ class World:
         self._rid = 0
         self.partitions: dict[tuple[str, str], int] = {}  # (client, bookie) -> until ms
         self.bookies = {f"b{i}": SimBookie(self, f"b{i}") for i in range(config.bookies)}
+        self.loses_bookie = (
+            config.lose_bookie and config.bookies > config.ensemble_size and config.ack_quorum >= 2
+        )
+        self.lost: set[str] = set()  # bookies gone for good
         self.ledgers: dict[int, SimLedger] = {}
         for ledger_id in range(1, config.ledgers + 1):
             ensemble = rng.sample(sorted(self.bookies), config.ensemble_size)
@@ -265,6 +279,9 @@ class World:
             self._schedule_random_faults()
         for t, action, argument in config.script:
             self.at(t, self._scripted, action, argument)
+        if self.loses_bookie:
+            lose_at = self.rng.randint(config.duration_ms // 4, config.duration_ms * 3 // 4)
+            self.at(lose_at, self._lose)
         self.at(config.duration_ms, self._heal)
 
     def _schedule_random_faults(self) -> None:
@@ -316,8 +333,27 @@ class World:
             self.at(down_ms, self._restart, bookie_id)
 
     def _restart(self, bookie_id: str) -> None:
-        if not self.bookies[bookie_id].up:
+        if not self.bookies[bookie_id].up and bookie_id not in self.lost:
             self.bookies[bookie_id].restart()
+
+    def _lose(self) -> None:
+        """A bookie of the first ledger's ensemble dies for good (its disk with it)."""
+        first = self.ledgers[1].metadata.ledger.segments[0].bookies
+        bookie_id = self.rng.choice(sorted(first))
+        self.lost.add(bookie_id)
+        self.log(f"{bookie_id} LOST for good")
+        self._crash(bookie_id, -1)
+        self.at(self.config.lost_bookie_recovery_delay_ms, self._audit)
+
+    def _audit(self) -> None:
+        """The auditor's decision on a lost bookie: mark every ledger with a segment on it
+        (the simulator's own rule: BookKeeper's Auditor.handleLostBookies)."""
+        for ledger in self.ledgers.values():
+            segments = ledger.metadata.ledger.segments
+            if any(self.lost & set(s.bookies) for s in segments):
+                self.log(f"auditor marks {ledger.tag}ledger {ledger.ledger_id}")
+                assert ledger.replicator is not None
+                ledger.replicator.mark()
 
     def _partition(self, client: str, bookie_id: str, ms: int) -> None:
         if self.healed:
@@ -368,8 +404,22 @@ class World:
                 final.start()
             while self.step() and any(final.result is None for final in finals):
                 pass
+        if self.lost:
+            self._repair_all()
         for ledger in self.ledgers.values():
             ledger.check_end()
+
+    def _repair_all(self) -> None:
+        """After the faults, audit again (a writer may have put the lost bookie in a new
+        segment while its lease ran) and let the replicators finish."""
+        replicators = [ledger.replicator for ledger in self.ledgers.values()]
+        self.tick_until_ms = self.now_ms + 60_000
+        self.at(0, self._tick)
+        self._audit()
+        while self.step() and any(
+            r is not None and (r.busy or r.retry_scheduled) for r in replicators
+        ):
+            pass
 
 
 def _describe(message: Any) -> str:

@@ -14,6 +14,7 @@ from quire.sim.model import Faults, InvariantViolation, SimConfig, World
 # Ledgers a random seed runs at once over the same bookies (`--ledgers` overrides it): several,
 # so that their bookie state and writer deadlines interleave; three keep 1,000 seeds quick.
 SEED_LEDGERS = 3
+LOSE_BOOKIE_SHARE = 0.25
 
 
 @dataclass
@@ -62,6 +63,8 @@ def config_for_seed(seed: int, **overrides) -> SimConfig:
     # Drawn last, so that the draws above (and the runs they describe) stay as they were.
     faults.partial_read = rng.choice([0.0, 0.2])
     config.recovery_read_batch_size = rng.choice([1, 2, 3, 8, 64])
+    # A quarter of the seeds lose a bookie for good (where a spare exists and Qa >= 2).
+    config.lose_bookie = rng.random() < LOSE_BOOKIE_SHARE
     return replace(config, **overrides)
 
 

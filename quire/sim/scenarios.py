@@ -57,4 +57,18 @@ SCENARIOS: dict[str, SimConfig] = {
     "bookie_restart_during_recovery": _scenario(
         7, script=((150, "recover", 0), (153, "crash", ("ensemble:1", 20)))
     ),
+    # A bookie of the ensemble is lost for good while the writer writes; the auditor marks
+    # the ledger. Its only segment is open: after the grace period the replicator fences
+    # and recovers the ledger (the writer's ensemble change races it; the writer is fenced),
+    # then copies the closed segment's fragment to a spare. Nothing acknowledged is lost and
+    # no segment names the lost bookie.
+    "lost_bookie_rereplicated": _scenario(
+        37,
+        bookies=5,
+        recoveries=0,
+        entries=20,
+        duration_ms=600,
+        lose_bookie=True,
+        open_ledger_grace_ms=100,
+    ),
 }

@@ -7,9 +7,11 @@ machine, in the rules of the package (`shared.protocol`): no IO, no clock, no ra
 What is copied (`fragments_on`): a fragment is one segment x one ensemble index whose
 bookie is bad; its entries are those of the segment's range (up to the next segment's
 first entry - 1; for the last segment of a CLOSED ledger, up to its last entry) whose
-write set holds that index. The last segment of a ledger that is not closed is still
-being written: it is left out (`open_fragment_on` says whether there is one; the worker
-fences and recovers such a ledger first, as BookKeeper's does after its grace period).
+write set holds that index. A bad bookie named where it holds no entry (an empty last
+segment of a closed ledger) is replaced too, with nothing to copy. The last segment of a
+ledger that is not closed is still being written: it is left out (`open_fragment_on`
+says whether there is one; the worker fences and recovers such a ledger first, as
+BookKeeper's does after its grace period).
 
 How, one fragment after the other:
 1. choose a replacement among the writable bookies (asked once) that is neither bad nor in
@@ -133,16 +135,28 @@ def _holds_entries(index: int, first: int, last: int, quorum: QuorumSpec) -> boo
 def fragments_on(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> list[Fragment]:
     """The fragments stored on `bookie_ids` that hold entries, in entry order then ensemble
     index; without the open last segment of a ledger that is not closed."""
-    bad = set(bookie_ids)
     quorum = metadata.quorum
+    return [
+        f
+        for f in _named_on(metadata, bookie_ids)
+        if _holds_entries(f.ensemble_index, f.first_entry_id, f.last_entry_id, quorum)
+    ]
+
+
+def _named_on(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> list[Fragment]:
+    """Every place a segment that is not open names one of `bookie_ids`, as a fragment,
+    holding entries or not (an empty segment of a closed ledger, an index no entry of a
+    short segment uses): those too get their replacement, so that the metadata stops
+    naming a lost bookie."""
+    bad = set(bookie_ids)
     fragments = []
     for position, segment in enumerate(metadata.segments):
         last = _segment_last(metadata, position)
-        first = segment.first_entry_id
-        if last is None or last < first:
+        if last is None:
             continue
+        first = segment.first_entry_id
         for index, bookie_id in enumerate(segment.bookies):
-            if bookie_id in bad and _holds_entries(index, first, last, quorum):
+            if bookie_id in bad:
                 fragments.append(Fragment(first, first, last, index, bookie_id))
     return fragments
 
@@ -269,7 +283,8 @@ class LedgerReplication:
         self._throttle = ByteRateLimiter(self.settings.replication_rate_by_bytes, now_ms)
         self.phase = ReplicationPhase.LIST
         self.error: QuireError | None = None
-        self.fragments = fragments_on(metadata, self.bad_bookies)
+        # Those without entries too: nothing to copy, the replacement stored all the same.
+        self.fragments = _named_on(metadata, self.bad_bookies)
         self._next_fragment = 0
         self._writable: frozenset[str] = frozenset()
         self._chosen: dict[str, str] = {}  # bad bookie -> its replacement so far

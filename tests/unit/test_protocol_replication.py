@@ -628,3 +628,18 @@ def test_the_reader_settings_are_bounded_by_the_buffer() -> None:
     core = LedgerReplication(world.metadata, {"b1"}, KEYS, 0, settings=settings)
     world.run(core)
     assert core.buffered_max <= 10
+
+
+def test_a_bad_bookie_named_where_it_holds_nothing_is_replaced_with_nothing_copied() -> None:
+    # Closed at entry 9: the segment at 10 is empty; b1 is named there all the same.
+    metadata = ledger(3, 3, 2, [(0, ["b0", "b2", "b3"]), (10, B3)], last=9)
+    assert fragments_on(metadata, {"b1"}) == []
+    world = World(metadata, frames(10), spare=["b4"])
+    world.down.add("b1")
+    core = replication(world, {"b1"})
+    given = world.run(core)
+    assert isinstance(given[-1], ReplicationDone)
+    [done] = core.replicated
+    assert done.entries == 0 and done.new_bookie_id in {"b3", "b4"}
+    assert world.metadata.segments[1].bookies == ["b0", done.new_bookie_id, "b2"]
+    assert not any(isinstance(c, SendAdds | SendReads) for c in given)

@@ -158,3 +158,20 @@ def test_scenarios_show_what_they_are_named_for() -> None:
     assert "writer ensemble changed" in logs["ensemble_change_during_writes"]
     assert "writer closed" in logs["ensemble_change_during_writes"]
     assert "restart" in logs["bookie_restart_during_recovery"]
+    lost = logs["lost_bookie_rereplicated"]
+    for seen in ("LOST for good", "auditor marks", "replicator fence and recover", "REPLICATED"):
+        assert seen in lost, seen
+
+
+def test_seeds_that_lose_a_bookie_repair_every_ledger() -> None:
+    """A bookie lost for good while the writers run: the auditor marks each ledger with a
+    segment on it, the replicators copy what it held (fencing and recovering the open
+    ledgers first), and every ledger ends closed, whole, naming no lost bookie (checked by
+    `SimLedger.check_end`; each stored replacement by `SimMetadata`)."""
+    results = [run_seed(seed, lose_bookie=True) for seed in range(150)]
+    failures = [f"seed {r.seed}: {r.error}" for r in results if not r.ok]
+    assert not failures, "\n".join(failures)
+    logs = [r.log for r in results if "LOST for good" in r.log]
+    assert len(logs) > 40
+    assert all("REPLICATED" in log or "replicator RECOVERED" in log for log in logs)
+    assert sum("fence and recover" in log for log in logs) > 5
