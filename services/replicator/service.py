@@ -2,7 +2,7 @@
 claim under-replicated ledgers from the metadata queue (`urq.*`) and copy their fragments
 off the marked bookies with the protocol library (`ProtocolClient.replicate`).
 
-One worker's turn (the decisions are `core.py`'s):
+One worker's turn (its decisions are `shared/autorecovery_worker.py`'s):
 
 1. Claim (`urq.claim`, lease `underreplicated_lease_ms`, worker id
    `<instance>-<pid>-<n>`). Nothing to claim, or autorecovery disabled (the queue then
@@ -23,7 +23,8 @@ One worker's turn (the decisions are `core.py`'s):
 While it works the worker renews its claim every third of the lease; when a renewal says
 the claim is no longer its own, or it cannot renew before the lease runs out, it stops
 the copy (a copy not yet in the metadata changes nothing). A deferred claim is held with
-one renewal whose lease is the wait (`core.py` says why), then left to lapse.
+one renewal whose lease is the wait (`shared/autorecovery_worker.py` says why), then left
+to lapse.
 
 Every step is an event: `autorecovery.claimed`, `autorecovery.fragment_replicated`,
 `autorecovery.replicated`, `autorecovery.released`. `<prefix>.replicator.status` answers
@@ -41,7 +42,7 @@ from typing import Any
 
 from nats.micro.request import Request
 
-from services.replicator.core import (
+from shared.autorecovery_worker import (
     Action,
     ClaimFacts,
     ClaimLease,

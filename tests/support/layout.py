@@ -21,6 +21,7 @@ CORES = [
     "shared/protocol/reader.py",
     "shared/protocol/recovery.py",
     "shared/protocol/replication.py",
+    "shared/autorecovery_worker.py",
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/core.py")),
     "quire/sim/model.py",
     "quire/sim/bookie.py",

@@ -3,9 +3,10 @@ with a claimed under-replicated ledger, what to do once its fragments were copie
 long a ledger this worker failed stays away from every worker, and when a claim is lost.
 
 Time comes in as `now_ms` (wall-clock milliseconds, as the queue's `marked_at`); the
-driver (`service.py`) does the IO. Which fragments a ledger has on which bookies is the
-protocol library's rule (`shared/protocol/replication.py`); the driver passes its answers
-in, so that this module keeps no second copy of it.
+replicator service (`services/replicator/service.py`) does the IO (this is in `shared/` so
+that the simulator can take the same decisions). Which fragments a ledger has on which
+bookies is the protocol library's rule (`shared/protocol/replication.py`); the driver
+passes its answers in, so that this module keeps no second copy of it.
 
 A claim that must wait (an open ledger inside its grace period, a failed ledger backing
 off) is not released at once: the queue hands out the oldest mark first, so a released

@@ -1,11 +1,11 @@
-"""The replication worker's decisions (services/replicator/core.py), table-driven."""
+"""The replication worker's decisions (shared/autorecovery_worker.py), table-driven."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from services.replicator.core import (
+from shared.autorecovery_worker import (
     LEASE_MS_MAX,
     LEASE_MS_MIN,
     Action,
