@@ -382,9 +382,12 @@ class ReplicationWorker:
             common["failures"] = self.failed_ledgers.failures(ledger_id)
             common["error"] = verdict.error
         # Held for the wait by one renewal with the wait as its lease, then left to lapse.
-        await self._queue_op(self._meta.renew_underreplicated, ledger_id, hold_lease_ms(wait_ms))
+        held = await self._queue_op(
+            self._meta.renew_underreplicated, ledger_id, hold_lease_ms(wait_ms)
+        )
         assert verdict.reason is not None
-        self._released(ledger_id, verdict.reason, wait_ms, common)
+        # Not held (lost meanwhile, or the queue failed): claimable when its lease lapses.
+        self._released(ledger_id, verdict.reason, wait_ms if held else 0, common)
 
     def _released(
         self, ledger_id: int, reason: Reason, claimable_in_ms: int, common: dict[str, Any]
