@@ -63,7 +63,7 @@ def config_for_seed(seed: int, **overrides) -> SimConfig:
     # Drawn last, so that the draws above (and the runs they describe) stay as they were.
     faults.partial_read = rng.choice([0.0, 0.2])
     config.recovery_read_batch_size = rng.choice([1, 2, 3, 8, 64])
-    # A quarter of the seeds lose a bookie for good (where a spare exists and Qa >= 2).
+    # A quarter of the seeds draw it; those with a spare bookie and Qa >= 2 lose one.
     config.lose_bookie = rng.random() < LOSE_BOOKIE_SHARE
     return replace(config, **overrides)
 

@@ -65,6 +65,10 @@ class Bookies(MemoryBookies):
             raise BookieUnreachable("no responders")
         return await super().read(bookie_id, items)
 
+    def bookies_listed(self, bookies: list[BookieInfo]) -> None:
+        """What a transport hears of the registrations (a method of BookieTransport from
+        the writer's no-responders rule on): nothing to do in memory."""
+
     async def add(self, bookie_id: str, items: list[AddItem]) -> Any:
         await asyncio.sleep(0)
         if bookie_id in self.down:
