@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.micro.request import Request
+from pydantic import ValidationError
 
 from shared.autorecovery_worker import (
     Action,
@@ -227,7 +228,8 @@ class ReplicationWorker:
         of the copy are failures of this ledger (backoff), never of the worker."""
         try:
             return await self._replicate_ledger(claim)
-        except (QuireError, MetadataError) as exc:
+        # ValidationError: an answer of the metadata service that does not parse.
+        except (QuireError, MetadataError, ValidationError) as exc:
             return Verdict(Outcome.DEFER_FAILED, Reason.FAILED, error=str(exc))
         except Exception as exc:  # a bug: loud in the log, but one ledger must not stop the worker
             log.exception("replication of ledger %d failed", claim.ledger_id)
@@ -473,10 +475,12 @@ class Replicator:
         ]
 
     async def autorecovery_enabled(self) -> bool | None:
-        """The cluster's switch as the metadata service has it now (None: unavailable)."""
+        """The cluster's switch as the metadata service has it now (None: unknown, the
+        service unavailable or its answer malformed)."""
         try:
             return (await self._meta.get_cluster_settings()).autorecovery_enabled
-        except MetadataError:
+        except Exception as exc:  # the status answers all the same
+            log.warning("cluster settings unknown", extra={"err": repr(exc)})
             return None
 
     async def status(self, request: Request) -> None:

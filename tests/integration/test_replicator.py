@@ -27,6 +27,7 @@ from shared.status import BookieStatus
 from shared.subjects import Subjects
 from shared.wire import ReadItem
 from tests.integration.test_gateway_http import PW, append_batch, append_raw, create, payloads_of
+from tests.support.inprocess import running_service
 from tests.support.stack import Stack, running_stack
 
 ENTRY_BYTES = 1_000
@@ -502,3 +503,37 @@ async def test_a_stopped_replicator_gives_its_claim_back_at_once(
         released = next(e for e in events if e.kind == "autorecovery.released")
         assert released.data["reason"] == "shutdown"
         assert await read_all(stack.http, lid) == stored
+
+
+async def test_malformed_answers_of_the_queue_never_stop_a_worker(settings, nc) -> None:
+    """No metadata service: a peer on its subjects answers nonsense, then a claim that names
+    no bookie of a ledger it cannot describe. The worker counts, backs off, goes on."""
+    subjects = Subjects(settings.subject_prefix)
+    claims = 0
+
+    async def odd_metadata(msg) -> None:
+        nonlocal claims
+        if msg.subject == subjects.meta("urq.claim"):
+            claims += 1
+            if claims > 2:  # then: a claim with no missing bookie
+                ledger = {"ledger_id": 5, "missing_bookies": [], "mark_version": 1, "marked_at": 0}
+                await msg.respond(json.dumps({"ok": True, "result": {"ledger": ledger}}).encode())
+                return
+        await msg.respond(b"not json")
+
+    sub = await nc.subscribe(f"{settings.subject_prefix}.meta.>", cb=odd_metadata)
+    replicator = ReplicatorSettings(claim_poll_interval_ms=50, rw_rereplicate_backoff_ms=50)
+    try:
+        async with running_service(
+            "replicator", settings.model_copy(update={"replicator": replicator})
+        ) as rt:
+            stats = rt.replicator.stats  # type: ignore[attr-defined]
+            await until(lambda: stats.claim_errors >= 2 and stats.failed >= 2, "odd turns")
+            assert not rt.stopping  # a background task that dies stops the service
+            status = json.loads(
+                (await nc.request(subjects.service("replicator", "status"), b"", timeout=5)).data
+            )
+            assert status["autorecovery_enabled"] is None  # unknown: the answer was nonsense
+            assert status["claim_errors"] >= 2 and status["failed"] >= 2
+    finally:
+        await sub.unsubscribe()
