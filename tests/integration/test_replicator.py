@@ -90,9 +90,20 @@ async def append(http: httpx.AsyncClient, ledger_id: int, entries: int) -> list[
     return stored
 
 
-async def closed_ledger(http: httpx.AsyncClient, entries: int) -> tuple[dict, list[bytes]]:
-    """A ledger on the stack's three bookies (E3 Qw3 Qa2), `entries` long, closed."""
+async def keyed_ledger(http: httpx.AsyncClient, meta: MetadataClient) -> dict:
+    """A ledger on the stack's three bookies (E3 Qw3 Qa2), open, with its keys stored."""
     ledger = await create(http)
+    stored = await meta.get_ledger(ledger["ledger_id"])
+    # Without them the replicator can copy nothing: say so at once, not by a timeout.
+    assert stored.master_key and stored.mac_key, "ledger keys not stored (metadata format 3)"
+    return ledger
+
+
+async def closed_ledger(
+    http: httpx.AsyncClient, meta: MetadataClient, entries: int
+) -> tuple[dict, list[bytes]]:
+    """A keyed ledger (`keyed_ledger`), `entries` long, closed."""
+    ledger = await keyed_ledger(http, meta)
     stored = await append(http, ledger["ledger_id"], entries)
     closing = await http.post(f"/v1/ledgers/{ledger['ledger_id']}/close", headers=PW)
     assert closing.status_code == 200
@@ -139,7 +150,7 @@ async def test_a_closed_ledger_is_copied_off_a_lost_bookie(
     async with running_stack(settings, fresh_database_url, bookies=3) as stack:
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledger, stored = await closed_ledger(stack.http, 120)
+        ledger, stored = await closed_ledger(stack.http, meta, 120)
         lid, ensemble = ledger["ledger_id"], ledger["segments"][0]["bookies"]
         await start_bookie(stack, "bookie-4")
         await stop_bookie(stack, "bookie-2")
@@ -191,7 +202,7 @@ async def test_a_ledger_without_keys_backs_off_and_the_switch_stops_claims(
                 ensemble=["bookie-1", "bookie-2", "bookie-3"],
             )
         )
-        ledger, stored = await closed_ledger(stack.http, 20)
+        ledger, stored = await closed_ledger(stack.http, meta, 20)
         lid = ledger["ledger_id"]
         await start_bookie(stack, "bookie-4")
         await stop_bookie(stack, "bookie-2")
@@ -238,7 +249,7 @@ async def test_two_replicators_never_work_on_one_ledger_at_once(
     async with running_stack(settings, fresh_database_url, bookies=3) as stack:
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledgers = [await closed_ledger(stack.http, 30) for _ in range(6)]
+        ledgers = [await closed_ledger(stack.http, meta, 30) for _ in range(6)]
         ids = [ledger["ledger_id"] for ledger, _ in ledgers]
         await start_bookie(stack, "bookie-4")
         await stop_bookie(stack, "bookie-2")
@@ -279,7 +290,7 @@ async def test_an_open_ledger_is_fenced_and_recovered_after_its_grace_period(
         http = stack.http
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledger = await create(http)  # this gateway holds its writer: it stays OPEN
+        ledger = await keyed_ledger(http, meta)  # this gateway holds its writer: it stays OPEN
         lid, ensemble = ledger["ledger_id"], ledger["segments"][0]["bookies"]
         stored = await append(http, lid, 30)
         await start_bookie(stack, "bookie-4")
@@ -325,7 +336,7 @@ async def test_a_writers_ensemble_change_during_the_copy_loses_no_entry(
         http = stack.http
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledger = await create(http)
+        ledger = await keyed_ledger(http, meta)
         lid = ledger["ledger_id"]
         stored = await append(http, lid, 100)
         await start_bookie(stack, "bookie-4")
@@ -388,7 +399,7 @@ async def test_kill_9_of_a_worker_mid_copy_leaves_the_ledger_to_another(
     async with running_stack(settings, fresh_database_url, bookies=3) as stack:
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledger, stored = await closed_ledger(stack.http, 100)
+        ledger, stored = await closed_ledger(stack.http, meta, 100)
         lid = ledger["ledger_id"]
         await start_bookie(stack, "bookie-4")
         await stop_bookie(stack, "bookie-2")
@@ -432,7 +443,7 @@ async def test_a_worker_that_loses_its_claim_stops_before_its_compare_and_set(
     async with running_stack(settings, fresh_database_url, bookies=3) as stack:
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledger, stored = await closed_ledger(stack.http, 100)
+        ledger, stored = await closed_ledger(stack.http, meta, 100)
         lid = ledger["ledger_id"]
         await start_bookie(stack, "bookie-4")
         await stop_bookie(stack, "bookie-2")
@@ -475,7 +486,7 @@ async def test_a_stopped_replicator_gives_its_claim_back_at_once(
     async with running_stack(settings, fresh_database_url, bookies=3) as stack:
         subjects = Subjects(stack.settings.subject_prefix)
         meta = MetadataClient(nc, subjects)
-        ledger, stored = await closed_ledger(stack.http, 100)
+        ledger, stored = await closed_ledger(stack.http, meta, 100)
         lid = ledger["ledger_id"]
         await start_bookie(stack, "bookie-4")
         await stop_bookie(stack, "bookie-2")
