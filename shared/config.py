@@ -260,6 +260,48 @@ class GatewaySettings(BaseModel):
     ready_min_writable_bookies: int = Field(default=1, ge=0)
 
 
+class ReplicatorSettings(BaseModel):
+    """The replication workers' settings (BookKeeper's ReplicationWorker ones, in snake_case)."""
+
+    # Replication workers per replicator process; each works on one ledger at a time.
+    num_workers: int = Field(default=1, ge=1, le=64)
+    # The lease of a worker's claim on an under-replicated ledger (BookKeeper's ZooKeeper
+    # lock lives as long as the worker's session, zkTimeout 10 s): renewed every third of it
+    # while the worker works; a worker that dies leaves the ledger to others once it lapses.
+    underreplicated_lease_ms: int = Field(default=10_000, ge=300, le=3_600_000)
+    # openLedgerRereplicationGracePeriod: an OPEN ledger whose last segment has a marked
+    # bookie is fenced and recovered only once this long has passed since it was marked;
+    # until then its writer may still replace the bookie by an ensemble change itself.
+    open_ledger_rereplication_grace_period_ms: int = Field(default=30_000, ge=0, le=3_600_000)
+    # rereplicationEntryBatchSize: entries in one add request to the replacement bookie (4
+    # requests unanswered at once, so a worker holds at most 4x this many entries read and
+    # not yet stored). BookKeeper's 10 costs little on its per-bookie channels; here each
+    # request is a NATS round trip. Copying 12,000 1 KB entries on this project's VM: 10 ->
+    # 5-8 MB/s, 32 -> 14-16, 64 -> 17-20, 128 -> 18-20.
+    rereplication_entry_batch_size: int = Field(default=64, ge=1, le=4096)
+    # replicationRateByBytes: entry frame bytes one worker copies a second; -1: unthrottled.
+    replication_rate_by_bytes: int = Field(default=-1, ge=-1)
+    # lockReleaseOfFailedLedgerGracePeriod: a ledger this worker failed to replicate stays
+    # claimed (no worker gets it) for a backoff that doubles with each failure, from 1/32 of
+    # this up to all of it, then its claim lapses and any worker may try again.
+    lock_release_of_failed_ledger_grace_period_ms: int = Field(
+        default=300_000, ge=100, le=3_600_000
+    )
+    # rwRereplicateBackoffMs: how long a worker waits after the queue or the metadata
+    # service failed it (unavailable, a malformed answer) before asking again.
+    rw_rereplicate_backoff_ms: int = Field(default=5_000, ge=10, le=600_000)
+    # How often an idle worker asks the queue for a ledger (a worker that just finished
+    # one asks again at once). One request a second per worker is no load on the metadata
+    # service and starts a repair within a second of the mark.
+    claim_poll_interval_ms: int = Field(default=1_000, ge=10, le=600_000)
+
+    @model_validator(mode="after")
+    def _check_rate(self) -> ReplicatorSettings:
+        if self.replication_rate_by_bytes == 0:
+            raise ValueError("replication_rate_by_bytes must be positive, or -1 (unthrottled)")
+        return self
+
+
 class QuireSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUIRE_", env_nested_delimiter="__", extra="ignore"
@@ -291,6 +333,7 @@ class QuireSettings(BaseSettings):
     metadata: MetadataSettings = MetadataSettings()
     auditor: AuditorSettings = AuditorSettings()
     gateway: GatewaySettings = GatewaySettings()
+    replicator: ReplicatorSettings = ReplicatorSettings()
 
     @property
     def bookie_dir(self) -> Path:

@@ -11,6 +11,7 @@ CORES = [
     "shared/digest.py",
     "shared/wire.py",
     "shared/status.py",
+    "shared/autorecovery_worker.py",
     "shared/bookie/journal_format.py",
     "shared/bookie/entrylog_format.py",
     "shared/bookie/index_schema.py",
