@@ -10,6 +10,11 @@ are fenced and closed after the grace period. Once no ledger names the lost book
 under-replication queue is empty, every ledger is read back and compared, entry by entry,
 with what was written, and every segment is checked to name `ensemble` live bookies.
 
+Foreground traffic: one more writer appends single entries at `foreground_rate` to a ledger
+whose ensemble leaves the victim out, from `BASELINE_S` before the kill to the end; its add
+latencies before the kill and while the closed ledgers are copied are reported side by side:
+re-replication must not starve it.
+
 Figures: seconds from the kill to the bookie seen lost, to the first mark, to full repair;
 the entries and bytes the lost bookie held (what had to be copied); the copy rate from the
 first mark to the end."""
@@ -27,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from quire.bench.histogram import Histogram
 from quire.bench.procstat import Process
 from quire.bench.targets import PASSWORD, InProcessTarget, Quorum
 from shared.config import QuireSettings
@@ -39,6 +45,8 @@ APPEND_WINDOW = 8  # appends outstanding per ledger while writing
 WRITE_CONCURRENCY = 16  # ledgers written at once
 POLL_S = 0.5  # how often the metadata store is looked at while waiting for the repair
 READ_CONCURRENCY = 8  # ledgers read back at once
+BASELINE_S = 5.0  # the foreground writer runs this long before the kill
+FOREGROUND_ENSEMBLE_TRIES = 20  # ledgers created to find an ensemble without the victim
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class AutorecoverySpec:
     entry_size: int = 1024
     open_ledgers: int = 20  # of `ledgers`, left open by a quiet writer
     timeout_s: float = 600.0  # for the repair to finish
+    foreground_rate: float = 100.0  # entries/s of the foreground writer (0: none)
 
 
 @dataclass
@@ -240,6 +249,81 @@ async def check_ledgers(
     return {"states": dict(states), "entries_read": entries_read, "problems": problems[:20]}
 
 
+class Foreground:
+    """One writer at a fixed rate, one entry per append, on a ledger without the victim;
+    each add's latency is kept with the time it was sent (seconds since the kill)."""
+
+    def __init__(self, target: InProcessTarget, rate: float, entry_size: int) -> None:
+        self.target = target
+        self.rate = rate
+        self.entry_size = entry_size
+        self.samples: list[tuple[float, int]] = []  # (sent, latency in microseconds)
+        self.errors: list[str] = []
+        self.killed_at = 0.0  # set at the kill; before it, times are negative
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self.ledger_id: int | None = None
+
+    async def start(self, victim: str) -> None:
+        assert self.target.client is not None
+        for _ in range(FOREGROUND_ENSEMBLE_TRIES):
+            ledger_id = await self.target.create()
+            metadata = await self.target.client.meta.get_ledger(ledger_id)
+            if victim not in metadata.segments[0].bookies:
+                self.ledger_id = ledger_id
+                break
+            await self.target.writers.pop(ledger_id).close(60.0)
+        else:
+            raise RuntimeError(f"no ensemble without {victim} in {FOREGROUND_ENSEMBLE_TRIES} tries")
+        self.killed_at = time.monotonic() + BASELINE_S
+        self._task = asyncio.create_task(self._run())
+
+    async def _one(self, data: bytes) -> None:
+        assert self.ledger_id is not None
+        sent = time.monotonic()
+        try:
+            await self.target.writers[self.ledger_id].append([data])
+        except Exception as exc:  # noqa: BLE001 (reported, not fatal to the bench)
+            self.errors.append(str(exc))
+            return
+        self.samples.append((sent - self.killed_at, int((time.monotonic() - sent) * 1e6)))
+
+    async def _run(self) -> None:
+        interval = 1.0 / self.rate
+        next_at = time.monotonic()
+        index = 0
+        while True:
+            next_at += interval
+            data = payload(-1, index, self.entry_size)
+            task = asyncio.create_task(self._one(data))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            index += 1
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=60.0)
+
+    def window(self, start_s: float, end_s: float) -> dict[str, Any]:
+        histogram = Histogram()
+        for sent, latency_us in self.samples:
+            if start_s <= sent < end_s:
+                histogram.record(latency_us)
+        if not histogram.count:
+            return {"adds": 0}
+        return {
+            "adds": histogram.count,
+            "p50_ms": round(histogram.percentile(50) / 1000, 2),
+            "p99_ms": round(histogram.percentile(99) / 1000, 2),
+            "max_ms": round(histogram.percentile(100) / 1000, 2),
+        }
+
+
 async def run_autorecovery(
     settings: QuireSettings,
     quorum: Quorum,
@@ -260,8 +344,13 @@ async def run_autorecovery(
         ]
         held_entries = sum(held_by(m, victim) for m in as_closed)
         ledgers_on_victim = sum(1 for m in before if names(m, victim))
+        foreground = Foreground(target, spec.foreground_rate, spec.entry_size)
+        if spec.foreground_rate > 0:
+            await foreground.start(victim)
+            await asyncio.sleep(max(0.0, foreground.killed_at - time.monotonic()))
         progress(f"killing {victim}: it holds {held_entries:,} entries of {ledgers_on_victim}")
         killed_at = time.monotonic()
+        foreground.killed_at = killed_at
         kill_bookie(processes, victim)
         closed_ids = {m.ledger_id for m in before if m.state is LedgerState.CLOSED}
         timeline = await wait_for_repair(
@@ -278,8 +367,10 @@ async def run_autorecovery(
             for b in await target.client.meta.list_bookies()  # type: ignore[union-attr]
             if b.state is not BookieState.LOST
         }
+        await foreground.stop()
         check = await check_ledgers(target, written, live, quorum, spec.entry_size)
     finally:
+        await foreground.stop()
         # The open ledgers' writers were fenced by the repair: nothing of theirs to close.
         for handle in target.writers.values():
             handle.abort(ApiCodes.LEDGER_FENCED, "the bench is done")
@@ -306,5 +397,11 @@ async def run_autorecovery(
         "repaired_after_s": round(timeline.repaired_s, 1),
         "most_queued": timeline.most_marked,
         "copy_mb_per_s": round(closed_bytes / 1e6 / copy_s, 1) if copy_s > 0 else None,
+        "foreground": {
+            "rate": spec.foreground_rate,
+            "before_kill": foreground.window(-BASELINE_S, 0.0),
+            "during_copy": foreground.window(timeline.first_mark_s, timeline.closed_repaired_s),
+            "errors": foreground.errors[:10],
+        },
         "check": check,
     }

@@ -758,6 +758,10 @@ def autorecovery(
     open_ledgers: Annotated[
         int, typer.Option(min=0, help="Of the ledgers, how many are left open (writer quiet).")
     ] = 20,
+    foreground_rate: Annotated[
+        float,
+        typer.Option(min=0.0, help="Entries/s of a writer running through it all (0: none)."),
+    ] = 100.0,
     ensemble: Annotated[int, typer.Option(min=1)] = 3,
     write_quorum: Annotated[int, typer.Option(min=1)] = 3,
     ack_quorum: Annotated[int, typer.Option(min=1)] = 2,
@@ -789,7 +793,7 @@ def autorecovery(
     if bookies <= ensemble:
         _fail("the lost bookie needs a replacement: --bookies must exceed --ensemble")
     quorum = Quorum(ensemble, write_quorum, ack_quorum)
-    spec = AutorecoverySpec(ledgers, entries, entry_size, open_ledgers, timeout)
+    spec = AutorecoverySpec(ledgers, entries, entry_size, open_ledgers, timeout, foreground_rate)
     env = {
         "QUIRE_METADATA__BOOKIE_LEASE_MS": str(lease_ms),
         "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": str(max(50, lease_ms // 5)),
@@ -807,6 +811,7 @@ def autorecovery(
             "entries": entries,
             "entry_size": entry_size,
             "open_ledgers": open_ledgers,
+            "foreground_rate": foreground_rate,
             "ensemble": ensemble,
             "write_quorum": write_quorum,
             "ack_quorum": ack_quorum,
@@ -817,7 +822,7 @@ def autorecovery(
         "machine": machine,
         "autorecovery": figures,
     }
-    check = figures["check"]
+    check, fg = figures["check"], figures["foreground"]
     console.print(
         f"lost {figures['victim']} holding {figures['entries_on_victim']:,} entries "
         f"({figures['mb_on_victim']} MB of payload) of {figures['ledgers_on_victim']} ledgers\n"
@@ -825,6 +830,8 @@ def autorecovery(
         f"{figures['first_mark_after_s']} s, closed ledgers whole after "
         f"{figures['closed_repaired_after_s']} s, all whole after {figures['repaired_after_s']} s\n"
         f"  copy rate (closed ledgers, first mark to whole): {figures['copy_mb_per_s']} MB/s\n"
+        f"  foreground adds at {foreground_rate}/s: before the loss {fg['before_kill']}, "
+        f"during the copy {fg['during_copy']}\n"
         f"  read back: {check['entries_read']:,} entries, ledger states {check['states']}, "
         f"problems: {len(check['problems'])}"
     )
