@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from quire.bench.autorecovery import AutorecoverySpec, run_autorecovery
 from quire.bench.load import LoadResult, LoadSpec, run_load
 from quire.bench.population import IdleSpec, RoundsSpec, measure_idle, run_rounds
 from quire.bench.procstat import Process
@@ -124,9 +125,14 @@ def _fsync_mode(env: dict[str, str]) -> str:
 
 @contextlib.contextmanager
 def cluster_access(
-    gateway: str | None, data_dir: Path | None, bookies: int, grpc_address: str | None
+    gateway: str | None,
+    data_dir: Path | None,
+    bookies: int,
+    grpc_address: str | None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[ClusterAccess]:
-    """The running cluster that --gateway/--data-dir name, else one started here."""
+    """The running cluster that --gateway/--data-dir name, else one started here (with
+    `extra_env` on top of this process's environment)."""
     if gateway or data_dir:
         yield _existing(gateway, data_dir, grpc_address)
         return
@@ -140,6 +146,7 @@ def cluster_access(
         bookies=bookies,
         http_port=free_port(),
         grpc_port=free_port(),
+        extra_env=extra_env or {},
     )
     cluster = Cluster(config, out=io.StringIO(), err=io.StringIO())
     err_console.print(f"starting a {bookies}-bookie cluster in {config.data_dir} ...")
@@ -741,3 +748,96 @@ def _read_errors(report: dict[str, Any]) -> bool:
         return bool(report["tail"]["errors"])
     passes = [report[s][p] for s in ("quire", "jetstream") if s in report for p in ("cold", "warm")]
     return any(figures["error"] for figures in passes)
+
+
+@app.command()
+def autorecovery(
+    ledgers: Annotated[int, typer.Option(min=1, help="Ledgers written before the loss.")] = 200,
+    entries: Annotated[int, typer.Option(min=1, help="Entries in each ledger.")] = 500,
+    entry_size: Annotated[int, typer.Option(min=1, help="Bytes per entry.")] = 1024,
+    open_ledgers: Annotated[
+        int, typer.Option(min=0, help="Of the ledgers, how many are left open (writer quiet).")
+    ] = 20,
+    foreground_rate: Annotated[
+        float,
+        typer.Option(min=0.0, help="Entries/s of a writer running through it all (0: none)."),
+    ] = 100.0,
+    ensemble: Annotated[int, typer.Option(min=1)] = 3,
+    write_quorum: Annotated[int, typer.Option(min=1)] = 3,
+    ack_quorum: Annotated[int, typer.Option(min=1)] = 2,
+    bookies: Annotated[int, typer.Option(min=2, max=64)] = 4,
+    lease_ms: Annotated[
+        int,
+        typer.Option(min=100, help="The bookies' registration lease (metadata.bookie_lease_ms)."),
+    ] = 3_000,
+    grace_ms: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Before an open ledger is fenced and re-replicated "
+            "(replicator.open_ledger_rereplication_grace_period_ms).",
+        ),
+    ] = 5_000,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds allowed for the repair.")
+    ] = 600.0,
+    json_path: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Kill a bookie for good (SIGKILL, not restarted) after writing LEDGERS ledgers, and
+    time its re-replication: to the bookie seen lost, to the auditor's first mark, to every
+    ledger whole again (open ones fenced and closed); the copy rate; then every entry is
+    read back and compared. Always on a cluster of its own (it kills one of its bookies):
+    the lease and grace period are set short for it, other settings from QUIRE_* variables."""
+    if open_ledgers > ledgers:
+        _fail("--open-ledgers cannot exceed --ledgers")
+    if bookies <= ensemble:
+        _fail("the lost bookie needs a replacement: --bookies must exceed --ensemble")
+    quorum = Quorum(ensemble, write_quorum, ack_quorum)
+    spec = AutorecoverySpec(ledgers, entries, entry_size, open_ledgers, timeout, foreground_rate)
+    env = {
+        "QUIRE_METADATA__BOOKIE_LEASE_MS": str(lease_ms),
+        "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": str(max(50, lease_ms // 5)),
+        "QUIRE_REPLICATOR__OPEN_LEDGER_REREPLICATION_GRACE_PERIOD_MS": str(grace_ms),
+    }
+    with cluster_access(None, None, bookies, None, extra_env=env) as access:
+        machine = machine_info(access.fsync)
+        figures = _run(
+            run_autorecovery(access.settings, quorum, spec, access.processes, err_console.print)
+        )
+    machine["load_average_at_end"] = load_average()
+    report = {
+        "settings": {
+            "ledgers": ledgers,
+            "entries": entries,
+            "entry_size": entry_size,
+            "open_ledgers": open_ledgers,
+            "foreground_rate": foreground_rate,
+            "ensemble": ensemble,
+            "write_quorum": write_quorum,
+            "ack_quorum": ack_quorum,
+            "bookies": bookies,
+            "bookie_lease_ms": lease_ms,
+            "open_ledger_rereplication_grace_period_ms": grace_ms,
+        },
+        "machine": machine,
+        "autorecovery": figures,
+    }
+    check, fg = figures["check"], figures["foreground"]
+    console.print(
+        f"lost {figures['victim']} holding {figures['entries_on_victim']:,} entries "
+        f"({figures['mb_on_victim']} MB of payload) of {figures['ledgers_on_victim']} ledgers\n"
+        f"  seen lost after {figures['lost_after_s']} s, first mark after "
+        f"{figures['first_mark_after_s']} s, closed ledgers whole after "
+        f"{figures['closed_repaired_after_s']} s, all whole after {figures['repaired_after_s']} s\n"
+        f"  copy rate (closed ledgers, first mark to whole): {figures['copy_mb_per_s']} MB/s\n"
+        f"  foreground adds at {foreground_rate}/s: before the loss {fg['before_kill']}, "
+        f"during the copy {fg['during_copy']}\n"
+        f"  read back: {check['entries_read']:,} entries, ledger states {check['states']}, "
+        f"problems: {len(check['problems'])}"
+    )
+    for problem in check["problems"]:
+        console.print(f"  [red]{problem}[/red]", highlight=False)
+    if json_path is not None:
+        write_json(json_path, report)
+    if check["problems"]:
+        raise typer.Exit(1)
