@@ -1,14 +1,15 @@
 """`quire bench autorecovery`: from a bookie lost for good to every ledger whole again.
 
-N ledgers of K entries each are written through the protocol driver in this process; most
-are closed, `open_ledgers` of them are left open by a writer that then goes quiet (a Pulsar
-broker's idle topic). Then the bookie that holds the most of them is killed with SIGKILL,
-both of its processes, and is not restarted. The bench watches the metadata store: the
-registry shows the bookie lost (its lease lapsed), the auditor marks its ledgers, the
-replicators copy their fragments to other bookies and store the new ensembles, open ledgers
-are fenced and closed after the grace period. Once no ledger names the lost bookie and the
-under-replication queue is empty, every ledger is read back and compared, entry by entry,
-with what was written, and every segment is checked to name `ensemble` live bookies.
+N ledgers of K entries each are written through the protocol driver in this process. The
+victim is the bookie that holds the most of them; `open_ledgers` of its ledgers are left
+open by a writer that then goes quiet (a Pulsar broker's idle topic), the others are closed.
+The victim is killed with SIGKILL, both of its processes, and is not restarted. The bench
+watches the metadata store: the registry shows the bookie lost (its lease lapsed), the
+auditor marks its ledgers, the replicators copy their fragments to other bookies and store
+the new ensembles, open ledgers are fenced and closed after the grace period. Once no ledger
+names the lost bookie and the under-replication queue is empty, every ledger is read back
+and compared, entry by entry, with what was written, and every segment is checked to name
+`ensemble` live bookies.
 
 Foreground traffic: one more writer appends single entries at `foreground_rate` to a ledger
 whose ensemble leaves the victim out, from `BASELINE_S` before the kill to the end; its add
@@ -117,7 +118,7 @@ async def write_ledgers(
     written = Written()
     limit = asyncio.Semaphore(WRITE_CONCURRENCY)
 
-    async def one(index: int) -> None:
+    async def one() -> None:
         async with limit:
             ledger_id = await target.create()
             handle = target.writers[ledger_id]
@@ -132,13 +133,21 @@ async def write_ledgers(
 
             await asyncio.gather(*(append(f) for f in range(0, spec.entries, APPEND_BATCH)))
             written.last_entry[ledger_id] = spec.entries - 1
-            if index >= spec.open_ledgers:
-                await handle.close(60.0)
-                target.writers.pop(ledger_id).release()
 
-    await asyncio.gather(*(one(i) for i in range(spec.ledgers)))
+    await asyncio.gather(*(one() for _ in range(spec.ledgers)))
     progress(f"wrote {spec.ledgers} ledgers of {spec.entries} entries")
     return written
+
+
+async def close_all_but(target: InProcessTarget, keep_open: set[int]) -> None:
+    limit = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+    async def close(ledger_id: int) -> None:
+        async with limit:
+            await target.writers[ledger_id].close(60.0)
+            target.writers.pop(ledger_id).release()
+
+    await asyncio.gather(*(close(i) for i in list(target.writers) if i not in keep_open))
 
 
 async def all_ledgers(target: InProcessTarget, ids: Sequence[int]) -> list[LedgerMetadata]:
@@ -318,9 +327,9 @@ class Foreground:
             return {"adds": 0}
         return {
             "adds": histogram.count,
-            "p50_ms": round(histogram.percentile(50) / 1000, 2),
-            "p99_ms": round(histogram.percentile(99) / 1000, 2),
-            "max_ms": round(histogram.percentile(100) / 1000, 2),
+            "p50_ms": round(histogram.percentile(0.50) / 1000, 2),
+            "p99_ms": round(histogram.percentile(0.99) / 1000, 2),
+            "max_ms": round(histogram.percentile(1.0) / 1000, 2),
         }
 
 
@@ -344,6 +353,11 @@ async def run_autorecovery(
         ]
         held_entries = sum(held_by(m, victim) for m in as_closed)
         ledgers_on_victim = sum(1 for m in before if names(m, victim))
+        # The ledgers left open are ones the victim holds: they need fencing to be repaired.
+        keep_open = {m.ledger_id for m in before if names(m, victim)}
+        keep_open = set(sorted(keep_open)[: spec.open_ledgers])
+        await close_all_but(target, keep_open)
+        before = await all_ledgers(target, list(written.last_entry))
         foreground = Foreground(target, spec.foreground_rate, spec.entry_size)
         if spec.foreground_rate > 0:
             await foreground.start(victim)

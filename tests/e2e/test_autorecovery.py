@@ -19,8 +19,7 @@ import pytest
 
 from quire.cluster import nats_credentials
 from shared.config import QuireSettings
-from shared.metaclient import MetadataClient, MetadataError
-from shared.models import MetaErrorCode
+from shared.metaclient import MetadataClient
 from shared.service import connect_nats
 from shared.subjects import Subjects
 from tests.e2e.test_recovery import AUTH, Appender, create, kill_bookie, read_range
@@ -67,10 +66,15 @@ def under_replicated(client: httpx.Client) -> list[dict]:
 
 def test_a_bookie_lost_for_good_is_re_replicated_while_writers_append(cluster: QuireUp) -> None:
     with cluster.client() as client:
-        ledgers = [create(client) for _ in range(6)]
-        ids = [ledger["ledger_id"] for ledger in ledgers]
-        # The victim: a bookie of the first ledger's ensemble (with E3 of 4, most ledgers).
-        victim = ledgers[0]["segments"][0]["bookies"][0]
+        # Six ledgers whose ensemble holds the victim (E3 of 4 bookies: most of them).
+        victim = "bookie-2"
+        ids: list[int] = []
+        while len(ids) < 6:
+            ledger = create(client)
+            if victim in ledger["segments"][0]["bookies"]:
+                ids.append(ledger["ledger_id"])
+            else:
+                client.post(f"/v1/ledgers/{ledger['ledger_id']}/close", headers=AUTH)
         # Two ledgers written and closed, two left open by a writer that goes quiet, two
         # appended to through the loss.
         written: dict[int, dict[int, bytes]] = {}
@@ -147,12 +151,8 @@ def has_cookie(cluster: QuireUp, bookie_id: str) -> bool:
         )
         nc = await connect_nats(settings, name="e2e-autorecovery")
         try:
-            await MetadataClient(nc, Subjects(settings.subject_prefix), 5.0).get_cookie(bookie_id)
-            return True
-        except MetadataError as exc:
-            if exc.code is MetaErrorCode.NO_SUCH_COOKIE:
-                return False
-            raise
+            meta = MetadataClient(nc, Subjects(settings.subject_prefix), 5.0)
+            return (await meta.get_cookie(bookie_id)).data is not None
         finally:
             await nc.drain()
 
