@@ -100,6 +100,10 @@ class LedgerstoreSettings(BaseModel):
     disk_usage_lwm_threshold: float = Field(default=0.90, gt=0, le=1)
     # diskCheckInterval: how often disk usage is checked.
     disk_check_interval_ms: int = Field(default=10_000, ge=10)
+    # minUsableSizeForHighPriorityWrites: a read-only bookie still takes recovery adds (the
+    # replicator's and a ledger recovery's: high-priority writes) while every disk has this
+    # much free. BookKeeper's default: 1.2 x the entry log size limit.
+    min_usable_size_for_high_priority_writes_bytes: int = Field(default=int(1.2 * 512 * MIB), ge=0)
 
     @model_validator(mode="after")
     def _check_disk_thresholds(self) -> LedgerstoreSettings:

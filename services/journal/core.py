@@ -64,6 +64,12 @@ def batch_length(policy: GroupCommitPolicy, record_sizes: Sequence[int]) -> int:
     return len(record_sizes)
 
 
+def high_priority_writes_allowed(free_bytes: int, min_usable_bytes: int) -> bool:
+    """Whether a read-only bookie still takes recovery adds (BookKeeper's
+    isAvailableForHighPriorityWrites): its fullest disk still has `min_usable_bytes` free."""
+    return free_bytes >= min_usable_bytes
+
+
 def disk_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
     """Whether the bookie is read-only after a disk check (diskUsageThreshold and
     diskUsageLwmThreshold): above the threshold it turns read-only; it turns writable

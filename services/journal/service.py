@@ -25,7 +25,7 @@ from pathlib import Path
 
 from nats.micro.request import Request
 
-from services.journal.core import disk_read_only
+from services.journal.core import disk_read_only, high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
 from shared import wire
 from shared.aio import wait_event
@@ -77,6 +77,7 @@ class JournalService:
         self.disk_usage = disk_usage
         self.read_only = False
         self.disk_usage_fraction = 0.0
+        self.disk_free_bytes = 0  # the least free space of its disks, at the last check
         self._state_changed = asyncio.Event()
         self.identity_checked = False
         # The disk was found wiped (the cookie says `limbo`): registered so that the auditor
@@ -138,11 +139,9 @@ class JournalService:
             await request.respond(wire.encode_add_reply(BookieStatus.BAD_REQUEST, []))
             return
         if self.read_only:
-            # diskUsageThreshold passed: refuse every add, keep serving the rest.
-            results = self._refuse(items, BookieStatus.READ_ONLY)
-            await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
-            return
-        results, durable = self._admit_adds(items)
+            results, durable = self._admit_read_only(items)
+        else:
+            results, durable = self._admit_adds(items)
         if durable is not None:
             await durable
         await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
@@ -165,6 +164,28 @@ class JournalService:
         durable = self.journal.submit(admission.records, time.monotonic() * 1000)
         return admission.results, durable
 
+    def _admit_read_only(
+        self, items: list[wire.AddItem]
+    ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
+        """diskUsageThreshold passed: normal adds are refused READ_ONLY; recovery adds (the
+        replicator's and a recovery's: BookKeeper's high-priority writes) are admitted while
+        the fullest disk keeps min_usable_size_for_high_priority_writes_bytes free."""
+        allowed = high_priority_writes_allowed(
+            self.disk_free_bytes,
+            self.rt.settings.ledgerstore.min_usable_size_for_high_priority_writes_bytes,
+        )
+        recovery = [allowed and bool(item.flags & wire.FLAG_RECOVERY_ADD) for item in items]
+        if not any(recovery):
+            return self._refuse(items, BookieStatus.READ_ONLY), None
+        admitted, durable = self._admit_adds([i for i, r in zip(items, recovery, strict=True) if r])
+        refused = iter(
+            self._refuse(
+                [i for i, r in zip(items, recovery, strict=True) if not r], BookieStatus.READ_ONLY
+            )
+        )
+        taken = iter(admitted)
+        return [next(taken) if r else next(refused) for r in recovery], durable
+
     def _refuse(self, items: list[wire.AddItem], status: BookieStatus) -> list[wire.AddResult]:
         for _ in items:
             self.journal.stats.rejected(status.name)
@@ -172,19 +193,22 @@ class JournalService:
 
     # -- disk usage -----------------------------------------------------------------------
 
-    def measure_disks(self) -> float:
-        """The fullest of this bookie's disks, as a used fraction (blocking)."""
-        fractions = []
+    def measure_disks(self) -> tuple[float, int]:
+        """The fullest of this bookie's disks, as a used fraction, and the least free space
+        of them in bytes (blocking)."""
+        fractions, free = [], []
         for directory in self.disk_dirs:
             directory.mkdir(parents=True, exist_ok=True)
             used, total = self.disk_usage(directory)
             fractions.append(used / total if total else 1.0)
-        return max(fractions)
+            free.append(max(0, total - used))
+        return max(fractions), min(free)
 
-    def apply_disk_usage(self, fraction: float) -> bool:
+    def apply_disk_usage(self, fraction: float, free_bytes: int) -> bool:
         """Turn read-only or writable as the thresholds say; True if the state changed."""
         settings = self.rt.settings.ledgerstore
         self.disk_usage_fraction = fraction
+        self.disk_free_bytes = free_bytes
         read_only = disk_read_only(
             self.read_only,
             fraction,
@@ -202,7 +226,7 @@ class JournalService:
 
     async def check_disks(self) -> None:
         try:
-            self.apply_disk_usage(await asyncio.to_thread(self.measure_disks))
+            self.apply_disk_usage(*await asyncio.to_thread(self.measure_disks))
         except OSError as exc:
             log.error("disk check failed", extra={"err": repr(exc)})
 

@@ -53,7 +53,9 @@ class Bookie:
     async def add(
         self, frames: list[bytes], key: bytes = KEY, flags: int = 0
     ) -> list[BookieStatus]:
-        items = [wire.AddItem(flags, key, f) for f in frames]
+        return await self.add_items([wire.AddItem(flags, key, f) for f in frames])
+
+    async def add_items(self, items: list[wire.AddItem]) -> list[BookieStatus]:
         status, results = wire.decode_add_reply(
             await self.call("add", wire.encode_add_request(items))
         )
