@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from quire.sim.bookie import ReadLac
+from shared.autorecovery_worker import Action, ClaimFacts, grace_remaining_ms, plan_claim
 from shared.digest import DigestManager, LedgerKeys
 from shared.protocol.messages import (
     AddSendFailed,
@@ -390,9 +391,17 @@ class ReplicatorClient(Client):
         world, config = self.world, self.world.config
         metadata = self.ledger.metadata.ledger
         assert self.marked_at_ms is not None
-        fence_due = self.marked_at_ms + config.open_ledger_grace_ms
         keys = LedgerKeys.from_password(self.ledger.password)
-        if open_fragment_on(metadata, world.lost) and world.now_ms >= fence_due:
+        # The replicator service's own decision (`shared.autorecovery_worker`).
+        facts = ClaimFacts(
+            missing_bookies=tuple(sorted(world.lost)),
+            marked_at_ms=self.marked_at_ms,
+            ledger_exists=True,
+            has_keys=True,
+            open_fragment_on_marked=open_fragment_on(metadata, world.lost),
+        )
+        plan = plan_claim(facts, world.now_ms, config.open_ledger_grace_ms)
+        if plan.action is Action.RECOVER_AND_REPLICATE:
             self.core = config.recovery_class(
                 metadata,
                 keys.master_key,
@@ -406,6 +415,9 @@ class ReplicatorClient(Client):
             )
             world.log(f"{self.name} fence and recover at v{metadata.version}")
         else:
+            # The other actions are for a deleted ledger, a ledger without keys or an empty
+            # mark: none of them happens here.
+            assert plan.action is Action.REPLICATE, plan
             settings = ReplicationSettings(
                 rereplication_entry_batch_size=config.rereplication_entry_batch_size,
                 rereplication_batches_in_flight=2,
@@ -464,8 +476,12 @@ class ReplicatorClient(Client):
                 case ReplicationDone():
                     if not self.repaired:  # an open segment waits for its grace period
                         assert self.marked_at_ms is not None
-                        due = self.marked_at_ms + self.world.config.open_ledger_grace_ms
-                        self._again(max(due - self.world.now_ms, 20))
+                        wait_ms = grace_remaining_ms(
+                            self.marked_at_ms,
+                            self.world.now_ms,
+                            self.world.config.open_ledger_grace_ms,
+                        )
+                        self._again(max(wait_ms, 20))
                 case RecoveryFailed() | ReplicationFailed():
                     self.world.log(f"{self.name} failed: {command.api.code}: {command.detail}")
                     self._again(self.world.rng.randint(20, 200))
