@@ -91,6 +91,23 @@ class Client:
     def meta(self, command: Any) -> None:
         self.world.meta_request(self, command)
 
+    def carry(self, command: Any) -> bool:
+        """Carry out a command that the recovery and replication cores' clients handle
+        alike (requests to the bookies and the metadata store, what is logged or checked);
+        False: the command is the client's own to handle."""
+        match command:
+            case SendFence() | SendReads() | SendAdds():
+                self.send(command.bookie_id, command)
+            case UpdateLedger() | ListWritableBookies():
+                self.meta(command)
+            case EnsembleChanged():
+                self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
+            case ReplicaCorrupt():
+                self.world.check(False, f"corrupt replica {command}")
+            case _:
+                return False
+        return True
+
 
 class WriterClient(Client):
     """The application writing the ledger, and, once fenced, the zombie that goes on."""
@@ -247,15 +264,9 @@ class RecoveryClient(Client):
     def run(self) -> None:
         assert self.core is not None
         for command in self.core.take_commands():
+            if self.carry(command):
+                continue
             match command:
-                case SendFence() | SendReads() | SendAdds():
-                    self.send(command.bookie_id, command)
-                case UpdateLedger() | ListWritableBookies():
-                    self.meta(command)
-                case EnsembleChanged():
-                    self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
-                case ReplicaCorrupt():
-                    self.world.check(False, f"corrupt replica {command}")
                 case RecoveryDone():
                     self.active = False
                     self.result = command.metadata.last_entry_id
@@ -453,15 +464,9 @@ class ReplicatorClient(Client):
     def run(self) -> None:
         assert self.core is not None
         for command in self.core.take_commands():
+            if self.carry(command):
+                continue
             match command:
-                case SendFence() | SendReads() | SendAdds():
-                    self.send(command.bookie_id, command)
-                case UpdateLedger() | ListWritableBookies():
-                    self.meta(command)
-                case EnsembleChanged():
-                    self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
-                case ReplicaCorrupt():
-                    self.world.check(False, f"corrupt replica {command}")
                 case RecoveryDone():
                     self.ledger.on_recovered(self, command.metadata)
                     self._again(0)
