@@ -9,17 +9,19 @@ first_entry_id - 1]; the last segment ends at last_entry_id once the ledger is C
 open-ended before. A *fragment* is what one bookie of a segment stores: the segment's range
 x the entries whose write set (shared.quorum.write_set) holds that bookie's ensemble index.
 A bookie that stores no entry of a segment (an empty segment of a closed ledger, or a range
-shorter than the ensemble) holds no fragment there and is never marked for it.
+shorter than the ensemble) holds no fragment there and is never marked for it. Those rules
+(a segment's range, the entries an ensemble index stores) are the replicator's too: they are
+defined once, in `shared.protocol.replication`, and used here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.models import LedgerMetadata, LedgerState
-from shared.quorum import write_set
+from shared.models import LedgerMetadata
+from shared.protocol.replication import places_of, segment_range, stored_ends, stored_entry_ids
 from shared.status import BookieStatus
 
 
@@ -56,66 +58,30 @@ class StoredFragment:
         return self.last_entry_id is None
 
 
-def segment_range(metadata: LedgerMetadata, index: int) -> tuple[int, int | None]:
-    """Inclusive [first, last] entry ids of segment `index` (last None: open-ended).
-    An empty range has last < first."""
-    segments = metadata.segments
-    first = segments[index].first_entry_id
-    closed = metadata.state is LedgerState.CLOSED
-    last_entry_id = -1 if metadata.last_entry_id is None else metadata.last_entry_id
-    if index + 1 < len(segments):
-        last = segments[index + 1].first_entry_id - 1
-        # A closed ledger holds nothing past its last entry, whatever its segments say.
-        return first, min(last, last_entry_id) if closed else last
-    return (first, last_entry_id) if closed else (first, None)
-
-
-def stored_entry_ids(metadata: LedgerMetadata, first: int, last: int, index: int) -> Iterator[int]:
-    """The entries of [first, last] whose write set holds ensemble index `index`."""
-    spec = metadata.quorum
-    for entry_id in range(first, last + 1):
-        if index in write_set(entry_id, spec):
-            yield entry_id
-
-
-def _first_and_last_stored(
-    metadata: LedgerMetadata, first: int, last: int, index: int
-) -> tuple[int, int] | None:
-    # Each ensemble index recurs every E entries: the first and last stored entries are
-    # within E of the range's ends, so this looks at no more than 2E entries.
-    size = metadata.ensemble_size
-    head = next(stored_entry_ids(metadata, first, min(last, first + size - 1), index), None)
-    if head is None:
-        return None
-    tail = [e for e in stored_entry_ids(metadata, max(first, last - size + 1), last, index)]
-    return head, tail[-1]
-
-
 def fragments_on(metadata: LedgerMetadata, bookie_ids: Iterable[str]) -> list[StoredFragment]:
-    """The fragments stored on `bookie_ids` that hold at least one entry, in segment order;
-    the open last segment of a ledger not closed counts (it may hold entries) with
+    """The fragments stored on `bookie_ids` that hold at least one entry, in segment order,
+    trimmed to the entries stored there (`shared.protocol.replication.stored_ends`); the
+    open last segment of a ledger not closed counts (it may hold entries) with
     last_entry_id None."""
-    wanted = set(bookie_ids)
+    quorum = metadata.quorum
     found = []
-    for seg_index, segment in enumerate(metadata.segments):
-        first, last = segment_range(metadata, seg_index)
-        for ens_index, bookie_id in enumerate(segment.bookies):
-            if bookie_id not in wanted:
-                continue
-            if last is None:
-                found.append(
-                    StoredFragment(
-                        metadata.ledger_id, seg_index, first, first, None, ens_index, bookie_id
-                    )
+    for place in places_of(metadata, set(bookie_ids)):
+        first, last, index = place.first_entry_id, place.last_entry_id, place.ensemble_index
+        ends: tuple[int, int | None] | None = (
+            (first, None) if last is None else stored_ends(quorum, first, last, index)
+        )
+        if ends is not None:
+            found.append(
+                StoredFragment(
+                    metadata.ledger_id,
+                    place.position,
+                    first,
+                    ends[0],
+                    ends[1],
+                    index,
+                    place.bookie_id,
                 )
-                continue
-            ends = _first_and_last_stored(metadata, first, last, ens_index)
-            if ends is not None:
-                found.append(
-                    StoredFragment(
-                        metadata.ledger_id, seg_index, first, ends[0], ends[1], ens_index, bookie_id
-                    )
-                )
+            )
     return found
 
 
@@ -223,7 +189,9 @@ def plan_check_all(metadata: LedgerMetadata, verification_percentage: int) -> li
         first, last = fragment.first_entry_id, fragment.last_entry_id
         entries = {first, last}
         if verification_percentage > 0 and last - first > 1:
-            middle = list(stored_entry_ids(metadata, first + 1, last - 1, fragment.ensemble_index))
+            middle = list(
+                stored_entry_ids(metadata.quorum, first + 1, last - 1, fragment.ensemble_index)
+            )
             entries.update(_evenly_spread(middle, verification_percentage))
         checks.append(FragmentCheck(fragment, tuple(sorted(entries))))
     return checks
@@ -236,7 +204,7 @@ def plan_replicas_check(metadata: LedgerMetadata) -> list[FragmentCheck]:
             fragment,
             tuple(
                 stored_entry_ids(
-                    metadata,
+                    metadata.quorum,
                     fragment.first_entry_id,
                     fragment.last_entry_id,
                     fragment.ensemble_index,

@@ -38,7 +38,7 @@ from quire.bench.procstat import Process
 from quire.bench.targets import PASSWORD, InProcessTarget, Quorum
 from shared.config import QuireSettings
 from shared.models import BookieState, LedgerMetadata, LedgerState
-from shared.quorum import write_set
+from shared.protocol.replication import fragments_on, stored_entry_ids
 from shared.status import ApiCodes
 
 APPEND_BATCH = 100  # entries per append while writing
@@ -86,26 +86,13 @@ def payload(ledger_id: int, entry_id: int, size: int) -> bytes:
 
 
 def held_by(metadata: LedgerMetadata, bookie_id: str) -> int:
-    """How many of the ledger's entries the bookie holds a replica of."""
-    last = metadata.last_entry_id
-    if last is None:
-        return 0
-    held = 0
-    for index, segment in enumerate(metadata.segments):
-        end = (
-            metadata.segments[index + 1].first_entry_id - 1
-            if index + 1 < len(metadata.segments)
-            else last
-        )
-        if bookie_id not in segment.bookies:
-            continue
-        position = segment.bookies.index(bookie_id)
-        held += sum(
-            1
-            for entry_id in range(segment.first_entry_id, end + 1)
-            if position in write_set(entry_id, metadata.quorum)
-        )
-    return held
+    """How many of a closed ledger's entries the bookie holds a replica of (the replicator's
+    own rule of what a fragment stores: `shared.protocol.replication`)."""
+    quorum = metadata.quorum
+    return sum(
+        len(list(stored_entry_ids(quorum, f.first_entry_id, f.last_entry_id, f.ensemble_index)))
+        for f in fragments_on(metadata, {bookie_id})
+    )
 
 
 def names(metadata: LedgerMetadata, bookie_id: str) -> bool:
@@ -349,7 +336,13 @@ async def run_autorecovery(
         victim = holders.most_common(1)[0][0]
         # The open ledgers have no last entry yet: count what they hold as if closed there.
         as_closed = [
-            m.model_copy(update={"last_entry_id": written.last_entry[m.ledger_id]}) for m in before
+            m.model_copy(
+                update={
+                    "state": LedgerState.CLOSED,
+                    "last_entry_id": written.last_entry[m.ledger_id],
+                }
+            )
+            for m in before
         ]
         held_entries = sum(held_by(m, victim) for m in as_closed)
         ledgers_on_victim = sum(1 for m in before if names(m, victim))

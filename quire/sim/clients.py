@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from quire.sim.bookie import ReadLac
+from shared.autorecovery_worker import Action, ClaimFacts, grace_remaining_ms, plan_claim
 from shared.digest import DigestManager, LedgerKeys
 from shared.protocol.messages import (
     AddSendFailed,
@@ -89,6 +90,23 @@ class Client:
 
     def meta(self, command: Any) -> None:
         self.world.meta_request(self, command)
+
+    def carry(self, command: Any) -> bool:
+        """Carry out a command that the recovery and replication cores' clients handle
+        alike (requests to the bookies and the metadata store, what is logged or checked);
+        False: the command is the client's own to handle."""
+        match command:
+            case SendFence() | SendReads() | SendAdds():
+                self.send(command.bookie_id, command)
+            case UpdateLedger() | ListWritableBookies():
+                self.meta(command)
+            case EnsembleChanged():
+                self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
+            case ReplicaCorrupt():
+                self.world.check(False, f"corrupt replica {command}")
+            case _:
+                return False
+        return True
 
 
 class WriterClient(Client):
@@ -246,15 +264,9 @@ class RecoveryClient(Client):
     def run(self) -> None:
         assert self.core is not None
         for command in self.core.take_commands():
+            if self.carry(command):
+                continue
             match command:
-                case SendFence() | SendReads() | SendAdds():
-                    self.send(command.bookie_id, command)
-                case UpdateLedger() | ListWritableBookies():
-                    self.meta(command)
-                case EnsembleChanged():
-                    self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
-                case ReplicaCorrupt():
-                    self.world.check(False, f"corrupt replica {command}")
                 case RecoveryDone():
                     self.active = False
                     self.result = command.metadata.last_entry_id
@@ -390,9 +402,17 @@ class ReplicatorClient(Client):
         world, config = self.world, self.world.config
         metadata = self.ledger.metadata.ledger
         assert self.marked_at_ms is not None
-        fence_due = self.marked_at_ms + config.open_ledger_grace_ms
         keys = LedgerKeys.from_password(self.ledger.password)
-        if open_fragment_on(metadata, world.lost) and world.now_ms >= fence_due:
+        # The replicator service's own decision (`shared.autorecovery_worker`).
+        facts = ClaimFacts(
+            missing_bookies=tuple(sorted(world.lost)),
+            marked_at_ms=self.marked_at_ms,
+            ledger_exists=True,
+            has_keys=True,
+            open_fragment_on_marked=open_fragment_on(metadata, world.lost),
+        )
+        plan = plan_claim(facts, world.now_ms, config.open_ledger_grace_ms)
+        if plan.action is Action.RECOVER_AND_REPLICATE:
             self.core = config.recovery_class(
                 metadata,
                 keys.master_key,
@@ -406,6 +426,9 @@ class ReplicatorClient(Client):
             )
             world.log(f"{self.name} fence and recover at v{metadata.version}")
         else:
+            # The other actions are for a deleted ledger, a ledger without keys or an empty
+            # mark: none of them happens here.
+            assert plan.action is Action.REPLICATE, plan
             settings = ReplicationSettings(
                 rereplication_entry_batch_size=config.rereplication_entry_batch_size,
                 rereplication_batches_in_flight=2,
@@ -441,15 +464,9 @@ class ReplicatorClient(Client):
     def run(self) -> None:
         assert self.core is not None
         for command in self.core.take_commands():
+            if self.carry(command):
+                continue
             match command:
-                case SendFence() | SendReads() | SendAdds():
-                    self.send(command.bookie_id, command)
-                case UpdateLedger() | ListWritableBookies():
-                    self.meta(command)
-                case EnsembleChanged():
-                    self.world.log(f"{self.name} ensemble changed at {command.first_entry_id}")
-                case ReplicaCorrupt():
-                    self.world.check(False, f"corrupt replica {command}")
                 case RecoveryDone():
                     self.ledger.on_recovered(self, command.metadata)
                     self._again(0)
@@ -464,8 +481,12 @@ class ReplicatorClient(Client):
                 case ReplicationDone():
                     if not self.repaired:  # an open segment waits for its grace period
                         assert self.marked_at_ms is not None
-                        due = self.marked_at_ms + self.world.config.open_ledger_grace_ms
-                        self._again(max(due - self.world.now_ms, 20))
+                        wait_ms = grace_remaining_ms(
+                            self.marked_at_ms,
+                            self.world.now_ms,
+                            self.world.config.open_ledger_grace_ms,
+                        )
+                        self._again(max(wait_ms, 20))
                 case RecoveryFailed() | ReplicationFailed():
                     self.world.log(f"{self.name} failed: {command.api.code}: {command.detail}")
                     self._again(self.world.rng.randint(20, 200))

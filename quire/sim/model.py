@@ -347,7 +347,10 @@ class World:
 
     def _audit(self) -> None:
         """The auditor's decision on a lost bookie: mark every ledger with a segment on it
-        (the simulator's own rule: BookKeeper's Auditor.handleLostBookies)."""
+        (the simulator's own rule: BookKeeper's Auditor.handleLostBookies). Not the auditor
+        service's `shared.autorecovery.bookies_to_mark`: that one names only bookies that
+        store an entry, so a closed ledger whose lost bookie stores none (E=3, Qw=2, closed
+        at entry 0) would keep naming it and fail `check_end` (seeds 300 and 752)."""
         for ledger in self.ledgers.values():
             segments = ledger.metadata.ledger.segments
             if any(self.lost & set(s.bookies) for s in segments):

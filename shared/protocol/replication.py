@@ -39,7 +39,7 @@ How, one fragment after the other:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -80,8 +80,13 @@ __all__ = [
     "ReplicationPhase",
     "ReplicationSettings",
     "ByteRateLimiter",
+    "Place",
     "fragments_on",
     "open_fragment_on",
+    "places_of",
+    "segment_range",
+    "stored_ends",
+    "stored_entry_ids",
 ]
 
 # A bookie that refuses the ledger's key will refuse it again: no retry.
@@ -114,22 +119,64 @@ class ReplicationSettings:
 # -- which fragments --------------------------------------------------------------------------
 
 
-def _segment_last(metadata: LedgerMetadata, position: int) -> int | None:
-    """The last entry of the segment at `position` in the segment list; None for the open
-    last segment of a ledger that is not closed."""
+def segment_range(metadata: LedgerMetadata, position: int) -> tuple[int, int | None]:
+    """Inclusive [first, last] entry ids of the segment at `position` in the segment list;
+    last None: the open last segment of a ledger that is not closed. An empty range (a
+    closed ledger's segment past its last entry) has last < first."""
     segments = metadata.segments
+    first = segments[position].first_entry_id
     closed = metadata.state is LedgerState.CLOSED
     last_entry_id = metadata.last_entry_id if metadata.last_entry_id is not None else -1
     if position + 1 < len(segments):
         last = segments[position + 1].first_entry_id - 1
-        return min(last, last_entry_id) if closed else last
-    return last_entry_id if closed else None
+        # A closed ledger holds nothing past its last entry, whatever its segments say.
+        return first, min(last, last_entry_id) if closed else last
+    return first, last_entry_id if closed else None
 
 
-def _holds_entries(index: int, first: int, last: int, quorum: QuorumSpec) -> bool:
-    """Some entry of first..last has `index` in its write set (write sets repeat every E)."""
-    end = min(last, first + quorum.ensemble_size - 1)
-    return any(index in write_set(e, quorum) for e in range(first, end + 1))
+def stored_entry_ids(quorum: QuorumSpec, first: int, last: int, index: int) -> Iterator[int]:
+    """The entries of first..last stored at ensemble index `index`: those whose write set
+    holds it. The one definition of what a bookie of a segment stores, for the replicator,
+    the auditor (`shared.autorecovery`) and the bench."""
+    for entry_id in range(first, last + 1):
+        if index in write_set(entry_id, quorum):
+            yield entry_id
+
+
+def stored_ends(quorum: QuorumSpec, first: int, last: int, index: int) -> tuple[int, int] | None:
+    """The first and the last entry of first..last stored at ensemble index `index`; None:
+    it stores none of them."""
+    # Each ensemble index recurs every E entries: the first and last stored entries are
+    # within E of the range's ends, so this looks at no more than 2E entries.
+    size = quorum.ensemble_size
+    head = next(stored_entry_ids(quorum, first, min(last, first + size - 1), index), None)
+    if head is None:
+        return None
+    *_, tail = stored_entry_ids(quorum, max(first, last - size + 1), last, index)
+    return head, tail
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where the segment at `position` names `bookie_id`, at `ensemble_index`, with the
+    segment's range (`segment_range`: last_entry_id None when the segment is open)."""
+
+    position: int
+    first_entry_id: int
+    last_entry_id: int | None
+    ensemble_index: int
+    bookie_id: str
+
+
+def places_of(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> Iterator[Place]:
+    """Every place a segment names one of `bookie_ids`, in segment order then ensemble
+    index, whether it stores entries there or not."""
+    wanted = set(bookie_ids)
+    for position, segment in enumerate(metadata.segments):
+        first, last = segment_range(metadata, position)
+        for index, bookie_id in enumerate(segment.bookies):
+            if bookie_id in wanted:
+                yield Place(position, first, last, index, bookie_id)
 
 
 def fragments_on(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> list[Fragment]:
@@ -139,7 +186,7 @@ def fragments_on(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> list[
     return [
         f
         for f in _named_on(metadata, bookie_ids)
-        if _holds_entries(f.ensemble_index, f.first_entry_id, f.last_entry_id, quorum)
+        if stored_ends(quorum, f.first_entry_id, f.last_entry_id, f.ensemble_index) is not None
     ]
 
 
@@ -148,17 +195,11 @@ def _named_on(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> list[Fra
     holding entries or not (an empty segment of a closed ledger, an index no entry of a
     short segment uses): those too get their replacement, so that the metadata stops
     naming a lost bookie."""
-    bad = set(bookie_ids)
-    fragments = []
-    for position, segment in enumerate(metadata.segments):
-        last = _segment_last(metadata, position)
-        if last is None:
-            continue
-        first = segment.first_entry_id
-        for index, bookie_id in enumerate(segment.bookies):
-            if bookie_id in bad:
-                fragments.append(Fragment(first, first, last, index, bookie_id))
-    return fragments
+    return [
+        Fragment(p.first_entry_id, p.first_entry_id, p.last_entry_id, p.ensemble_index, p.bookie_id)
+        for p in places_of(metadata, bookie_ids)
+        if p.last_entry_id is not None
+    ]
 
 
 def open_fragment_on(metadata: LedgerMetadata, bookie_ids: Collection[str]) -> bool:

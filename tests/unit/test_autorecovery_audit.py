@@ -22,11 +22,10 @@ from shared.autorecovery import (
     plan_check_all,
     plan_replicas_check,
     read_outcome,
-    segment_range,
-    stored_entry_ids,
 )
 from shared.digest import DigestType
 from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.protocol.replication import segment_range, stored_entry_ids
 from shared.quorum import write_set
 from shared.status import BookieStatus
 
@@ -51,7 +50,7 @@ def ledger(
     )
 
 
-# -- segments and fragments ---------------------------------------------------------------
+# -- segments and fragments (their rules are shared.protocol.replication's, used here) ----
 
 ABC = ["a", "b", "c"]
 BCD = ["b", "c", "d"]
@@ -83,7 +82,7 @@ def test_stored_entries_are_the_write_set_of_each_entry(size, qw, first, last) -
     metadata = ledger([(0, [f"b{i}" for i in range(size)])], last_entry_id=last, write_quorum=qw)
     for index in range(size):
         expected = [e for e in range(first, last + 1) if index in write_set(e, metadata.quorum)]
-        assert list(stored_entry_ids(metadata, first, last, index)) == expected
+        assert list(stored_entry_ids(metadata.quorum, first, last, index)) == expected
         got = [f for f in fragments_on(metadata, [f"b{index}"])]
         on_whole = [e for e in range(0, last + 1) if index in write_set(e, metadata.quorum)]
         if on_whole:
