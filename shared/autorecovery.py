@@ -9,7 +9,9 @@ first_entry_id - 1]; the last segment ends at last_entry_id once the ledger is C
 open-ended before. A *fragment* is what one bookie of a segment stores: the segment's range
 x the entries whose write set (shared.quorum.write_set) holds that bookie's ensemble index.
 A bookie that stores no entry of a segment (an empty segment of a closed ledger, or a range
-shorter than the ensemble) holds no fragment there and is never marked for it. Those rules
+shorter than the ensemble) holds no fragment there: the checks read nothing of it there, but
+a lost, wiped or decommissioned bookie is named wherever a segment names it
+(`bookies_to_mark`), so that the replicator replaces it even there. Those rules
 (a segment's range, the entries an ensemble index stores) are the replicator's too: they are
 defined once, in `shared.protocol.replication`, and used here.
 """
@@ -86,9 +88,14 @@ def fragments_on(metadata: LedgerMetadata, bookie_ids: Iterable[str]) -> list[St
 
 
 def bookies_to_mark(metadata: LedgerMetadata, bookie_ids: Iterable[str]) -> list[str]:
-    """Which of `bookie_ids` to name when marking this ledger: those holding a fragment of
-    it (sorted). Empty: the ledger does not need them."""
-    return sorted({f.bookie_id for f in fragments_on(metadata, bookie_ids)})
+    """Which of `bookie_ids` to name when marking this ledger: those any of its segments
+    names (sorted), as BookKeeper's Auditor marks every ledger whose ensembles name a lost
+    bookie. That includes a bookie named where it stores no entry (a closed ledger's empty
+    last segment; E > Qw with few entries): the replicator replaces it there with nothing
+    to copy, so that no ledger names a lost or decommissioned bookie for ever. Empty: the
+    ledger does not need them."""
+    wanted = set(bookie_ids)
+    return sorted({b for segment in metadata.segments for b in segment.bookies if b in wanted})
 
 
 # -- lost bookies: BookKeeper's Auditor with lostBookieRecoveryDelay ----------------------
@@ -322,8 +329,8 @@ def corrupt_entry_mark(event: object) -> MarkDecision | None:
 
 
 def missing_bookies(metadata: LedgerMetadata, alive: set[str]) -> list[str]:
-    """The bookie check (BookKeeper's auditBookies) for one ledger: the bookies holding a
-    fragment of it that are not registered alive (sorted)."""
+    """The bookie check (BookKeeper's auditBookies) for one ledger: the bookies its
+    segments name that are not registered alive (sorted)."""
     return bookies_to_mark(metadata, _all_bookies(metadata) - alive)
 
 

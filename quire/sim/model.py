@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from quire.sim.bookie import ReadLac, SimBookie
 from quire.sim.clients import Client
 from quire.sim.ledger import SimLedger
+from shared.autorecovery import bookies_to_mark
 from shared.bookie.rules import BookieLedgerState
 from shared.protocol.flow import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE
 from shared.protocol.messages import (
@@ -346,14 +347,11 @@ class World:
         self.at(self.config.lost_bookie_recovery_delay_ms, self._audit)
 
     def _audit(self) -> None:
-        """The auditor's decision on a lost bookie: mark every ledger with a segment on it
-        (the simulator's own rule: BookKeeper's Auditor.handleLostBookies). Not the auditor
-        service's `shared.autorecovery.bookies_to_mark`: that one names only bookies that
-        store an entry, so a closed ledger whose lost bookie stores none (E=3, Qw=2, closed
-        at entry 0) would keep naming it and fail `check_end` (seeds 300 and 752)."""
+        """The auditor's decision on a lost bookie (the auditor service's
+        `bookies_to_mark`, BookKeeper's Auditor.handleLostBookies): mark every ledger with
+        a segment that names it."""
         for ledger in self.ledgers.values():
-            segments = ledger.metadata.ledger.segments
-            if any(self.lost & set(s.bookies) for s in segments):
+            if bookies_to_mark(ledger.metadata.ledger, self.lost):
                 self.log(f"auditor marks {ledger.tag}ledger {ledger.ledger_id}")
                 assert ledger.replicator is not None
                 ledger.replicator.mark()

@@ -69,7 +69,7 @@ class Marker:
             after = page.next_after
 
     async def mark_ledgers_on(self, bookie_ids: set[str], reason: MarkReason) -> int:
-        """Mark every ledger holding a fragment on `bookie_ids`, naming those of them it
+        """Mark every ledger whose segments name any of `bookie_ids`, naming those of them it
         holds; how many ledgers were marked."""
         marked = 0
         if not bookie_ids:
@@ -84,7 +84,7 @@ class Marker:
         return marked
 
     async def needed(self, bookie_id: str) -> bool:
-        """Whether any ledger still holds a fragment on `bookie_id`."""
+        """Whether any ledger's segments still name `bookie_id`."""
         async for page in self.ledgers():
             if any(bookies_to_mark(metadata, {bookie_id}) for metadata in page):
                 return True

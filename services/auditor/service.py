@@ -8,7 +8,7 @@ time), `periodic.py` runs the periodic checks, `checks.py` reads the bookies for
 What the elected auditor does:
 - Lost bookies. Every `auditor_bookie_registry_poll_interval_ms` it looks at the bookie
   registry: a bookie whose lease lapsed (or that unregistered) is lost; after
-  lostBookieRecoveryDelay (the stored cluster setting) every ledger holding a fragment on it
+  lostBookieRecoveryDelay (the stored cluster setting) every ledger whose segments name it
   is marked, naming it (reason lost_bookie). It also reports lost, read-only and returning
   bookies (`bookie.*` events).
 - Periodic checks, each on its own interval (AuditorSettings; 0: off): the bookie check
@@ -23,8 +23,8 @@ What the elected auditor does:
   fragment on it marked (reason limbo); once no under-replicated ledger names it, the
   auditor asks its journal to `clear_limbo`.
 - Operator commands (shared.auditor_client): trigger_audit runs every audit now;
-  recover_bookie and decommission mark every ledger with a fragment on the bookies (reasons
-  manual, decommission), then remove their cookies once no ledger holds a fragment on them
+  recover_bookie and decommission mark every ledger whose segments name the bookies (reasons
+  manual, decommission), then remove their cookies once no ledger names them
   any more (with delete_cookie, and always for decommission). Those pending removals are
   held by the leader in memory: if leadership changes before they are done they are not
   carried over; the operator repeats the command (it is idempotent: marks merge, and the
