@@ -1,0 +1,153 @@
+"""Auto-recovery end to end, both halves for real: the elected auditor finds the damage and
+marks the ledger, the replicator copies it to a healthy bookie, and every replica of the
+new ensemble then serves every entry as it was written (asked of each bookie directly, its
+digest checked). Over the in-process cluster of test_auditor_cluster (metadata, four
+bookies, a gateway, two auditors) plus a replicator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from shared import wire
+from shared.config import QuireSettings
+from shared.digest import DigestManager, LedgerKeys
+from shared.models import LedgerMetadata
+from shared.status import BookieStatus
+from tests.integration.test_auditor_cluster import (
+    BOOKIES,
+    Cluster,
+    busiest_bookie,
+    cluster,
+    cluster_settings,
+    holders,
+    wait_for,
+)
+from tests.integration.test_gateway_http import PW, append_batch, create
+from tests.integration.test_replicator import (
+    autorecovery_events,
+    kinds,
+    queue_empty,
+    replicator_settings,
+)
+
+
+async def written_ledger(c: Cluster, entries: int) -> tuple[int, list[bytes]]:
+    """A closed E3 Qw3 Qa2 ledger (every bookie of a segment holds all its entries) and
+    the payloads written to it, each naming its ledger and entry (to find it on disk)."""
+    lid = (await create(c.stack.http, digest="crc32c"))["ledger_id"]
+    payloads = [f"ledger {lid} entry {e} {os.urandom(8).hex()}".encode() for e in range(entries)]
+    assert (await append_batch(c.stack.http, lid, payloads)).status_code == 200
+    assert (await c.stack.http.post(f"/v1/ledgers/{lid}/close", headers=PW)).status_code == 200
+    return lid, payloads
+
+
+async def each_replica_serves(c: Cluster, metadata: LedgerMetadata, written: list[bytes]) -> None:
+    """Every bookie of every segment answers every entry of its segment, digest intact and
+    payload as written (Qw = E: the whole ensemble is each entry's write set)."""
+    assert metadata.write_quorum == metadata.ensemble_size
+    keys = LedgerKeys.of(metadata)
+    assert keys is not None, "the ledger's keys are stored"
+    digest = DigestManager.for_keys(metadata.digest, keys)
+    last = metadata.last_entry_id
+    assert last == len(written) - 1
+    bounds = [s.first_entry_id for s in metadata.segments[1:]] + [last + 1]
+    for segment, end in zip(metadata.segments, bounds, strict=True):
+        items = [wire.ReadItem(metadata.ledger_id, e) for e in range(segment.first_entry_id, end)]
+        for bookie_id in segment.bookies:
+            status, answers = await c.bookies.read(bookie_id, items)
+            assert status is BookieStatus.OK, (bookie_id, status)
+            for item, answer in zip(items, answers, strict=True):
+                assert answer.status is BookieStatus.OK, (bookie_id, item, answer.status)
+                entry = digest.verify(answer.frame, item.ledger_id, item.entry_id)
+                assert entry.payload == written[item.entry_id], (bookie_id, item)
+
+
+def ensemble_bookies(metadata: LedgerMetadata) -> set[str]:
+    return {b for segment in metadata.segments for b in segment.bookies}
+
+
+def flip_payload_bit(data_dir: Path, metadata: LedgerMetadata, entry_id: int) -> str | None:
+    """Flip one bit of the entry's payload in the first entry log (of a bookie of its
+    segment) that holds it; that bookie, or None while no entry log holds it yet."""
+    needle = f"ledger {metadata.ledger_id} entry {entry_id} ".encode()
+    for bookie_id in metadata.segments[0].bookies:
+        for log in (data_dir / bookie_id / "ledgers").glob("entrylog-*.log"):
+            at = log.read_bytes().find(needle)
+            if at >= 0:
+                with open(log, "r+b") as f:
+                    f.seek(at + len(needle))
+                    byte = f.read(1)
+                    f.seek(at + len(needle))
+                    f.write(bytes([byte[0] ^ 0x01]))
+                return bookie_id
+    return None
+
+
+async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        lid, written = await written_ledger(c, entries=6)
+        before = await c.meta.get_ledger(lid)
+        victim = await wait_for(
+            lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
+        )
+
+        reply = await c.client.trigger_audit()
+        assert reply["replicas_check"]["ledgers_marked"] == 1
+        # The bad read also made the bookie emit entry.corrupt, which the auditor marks too
+        # (the same bookie): let both marks land before the replicator starts.
+        await wait_for(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
+        assert await c.marked() == {lid: [victim]}
+
+        async with autorecovery_events(nc, c.subjects) as events:
+            await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
+            await wait_for(lambda: "replicated" in kinds(events, lid), "the replicated event")
+            await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+        claimed = next(e for e in events if e.kind == "autorecovery.claimed")
+        assert claimed.data["missing_bookies"] == [victim]
+
+        after = await c.meta.get_ledger(lid)
+        (spare,) = set(BOOKIES) - set(before.segments[0].bookies)
+        # The victim's place in the segment is taken by the one bookie the ledger lacked.
+        assert [s.bookies for s in after.segments] == [
+            [spare if b == victim else b for b in before.segments[0].bookies]
+        ]
+        await each_replica_serves(c, after, written)
+
+
+async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        ledgers = {}
+        for _ in range(4):
+            lid, written = await written_ledger(c, entries=8)
+            ledgers[lid] = written
+        stored = await c.ledgers()
+        wiped = busiest_bookie(stored)
+        expected = holders(stored, wiped)
+        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
+        await c.stop_bookie(wiped)
+        shutil.rmtree(tmp_path / wiped)
+        await c.start_bookie(wiped)
+        await wait_for(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
+        assert await c.marked() == {lid: [wiped] for lid in expected}
+        assert c.leader().marks_by_reason == {"limbo": len(expected)}
+
+        async with autorecovery_events(nc, c.subjects) as events:
+            await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
+            await wait_for(
+                lambda: all("replicated" in kinds(events, lid) for lid in expected),
+                "every marked ledger replicated",
+            )
+            await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+        await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
+
+        # The replicator moves the wiped bookie's fragments to other bookies: no segment
+        # names it any more (it does not refill the wiped bookie itself).
+        for metadata in await c.ledgers():
+            assert wiped not in ensemble_bookies(metadata), metadata
+            await each_replica_serves(c, metadata, ledgers[metadata.ledger_id])
