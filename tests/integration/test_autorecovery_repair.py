@@ -68,6 +68,11 @@ def ensemble_bookies(metadata: LedgerMetadata) -> set[str]:
     return {b for segment in metadata.segments for b in segment.bookies}
 
 
+async def registered_out_of_limbo(c: Cluster, bookie_id: str) -> bool:
+    infos = {b.bookie_id: b.info for b in await c.meta.list_bookies()}
+    return infos[bookie_id].get("limbo") is False
+
+
 def flip_payload_bit(data_dir: Path, metadata: LedgerMetadata, entry_id: int) -> str | None:
     """Flip one bit of the entry's payload in the first entry log (of a bookie of its
     segment) that holds it; that bookie, or None while no entry log holds it yet."""
@@ -145,9 +150,35 @@ async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
             )
             await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
         await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
+        await wait_for(lambda: registered_out_of_limbo(c, wiped), "the registration without limbo")
 
         # The replicator moves the wiped bookie's fragments to other bookies: no segment
         # names it any more (it does not refill the wiped bookie itself).
         for metadata in await c.ledgers():
             assert wiped not in ensemble_bookies(metadata), metadata
             await each_replica_serves(c, metadata, ledgers[metadata.ledger_id])
+
+
+async def test_a_read_that_finds_a_corrupt_entry_leads_to_a_repaired_ledger(
+    settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
+) -> None:
+    async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
+        lid, written = await written_ledger(c, entries=6)
+        before = await c.meta.get_ledger(lid)
+        victim = await wait_for(
+            lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
+        )
+        async with autorecovery_events(nc, c.subjects) as events:
+            await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
+            # No audit: a reader asks the damaged bookie for the entry, the ledgerstore finds
+            # the frame failing its digest and says so (entry.corrupt) instead of serving it.
+            _, [answer] = await c.bookies.read(victim, [wire.ReadItem(lid, 3)])
+            assert answer.status is not BookieStatus.OK
+            await wait_for(lambda: "replicated" in kinds(events, lid), "the replicated event")
+            await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+        assert c.leader().marks_by_reason == {"entry_corrupt": 1}
+        claimed = next(e for e in events if e.kind == "autorecovery.claimed")
+        assert claimed.data["missing_bookies"] == [victim]
+        after = await c.meta.get_ledger(lid)
+        assert victim not in ensemble_bookies(after)
+        await each_replica_serves(c, after, written)
