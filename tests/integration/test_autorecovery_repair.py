@@ -6,7 +6,6 @@ bookies, a gateway, two auditors) plus a replicator."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -19,28 +18,20 @@ from tests.integration.test_auditor_cluster import (
     BOOKIES,
     Cluster,
     busiest_bookie,
+    closed_ledgers,
     cluster,
     cluster_settings,
+    flip_payload_bit,
     holders,
+    registered_limbo,
     wait_for,
 )
-from tests.integration.test_gateway_http import PW, append_batch, create
 from tests.integration.test_replicator import (
     autorecovery_events,
     kinds,
     queue_empty,
     replicator_settings,
 )
-
-
-async def written_ledger(c: Cluster, entries: int) -> tuple[int, list[bytes]]:
-    """A closed E3 Qw3 Qa2 ledger (every bookie of a segment holds all its entries) and
-    the payloads written to it, each naming its ledger and entry (to find it on disk)."""
-    lid = (await create(c.stack.http, digest="crc32c"))["ledger_id"]
-    payloads = [f"ledger {lid} entry {e} {os.urandom(8).hex()}".encode() for e in range(entries)]
-    assert (await append_batch(c.stack.http, lid, payloads)).status_code == 200
-    assert (await c.stack.http.post(f"/v1/ledgers/{lid}/close", headers=PW)).status_code == 200
-    return lid, payloads
 
 
 async def each_replica_serves(c: Cluster, metadata: LedgerMetadata, written: list[bytes]) -> None:
@@ -68,33 +59,11 @@ def ensemble_bookies(metadata: LedgerMetadata) -> set[str]:
     return {b for segment in metadata.segments for b in segment.bookies}
 
 
-async def registered_out_of_limbo(c: Cluster, bookie_id: str) -> bool:
-    infos = {b.bookie_id: b.info for b in await c.meta.list_bookies()}
-    return infos[bookie_id].get("limbo") is False
-
-
-def flip_payload_bit(data_dir: Path, metadata: LedgerMetadata, entry_id: int) -> str | None:
-    """Flip one bit of the entry's payload in the first entry log (of a bookie of its
-    segment) that holds it; that bookie, or None while no entry log holds it yet."""
-    needle = f"ledger {metadata.ledger_id} entry {entry_id} ".encode()
-    for bookie_id in metadata.segments[0].bookies:
-        for log in (data_dir / bookie_id / "ledgers").glob("entrylog-*.log"):
-            at = log.read_bytes().find(needle)
-            if at >= 0:
-                with open(log, "r+b") as f:
-                    f.seek(at + len(needle))
-                    byte = f.read(1)
-                    f.seek(at + len(needle))
-                    f.write(bytes([byte[0] ^ 0x01]))
-                return bookie_id
-    return None
-
-
 async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
-        lid, written = await written_ledger(c, entries=6)
+        ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
         before = await c.meta.get_ledger(lid)
         victim = await wait_for(
             lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
@@ -127,10 +96,7 @@ async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
-        ledgers = {}
-        for _ in range(4):
-            lid, written = await written_ledger(c, entries=8)
-            ledgers[lid] = written
+        ledgers = await closed_ledgers(c, 4)
         stored = await c.ledgers()
         wiped = busiest_bookie(stored)
         expected = holders(stored, wiped)
@@ -150,7 +116,7 @@ async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
             )
             await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
         await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
-        await wait_for(lambda: registered_out_of_limbo(c, wiped), "the registration without limbo")
+        await wait_for(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
 
         # The replicator moves the wiped bookie's fragments to other bookies: no segment
         # names it any more (it does not refill the wiped bookie itself).
@@ -163,7 +129,7 @@ async def test_a_read_that_finds_a_corrupt_entry_leads_to_a_repaired_ledger(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
-        lid, written = await written_ledger(c, entries=6)
+        ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
         before = await c.meta.get_ledger(lid)
         victim = await wait_for(
             lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
