@@ -80,6 +80,8 @@ async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
             await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
             await wait_for(lambda: "replicated" in kinds(events, lid), "the replicated event")
             await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+        # One claim, one copy: the two marks were one entry of the queue.
+        assert kinds(events, lid) == ["claimed", "fragment_replicated", "replicated"]
         claimed = next(e for e in events if e.kind == "autorecovery.claimed")
         assert claimed.data["missing_bookies"] == [victim]
 
@@ -115,6 +117,9 @@ async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
                 "every marked ledger replicated",
             )
             await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+        claims = [e for e in events if e.kind == "autorecovery.claimed"]
+        assert {e.ledger_id for e in claims} == expected
+        assert all(e.data["missing_bookies"] == [wiped] for e in claims)
         await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
         await wait_for(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
 
