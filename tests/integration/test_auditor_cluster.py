@@ -109,9 +109,13 @@ async def cluster(settings: QuireSettings, database_url: str, nc) -> AsyncIterat
         assert c.standby().marks == 0 and c.standby().commands == 0
 
 
-async def closed_ledgers(c: Cluster, count: int, entries: int = 8, **body) -> list[int]:
+async def closed_ledgers(
+    c: Cluster, count: int, entries: int = 8, **body
+) -> dict[int, list[bytes]]:
+    """`count` closed ledgers, each with the payloads written to it (each payload names its
+    ledger and entry, for `flip_payload_bit` to find it on disk)."""
     http = c.stack.http
-    ids = []
+    written = {}
     for _ in range(count):
         lid = (await create(http, digest="crc32c", **body))["ledger_id"]
         payloads = [
@@ -119,8 +123,26 @@ async def closed_ledgers(c: Cluster, count: int, entries: int = 8, **body) -> li
         ]
         assert (await append_batch(http, lid, payloads)).status_code == 200
         assert (await http.post(f"/v1/ledgers/{lid}/close", headers=PW)).status_code == 200
-        ids.append(lid)
-    return ids
+        written[lid] = payloads
+    return written
+
+
+def flip_payload_bit(data_dir: Path, metadata: LedgerMetadata, entry_id: int) -> str | None:
+    """Flip one bit of the entry's payload (of a `closed_ledgers` ledger) in the first entry
+    log of a bookie of its first segment that holds it; that bookie, or None while no entry
+    log holds it yet (the ledgerstore flushes it there a little later)."""
+    needle = f"ledger {metadata.ledger_id} entry {entry_id} ".encode()
+    for bookie_id in metadata.segments[0].bookies:
+        for log in (data_dir / bookie_id / "ledgers").glob("entrylog-*.log"):
+            at = log.read_bytes().find(needle)
+            if at >= 0:
+                with open(log, "r+b") as f:
+                    f.seek(at + len(needle))
+                    byte = f.read(1)
+                    f.seek(at + len(needle))
+                    f.write(bytes([byte[0] ^ 0x01]))
+                return bookie_id
+    return None
 
 
 def holders(ledgers: list[LedgerMetadata], bookie_id: str) -> set[int]:
@@ -168,25 +190,9 @@ async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
         (lid,) = await closed_ledgers(c, 1, entries=5)
         (metadata,) = await c.ledgers()
         # Damage one replica of entry 3 in its bookie's entry log (one payload bit).
-        needle = f"ledger {lid} entry 3 ".encode()
-        victim, path, at = None, None, -1
-
-        def find() -> bool:
-            nonlocal victim, path, at
-            for bookie_id in metadata.segments[0].bookies:
-                for log in (tmp_path / bookie_id / "ledgers").glob("entrylog-*.log"):
-                    at = log.read_bytes().find(needle)
-                    if at >= 0:
-                        victim, path = bookie_id, log
-                        return True
-            return False
-
-        await wait_for(find, "the entry in an entry log")
-        with open(path, "r+b") as f:
-            f.seek(at + len(needle))
-            byte = f.read(1)
-            f.seek(at + len(needle))
-            f.write(bytes([byte[0] ^ 0x01]))
+        victim = await wait_for(
+            lambda: flip_payload_bit(tmp_path, metadata, 3), "the entry in an entry log"
+        )
 
         reply = await c.client.trigger_audit()
         assert reply["replicas_check"]["ledgers_checked"] == 1
@@ -241,11 +247,11 @@ async def test_a_wiped_bookie_is_marked_in_limbo_and_its_limbo_cleared_once_repa
                 claimed.ledger_id, "test-worker", claimed.mark_version
             )
         await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
-        await wait_for(lambda: _registered_limbo(c, wiped, False), "the registration without limbo")
+        await wait_for(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
         await wait_for(lambda: _answers_no_ledger(c, wiped, lid), "NO_LEDGER answers")
 
 
-async def _registered_limbo(c: Cluster, bookie_id: str, limbo: bool) -> bool:
+async def registered_limbo(c: Cluster, bookie_id: str, limbo: bool) -> bool:
     infos = {b.bookie_id: b.info for b in await c.meta.list_bookies()}
     return infos[bookie_id].get("limbo") is limbo
 
