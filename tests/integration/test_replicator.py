@@ -144,6 +144,20 @@ def bookies_of(metadata) -> set[str]:
     return {b for segment in metadata.segments for b in segment.bookies}
 
 
+async def swap_bookie_2_for_a_spare(stack) -> None:
+    """bookie-4 joins and bookie-2 stops for good: ledgers on bookies 1-3 are to be repaired
+    onto bookie-4."""
+    await start_bookie(stack, "bookie-4")
+    await stop_bookie(stack, "bookie-2")
+
+
+async def read_from_the_spare_alone(stack, ledger_id: int) -> list[bytes]:
+    """Every entry of the ledger, with bookies 1 and 3 stopped: what bookie-4 holds."""
+    await stop_bookie(stack, "bookie-1")
+    await stop_bookie(stack, "bookie-3")
+    return await read_all(stack.http, ledger_id)
+
+
 async def test_a_closed_ledger_is_copied_off_a_lost_bookie(
     settings, fresh_database_url, nc
 ) -> None:
@@ -152,8 +166,7 @@ async def test_a_closed_ledger_is_copied_off_a_lost_bookie(
         meta = MetadataClient(nc, subjects)
         ledger, stored = await closed_ledger(stack.http, meta, 120)
         lid, ensemble = ledger["ledger_id"], ledger["segments"][0]["bookies"]
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         async with autorecovery_events(nc, subjects) as events:
             marked = await meta.mark_underreplicated(lid, ["bookie-2"])
             rt = await stack.start("replicator", "replicator", replicator_settings(stack))
@@ -181,9 +194,7 @@ async def test_a_closed_ledger_is_copied_off_a_lost_bookie(
             w.worker_id for w in rt.replicator.workers
         ]  # type: ignore[attr-defined]
         # Every entry is on bookie-4 now: it alone (with the others stopped) serves them all.
-        await stop_bookie(stack, "bookie-1")
-        await stop_bookie(stack, "bookie-3")
-        assert await read_all(stack.http, lid) == stored
+        assert await read_from_the_spare_alone(stack, lid) == stored
 
 
 async def test_a_ledger_without_keys_backs_off_and_the_switch_stops_claims(
@@ -204,8 +215,7 @@ async def test_a_ledger_without_keys_backs_off_and_the_switch_stops_claims(
         )
         ledger, stored = await closed_ledger(stack.http, meta, 20)
         lid = ledger["ledger_id"]
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         await meta.set_cluster_settings(autorecovery_enabled=False)
         # Failed ledgers back off 100, 200, 400 ms ... (1/32 of 3.2 s, doubling).
         quick = replicator_settings(stack, lock_release_of_failed_ledger_grace_period_ms=3_200)
@@ -251,8 +261,7 @@ async def test_two_replicators_never_work_on_one_ledger_at_once(
         meta = MetadataClient(nc, subjects)
         ledgers = [await closed_ledger(stack.http, meta, 30) for _ in range(6)]
         ids = [ledger["ledger_id"] for ledger, _ in ledgers]
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         both = replicator_settings(stack, num_workers=2)
         async with autorecovery_events(nc, subjects) as events:
             for lid in ids:
@@ -293,8 +302,7 @@ async def test_an_open_ledger_is_fenced_and_recovered_after_its_grace_period(
         ledger = await keyed_ledger(http, meta)  # this gateway holds its writer: it stays OPEN
         lid, ensemble = ledger["ledger_id"], ledger["segments"][0]["bookies"]
         stored = await append(http, lid, 30)
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         async with autorecovery_events(nc, subjects) as events:
             await meta.mark_underreplicated(lid, ["bookie-2"])
             await stack.start(
@@ -339,8 +347,7 @@ async def test_a_writers_ensemble_change_during_the_copy_loses_no_entry(
         ledger = await keyed_ledger(http, meta)
         lid = ledger["ledger_id"]
         stored = await append(http, lid, 100)
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         # The writer replaces bookie-2 itself: later entries go to a segment without it.
         before = await append_until_segments(http, meta, lid, stored, 2)
         assert "bookie-2" not in before.segments[1].bookies
@@ -401,8 +408,7 @@ async def test_kill_9_of_a_worker_mid_copy_leaves_the_ledger_to_another(
         meta = MetadataClient(nc, subjects)
         ledger, stored = await closed_ledger(stack.http, meta, 100)
         lid = ledger["ledger_id"]
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         bookie4 = BookieClient(nc, subjects, add_timeout_ms=2_000, read_timeout_ms=2_000)
         # 100 KB at 20 KB/s: the first worker is killed seconds before it could finish.
         throttled = replicator_settings(stack, replication_rate_by_bytes=20_000)
@@ -432,9 +438,7 @@ async def test_kill_9_of_a_worker_mid_copy_leaves_the_ledger_to_another(
         assert done.data["worker_id"] == second != first
         assert await queue_empty(meta)
         assert "bookie-2" not in bookies_of(await meta.get_ledger(lid))
-        await stop_bookie(stack, "bookie-1")
-        await stop_bookie(stack, "bookie-3")
-        assert await read_all(stack.http, lid) == stored
+        assert await read_from_the_spare_alone(stack, lid) == stored
 
 
 async def test_a_worker_that_loses_its_claim_stops_before_its_compare_and_set(
@@ -445,8 +449,7 @@ async def test_a_worker_that_loses_its_claim_stops_before_its_compare_and_set(
         meta = MetadataClient(nc, subjects)
         ledger, stored = await closed_ledger(stack.http, meta, 100)
         lid = ledger["ledger_id"]
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         bookie4 = BookieClient(nc, subjects, add_timeout_ms=2_000, read_timeout_ms=2_000)
         throttled = replicator_settings(stack, replication_rate_by_bytes=20_000)
         async with autorecovery_events(nc, subjects) as events:
@@ -475,9 +478,7 @@ async def test_a_worker_that_loses_its_claim_stops_before_its_compare_and_set(
             "replicated",
         ]
         assert "bookie-2" not in bookies_of(await meta.get_ledger(lid))
-        await stop_bookie(stack, "bookie-1")
-        await stop_bookie(stack, "bookie-3")
-        assert await read_all(stack.http, lid) == stored
+        assert await read_from_the_spare_alone(stack, lid) == stored
 
 
 async def test_a_stopped_replicator_gives_its_claim_back_at_once(
@@ -488,8 +489,7 @@ async def test_a_stopped_replicator_gives_its_claim_back_at_once(
         meta = MetadataClient(nc, subjects)
         ledger, stored = await closed_ledger(stack.http, meta, 100)
         lid = ledger["ledger_id"]
-        await start_bookie(stack, "bookie-4")
-        await stop_bookie(stack, "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
         bookie4 = BookieClient(nc, subjects, add_timeout_ms=2_000, read_timeout_ms=2_000)
         # A lease far longer than the test: only the release can free the ledger in time.
         slow = replicator_settings(
