@@ -151,6 +151,13 @@ class LostBookieAudit:
             return self._run()
         return frozenset()
 
+    def forget(self, bookie_id: str) -> None:
+        """The bookie left the registry for good (decommissioned): its wait, if any, is
+        dropped. Its absence from the next looks is no loss: it was not alive."""
+        self.waiting.discard(bookie_id)
+        if not self.waiting:
+            self.due_at_s = self._delay_s = None
+
     def run_now(self) -> frozenset[str]:
         """The waiting bookies, their wait cut short (BookKeeper's triggerAudit: an audit
         asked for by the operator is not delayed)."""

@@ -65,6 +65,7 @@ METADATA_OPS: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
     "ledger.delete": (LedgerIdRequest, Empty),
     "bookie.register": (RegisterBookieRequest, BookieInfo),
     "bookie.unregister": (BookieIdRequest, Empty),
+    "bookie.remove": (BookieIdRequest, Empty),
     "bookie.list": (Empty, ListBookiesReply),
     "cookie.get": (CookieRequest, Cookie),
     "cookie.put": (PutCookieRequest, Cookie),
@@ -216,6 +217,11 @@ class MetadataClient:
 
     async def unregister_bookie(self, bookie_id: str) -> None:
         await self.call("bookie.unregister", BookieIdRequest(bookie_id=bookie_id))
+
+    async def remove_bookie(self, bookie_id: str) -> None:
+        """Forget a bookie whose lease lapsed (BOOKIE_ALIVE while it holds); nothing to do
+        for an unknown bookie."""
+        await self.call("bookie.remove", BookieIdRequest(bookie_id=bookie_id))
 
     async def list_bookies(self) -> list[BookieInfo]:
         reply: ListBookiesReply = await self.call("bookie.list", Empty())

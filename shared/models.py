@@ -343,6 +343,7 @@ class MetaErrorCode(StrEnum):
     BAD_VERSION = "BAD_VERSION"  # the CAS lost; `current` holds the stored metadata
     LEDGER_CLOSED = "LEDGER_CLOSED"  # the update would change what a close fixed for good
     NO_SUCH_COOKIE = "NO_SUCH_COOKIE"
+    BOOKIE_ALIVE = "BOOKIE_ALIVE"  # a bookie whose lease still holds cannot be removed
     UNAVAILABLE = "UNAVAILABLE"  # PostgreSQL unreachable: the outcome is unknown, re-read
     INTERNAL = "INTERNAL"
 

@@ -24,8 +24,9 @@ What the elected auditor does:
   auditor asks its journal to `clear_limbo`.
 - Operator commands (shared.auditor_client): trigger_audit runs every audit now;
   recover_bookie and decommission mark every ledger whose segments name the bookies (reasons
-  manual, decommission), then remove their cookies once no ledger names them
-  any more (with delete_cookie, and always for decommission). Those pending removals are
+  manual, decommission), then remove their cookies and registrations once no ledger names
+  them any more (with delete_cookie, and always for decommission; a bookie registered alive
+  keeps its registration). Those pending removals are
   held by the leader in memory: if leadership changes before they are done they are not
   carried over; the operator repeats the command (it is idempotent: marks merge, and the
   removal waits again) and the status lists what is pending.
@@ -34,7 +35,7 @@ Several auditors may run; only the elected one acts (BookKeeper's AuditorElector
 a lease in the metadata store and renews it every third of its length; it counts itself
 leader only until the lease it last obtained runs out by its own clock, measured from
 before it asked, so it stops acting no later than the store lets another win. Every mark,
-cookie removal and limbo clearing checks leadership just before it is sent.
+cookie or registration removal and limbo clearing checks leadership just before it is sent.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from shared.auditor_client import (
 from shared.autorecovery import LostBookieAudit, MarkReason, corrupt_entry_mark
 from shared.bookie_client import BookieClient
 from shared.metaclient import MetadataClient, MetadataError
-from shared.models import BookieInfo, BookieState, Leadership
+from shared.models import BookieInfo, BookieState, Leadership, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import ApiCodes, QuireError
 
@@ -299,8 +300,10 @@ class Auditor:
 
     async def _remove_cookies(self) -> None:
         """Decommissioned (or recovered with delete_cookie) bookies no ledger needs any
-        more lose their cookie (BookKeeper's decommissionBookie: a bookie that comes back
-        with that id is then a new one)."""
+        more lose their cookie, then their registration (BookKeeper's decommissionBookie
+        removes both: a bookie that comes back with that id is then a new one, and until
+        then no listing shows it). The store publishes `bookie.removed`. A removal that
+        fails stays pending and is tried again at the next look."""
         for bookie_id in sorted(self.pending_cookie_removals):
             if await self.marker.needed(bookie_id):
                 continue
@@ -308,9 +311,26 @@ class Auditor:
             cookie = await self._meta.get_cookie(bookie_id)
             if cookie.data is not None:
                 await self._meta.delete_cookie(bookie_id, cookie.version)
+                log.warning("bookie cookie removed", extra={"bookie": bookie_id})
+                self._rt.events.emit("bookie.cookie_deleted", bookie_id=bookie_id)
+            await self._remove_registration(bookie_id)
             self.pending_cookie_removals.discard(bookie_id)
-            log.warning("bookie cookie removed", extra={"bookie": bookie_id})
-            self._rt.events.emit("bookie.cookie_deleted", bookie_id=bookie_id)
+
+    async def _remove_registration(self, bookie_id: str) -> None:
+        self._require_leader()
+        try:
+            await self._meta.remove_bookie(bookie_id)
+        except MetadataError as exc:
+            if exc.code is not MetaErrorCode.BOOKIE_ALIVE:
+                raise
+            # recover_bookie does not ask that the bookie be stopped: a running one keeps
+            # its registration (its next heartbeat would write it again anyway).
+            log.warning("bookie still alive: registration kept", extra={"bookie": bookie_id})
+            return
+        # Gone from the registry is not a loss: nothing of it is to be reported or audited.
+        self.known.pop(bookie_id, None)
+        self.lost.forget(bookie_id)
+        log.warning("bookie registration removed", extra={"bookie": bookie_id})
 
     async def run(self) -> None:
         poll_s = self.settings.auditor_bookie_registry_poll_interval_ms / 1000

@@ -18,6 +18,7 @@ from services.metadata.core import LedgerChange, OutboxRecord
 from services.metadata.store import (
     MAX_BOOKIES_LISTED,
     BadVersion,
+    BookieAlive,
     BookieRegistration,
     CookieBadVersion,
     LedgerClosedError,
@@ -212,6 +213,24 @@ class InMemoryMetadataStore:
         self._bookies[bookie_id] = (state, last_seen, min(expires, now_ms), info)
         self._record("bookie.unregistered", {}, now_ms, bookie_id=bookie_id)
         return self._bookie(bookie_id, now_ms)
+
+    async def remove_bookie(self, bookie_id: str, now_ms: int) -> None:
+        await self._enter()
+        if bookie_id not in self._bookies:
+            return
+        state, last_seen, expires, _ = self._bookies[bookie_id]
+        if not core.lease_expired(expires, now_ms):
+            raise BookieAlive(
+                f"bookie {bookie_id} is registered {state.value} until {expires}: "
+                "stop it before removing it"
+            )
+        del self._bookies[bookie_id]
+        self._record(
+            "bookie.removed",
+            {"last_seen": last_seen, "lease_expires_at": expires},
+            now_ms,
+            bookie_id=bookie_id,
+        )
 
     async def list_bookies(self, now_ms: int) -> list[BookieInfo]:
         await self._enter()

@@ -51,6 +51,7 @@ from services.metadata.sql import (
     SQL_DELETE_LEDGER,
     SQL_ELECT,
     SQL_EXPIRE_BOOKIE,
+    SQL_GET_BOOKIE,
     SQL_GET_COOKIE,
     SQL_GET_LEDGER,
     SQL_GET_SETTINGS,
@@ -64,6 +65,7 @@ from services.metadata.sql import (
     SQL_OUTBOX_FETCH,
     SQL_OUTBOX_PUBLISHED,
     SQL_RELEASE_URQ,
+    SQL_REMOVE_BOOKIE,
     SQL_RENEW_LEADER,
     SQL_RENEW_URQ,
     SQL_REPLICATED_URQ,
@@ -77,6 +79,7 @@ from services.metadata.sql import (
 from services.metadata.store import (
     MAX_BOOKIES_LISTED,
     BadVersion,
+    BookieAlive,
     BookieRegistration,
     CookieBadVersion,
     LedgerClosedError,
@@ -423,6 +426,16 @@ class PostgresMetadataStore:
     async def unregister_bookie(self, bookie_id: str, now_ms: int) -> BookieInfo | None:
         row = await self._one(SQL_EXPIRE_BOOKIE, {"id": bookie_id, "now": now_ms})
         return None if row is None else bookie_from_row(row, now_ms)
+
+    async def remove_bookie(self, bookie_id: str, now_ms: int) -> None:
+        if await self._one(SQL_REMOVE_BOOKIE, {"id": bookie_id, "now": now_ms}) is not None:
+            return
+        row = await self._one(SQL_GET_BOOKIE, {"id": bookie_id})
+        if row is not None:
+            raise BookieAlive(
+                f"bookie {bookie_id} is registered {row['state']} until "
+                f"{row['lease_expires_at']}: stop it before removing it"
+            )
 
     async def list_bookies(self, now_ms: int) -> list[BookieInfo]:
         rows = await self._all(SQL_LIST_BOOKIES, {"limit": MAX_BOOKIES_LISTED})

@@ -95,6 +95,7 @@ class MetadataService:
             "ledger.delete": self.delete_ledger,
             "bookie.register": self.register_bookie,
             "bookie.unregister": self.unregister_bookie,
+            "bookie.remove": self.remove_bookie,
             "bookie.list": self.list_bookies,
             "cookie.get": self.get_cookie,
             "cookie.put": self.put_cookie,
@@ -190,6 +191,10 @@ class MetadataService:
 
     async def unregister_bookie(self, request: BookieIdRequest) -> Empty:
         await self._store.unregister_bookie(request.bookie_id, self._clock())
+        return await self._changed(Empty())
+
+    async def remove_bookie(self, request: BookieIdRequest) -> Empty:
+        await self._store.remove_bookie(request.bookie_id, self._clock())
         return await self._changed(Empty())
 
     async def list_bookies(self, request: Empty) -> ListBookiesReply:

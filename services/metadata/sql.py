@@ -165,6 +165,22 @@ WITH up AS (
 ), ev AS ({_outbox_insert_bookie("bookie.unregistered", "up", "jsonb_build_object()")})
 SELECT * FROM up"""
 
+# Only a lapsed lease (core.lease_expired) is removed; the caller tells a live bookie from an
+# unknown one by reading the row again.
+SQL_REMOVE_BOOKIE = f"""
+WITH gone AS (
+    DELETE FROM bookies WHERE bookie_id = %(id)s AND lease_expires_at <= %(now)s RETURNING *
+), ev AS ({
+    _outbox_insert_bookie(
+        "bookie.removed",
+        "gone",
+        "jsonb_build_object('last_seen', gone.last_seen, "
+        "'lease_expires_at', gone.lease_expires_at)",
+    )
+})
+SELECT * FROM gone"""
+SQL_GET_BOOKIE = "SELECT * FROM bookies WHERE bookie_id = %(id)s"
+
 SQL_LIST_BOOKIES = "SELECT * FROM bookies ORDER BY bookie_id LIMIT %(limit)s"
 
 SQL_GET_COOKIE = "SELECT data, version FROM cookies WHERE bookie_id = %(id)s"

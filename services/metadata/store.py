@@ -88,6 +88,12 @@ class NoSuchCookie(StoreError):
     code = MetaErrorCode.NO_SUCH_COOKIE
 
 
+class BookieAlive(StoreError):
+    """The bookie's lease still holds: a registered live bookie is not removed."""
+
+    code = MetaErrorCode.BOOKIE_ALIVE
+
+
 class StoreUnavailable(StoreError):
     """PostgreSQL did not answer: whatever was asked may or may not have happened."""
 
@@ -139,6 +145,12 @@ class MetadataStore(Protocol):
 
     async def unregister_bookie(self, bookie_id: str, now_ms: int) -> BookieInfo | None:
         """Expire the bookie's lease now; None if it never registered."""
+        ...
+
+    async def remove_bookie(self, bookie_id: str, now_ms: int) -> None:
+        """Forget the bookie's registration (a decommissioned bookie: BookKeeper removes its
+        znodes). BookieAlive while its lease holds; nothing to do for an unknown bookie. A
+        bookie that registers later with that id is a first registration."""
         ...
 
     async def list_bookies(self, now_ms: int) -> list[BookieInfo]: ...

@@ -2,8 +2,9 @@
 restarted) while writers append to several ledgers through HTTP. The auditor marks every
 ledger that names it, the replicator copies their fragments to the other bookies, open
 ledgers left by a quiet writer are fenced and closed after the grace period, and nothing
-acknowledged is lost. Then the dead bookie is decommissioned. And `quire bench autorecovery`
-runs at a tiny size, checking that its counts add up (not how fast anything is)."""
+acknowledged is lost. Then the dead bookie is decommissioned: its cookie and registration
+go. And `quire bench autorecovery` runs at a tiny size, checking that its counts add up (not
+how fast anything is)."""
 
 from __future__ import annotations
 
@@ -132,12 +133,16 @@ def test_a_bookie_lost_for_good_is_re_replicated_while_writers_append(cluster: Q
                 assert meta["last_entry_id"] == last, meta
             assert read_range(client, lid, last) == written[lid]  # nothing lost
 
-        # The dead bookie holds nothing any ledger needs: decommission removes its cookie.
+        # The dead bookie holds nothing any ledger needs: decommission removes its cookie,
+        # then its registration (the bookie list shows it lost until then).
+        assert victim in {b["bookie_id"] for b in client.get("/v1/bookies").json()["bookies"]}
         response = client.put("/api/v1/autorecovery/decommission", json={"bookie_src": victim})
         assert response.status_code == 200, response.text
         deadline = time.monotonic() + 60
-        while has_cookie(cluster, victim):
-            assert time.monotonic() < deadline, "the decommissioned bookie's cookie stayed"
+        while has_cookie(cluster, victim) or victim in {
+            b["bookie_id"] for b in client.get("/v1/bookies").json()["bookies"]
+        }:
+            assert time.monotonic() < deadline, "the decommissioned bookie stayed registered"
             time.sleep(0.5)
 
 

@@ -261,7 +261,7 @@ async def _answers_no_ledger(c: Cluster, bookie_id: str, lid: int) -> bool:
     return answers[0].status is BookieStatus.NO_LEDGER
 
 
-async def test_decommission_marks_then_removes_the_cookie_once_no_ledger_needs_the_bookie(
+async def test_decommission_marks_then_removes_cookie_and_registration_once_no_ledger_needs_it(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
@@ -296,3 +296,10 @@ async def test_decommission_marks_then_removes_the_cookie_once_no_ledger_needs_t
             )
         await wait_for(lambda: not c.leader().pending_cookie_removals, "the cookie removal")
         assert (await c.meta.get_cookie(gone)).data is None
+        # Its registration went after the cookie: no listing shows it, and the auditor
+        # neither waits to audit it nor counts its absence as a loss.
+        assert gone not in {b.bookie_id for b in await c.meta.list_bookies()}
+        assert gone not in c.leader().lost.waiting and gone not in c.leader().known
+        reply = await c.client.trigger_audit()
+        assert reply["bookie_check"] == {"ledgers_marked": 0}
+        assert reply["placement_policy_check"]["ledgers_not_adhering"] == 0

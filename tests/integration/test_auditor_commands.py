@@ -146,6 +146,14 @@ async def test_commands_reach_the_leader_only_and_mark_what_they_should(
             assert standby.commands == 0 and standby.marks == 0
             assert leader.commands == 3 and leader.marks == 4  # 2 recover, 1 decommission, 1 audit
 
+            # recover_bookie with delete_cookie of a bookie registered alive: no ledger
+            # needs it, but its registration stays (only a lapsed one is removed). b5 stays
+            # pending: on_b5 still names it.
+            assert await client.recover_bookie(["b4"], delete_cookie=True) == {"ledgers_marked": 0}
+            await wait_for(lambda: "b4" not in leader.pending_cookie_removals, "the removal look")
+            assert leader.pending_cookie_removals == {"b5"}
+            assert "b4" in {b.bookie_id for b in await meta.list_bookies()}
+
 
 async def test_entry_corrupt_events_mark_and_malformed_ones_are_dropped(
     settings: QuireSettings, fresh_database_url: str, nc

@@ -14,6 +14,7 @@ from services.metadata.memory import InMemoryMetadataStore
 from services.metadata.postgres import PostgresMetadataStore
 from services.metadata.store import (
     BadVersion,
+    BookieAlive,
     CookieBadVersion,
     LedgerClosedError,
     LedgerExists,
@@ -30,6 +31,7 @@ from shared.models import (
     DeleteCookieRequest,
     LedgerState,
     MarkUnderreplicatedRequest,
+    MetaErrorCode,
     PutCookieRequest,
     RegisterBookieRequest,
     Segment,
@@ -331,6 +333,45 @@ async def test_bookie_leases(store: MetadataStore) -> None:
         ("bookie.registered", "bookie-2", None),
         ("bookie.registered", "bookie-1", "lost"),  # the renewal at 1_250 is no news
         ("bookie.unregistered", "bookie-2", None),
+    ]
+
+
+async def test_only_a_lapsed_bookie_is_removed_and_a_later_one_registers_anew(
+    store: MetadataStore,
+) -> None:
+    await store.register_bookie(RegisterBookieRequest(bookie_id="bookie-1"), 1_000, 100)
+    await store.register_bookie(RegisterBookieRequest(bookie_id="bookie-2"), 1_000, 100)
+    with pytest.raises(BookieAlive) as alive:
+        await store.remove_bookie("bookie-1", 1_099)
+    assert alive.value.code is MetaErrorCode.BOOKIE_ALIVE
+    await store.remove_bookie("bookie-1", 1_100)  # the lease expires at 1_100
+    assert [b.bookie_id for b in await store.list_bookies(1_100)] == ["bookie-2"]
+    await store.remove_bookie("bookie-1", 1_200)  # already gone: nothing to do
+    await store.remove_bookie("bookie-9", 1_200)  # never registered: nothing to do
+    await store.unregister_bookie("bookie-2", 1_300)
+    await store.remove_bookie("bookie-2", 1_300)
+    assert await store.list_bookies(1_300) == []
+    again = await store.register_bookie(RegisterBookieRequest(bookie_id="bookie-1"), 1_400, 100)
+    assert again.previous_state is None
+    assert [(k, who, d) for k, who, d in await drain_outbox(store)] == [
+        (
+            "bookie.registered",
+            "bookie-1",
+            {"state": "writable", "previous_state": None, "lease_expires_at": 1_100},
+        ),
+        (
+            "bookie.registered",
+            "bookie-2",
+            {"state": "writable", "previous_state": None, "lease_expires_at": 1_100},
+        ),
+        ("bookie.removed", "bookie-1", {"last_seen": 1_000, "lease_expires_at": 1_100}),
+        ("bookie.unregistered", "bookie-2", {}),
+        ("bookie.removed", "bookie-2", {"last_seen": 1_000, "lease_expires_at": 1_100}),
+        (
+            "bookie.registered",
+            "bookie-1",
+            {"state": "writable", "previous_state": None, "lease_expires_at": 1_500},
+        ),
     ]
 
 

@@ -127,6 +127,12 @@ async def test_every_operation(client: MetadataClient, events: list[dict]) -> No
         "bookie-2": BookieState.LOST,
         "bookie-3": BookieState.WRITABLE,
     }
+    with pytest.raises(MetadataError) as alive:
+        await client.remove_bookie("bookie-1")
+    assert alive.value.code is MetaErrorCode.BOOKIE_ALIVE
+    await client.remove_bookie("bookie-2")
+    await client.remove_bookie("bookie-2")  # gone already: nothing to do
+    assert [b.bookie_id for b in await client.list_bookies()] == ["bookie-1", "bookie-3"]
 
     def kinds() -> list[tuple[str, object]]:
         return [
@@ -141,6 +147,7 @@ async def test_every_operation(client: MetadataClient, events: list[dict]) -> No
         ("ledger.closed", ledger.ledger_id),
         ("ledger.deleted", ledger.ledger_id),
         ("bookie.unregistered", "bookie-2"),
+        ("bookie.removed", "bookie-2"),
     ]
     await wait_for(lambda: len(events) >= len(expected))
     assert kinds() == expected

@@ -213,6 +213,31 @@ def test_a_bookie_that_unregistered_is_lost_too() -> None:
     assert look(audit, 1, "ab", 0) == {"c"}  # not in the registry at all now
 
 
+def test_a_removed_registration_is_no_new_loss() -> None:
+    """A decommissioned bookie leaves the registry: it was lost (lapsed) before, so its
+    absence from every later look, and from a new leader's first look, audits nothing."""
+    audit = LostBookieAudit()
+    look(audit, 0, "abc", 0)
+    assert look(audit, 1, "ab", 0, lost="c") == {"c"}
+    audit.forget("c")
+    assert look(audit, 2, "ab", 0) == frozenset()
+    audit.reset()
+    assert look(audit, 3, "ab", 0) == frozenset()
+    # A new bookie registering with that id later is a bookie like any other.
+    look(audit, 4, "abc", 0)
+    assert look(audit, 5, "ab", 0) == {"c"}
+
+
+def test_forgetting_a_waiting_bookie_drops_its_wait() -> None:
+    audit = LostBookieAudit()
+    look(audit, 0, "abc", 60)
+    assert look(audit, 1, "ab", 60, lost="c") == frozenset()
+    audit.forget("c")
+    assert audit.waiting == set() and audit.due_at_s is None
+    assert look(audit, 61, "ab", 60) == frozenset()
+    assert audit.run_now() == frozenset()
+
+
 def test_first_look_of_a_healthy_cluster_audits_nothing() -> None:
     audit = LostBookieAudit()
     assert look(audit, 0, "abc", 0) == frozenset()
