@@ -4,12 +4,11 @@ entry, a wiped bookie's limbo, decommission; the standby never acts."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from shared import wire
@@ -23,6 +22,7 @@ from shared.status import BookieStatus
 from shared.subjects import Subjects
 from tests.integration.test_gateway_http import PW, append_batch, create
 from tests.support.stack import Stack, running_stack
+from tests.support.wait import until
 
 BOOKIES = [f"bookie-{i}" for i in range(1, 5)]
 
@@ -81,27 +81,15 @@ class Cluster:
         return (await self.meta.list_ledgers(limit=1000)).ledgers
 
 
-async def wait_for(condition: Callable, what: str, timeout_s: float = 20.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def cluster(settings: QuireSettings, database_url: str, nc) -> AsyncIterator[Cluster]:
     async with running_stack(settings, database_url, bookies=len(BOOKIES)) as stack:
         await stack.start("auditor-1", "auditor", stack.settings)
         await stack.start("auditor-2", "auditor", stack.settings)
         c = Cluster(stack, nc)
-        await wait_for(lambda: c.leader() is not None, "an elected auditor")
+        await until(lambda: c.leader() is not None, "an elected auditor")
         # The new term's bookie check ran over the healthy cluster.
-        await wait_for(lambda: c.leader().checks["bookie_check"].runs >= 1, "the bookie check")
+        await until(lambda: c.leader().checks["bookie_check"].runs >= 1, "the bookie check")
         first = c.leader()
         yield c
         # Only the leader acted (and it stayed leader throughout).
@@ -166,17 +154,17 @@ async def test_a_lost_bookie_is_marked_after_the_delay_and_not_if_it_returns_wit
 
         # Lost and back within the delay: its audit waited, then was cancelled.
         await c.stop_bookie(lost)
-        await wait_for(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
+        await until(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
         await c.start_bookie(lost)
-        await wait_for(lambda: not c.leader().lost.waiting, "the audit cancelled")
+        await until(lambda: not c.leader().lost.waiting, "the audit cancelled")
         assert await c.marked() == {} and c.leader().marks == 0
 
         # Lost for good: marked once the (now shorter) delay has passed.
         await c.stop_bookie(lost)
-        await wait_for(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
+        await until(lambda: c.leader().lost.waiting == {lost}, "the delayed audit")
         assert await c.marked() == {}
         await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=1)
-        await wait_for(lambda: c.leader().last_lost_bookie_audit, "the lost-bookie audit")
+        await until(lambda: c.leader().last_lost_bookie_audit, "the lost-bookie audit")
         assert await c.marked() == {lid: [lost] for lid in expected}
         assert c.leader().marks_by_reason == {"lost_bookie": len(expected)}
         audit = c.leader().last_lost_bookie_audit
@@ -190,7 +178,7 @@ async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
         (lid,) = await closed_ledgers(c, 1, entries=5)
         (metadata,) = await c.ledgers()
         # Damage one replica of entry 3 in its bookie's entry log (one payload bit).
-        victim = await wait_for(
+        victim = await until(
             lambda: flip_payload_bit(tmp_path, metadata, 3), "the entry in an entry log"
         )
 
@@ -204,7 +192,7 @@ async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
         assert c.leader().marks_by_reason["replicas_check"] == 1
         # The bookie reported the bad read itself (entry.corrupt): the auditor marks that
         # too, naming the same bookie.
-        await wait_for(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
+        await until(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
         assert await c.marked() == {lid: [victim]}
 
         # The leader's status (the standby answers the same subject: ask until the leader
@@ -214,7 +202,7 @@ async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
             status = json.loads(reply.data)
             return status if status["leader"] else None
 
-        status = await wait_for(leader_status, "the leader's status")
+        status = await until(leader_status, "the leader's status")
         replicas = status["checks"]["replicas_check"]
         assert replicas["runs"] == 1 and replicas["last_findings"]["ledgers_marked"] == 1
         assert replicas["last_duration_ms"] >= 0 and replicas["last_error"] is None
@@ -233,7 +221,7 @@ async def test_a_wiped_bookie_is_marked_in_limbo_and_its_limbo_cleared_once_repa
         await c.stop_bookie(wiped)
         shutil.rmtree(tmp_path / wiped)
         await c.start_bookie(wiped)
-        await wait_for(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
+        await until(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
         assert await c.marked() == {lid: [wiped] for lid in expected}
         assert c.leader().marks_by_reason == {"limbo": len(expected)}
         lid = min(expected)
@@ -246,9 +234,9 @@ async def test_a_wiped_bookie_is_marked_in_limbo_and_its_limbo_cleared_once_repa
             assert await c.meta.mark_replicated(
                 claimed.ledger_id, "test-worker", claimed.mark_version
             )
-        await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
-        await wait_for(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
-        await wait_for(lambda: _answers_no_ledger(c, wiped, lid), "NO_LEDGER answers")
+        await until(lambda: not c.leader().limbo_marked, "the limbo cleared")
+        await until(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
+        await until(lambda: _answers_no_ledger(c, wiped, lid), "NO_LEDGER answers")
 
 
 async def registered_limbo(c: Cluster, bookie_id: str, limbo: bool) -> bool:
@@ -294,7 +282,7 @@ async def test_decommission_marks_then_removes_cookie_and_registration_once_no_l
                     segments=segments,
                 )
             )
-        await wait_for(lambda: not c.leader().pending_cookie_removals, "the cookie removal")
+        await until(lambda: not c.leader().pending_cookie_removals, "the cookie removal")
         assert (await c.meta.get_cookie(gone)).data is None
         # Its registration went after the cookie: no listing shows it, and the auditor
         # neither waits to audit it nor counts its absence as a loss.

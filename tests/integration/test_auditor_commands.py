@@ -16,6 +16,7 @@ from shared.models import CreateLedgerRequest, LedgerMetadata, LedgerState, Upda
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
 from tests.support.inprocess import running_service, wait_until_serving
+from tests.support.wait import until
 
 LEASE_MS = 900
 
@@ -68,13 +69,6 @@ async def wait_for_leader(auditors: list) -> object:
         await asyncio.sleep(0.02)
 
 
-async def wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_commands_reach_the_leader_only_and_mark_what_they_should(
     settings: QuireSettings, fresh_database_url: str, nc
 ) -> None:
@@ -98,7 +92,7 @@ async def test_commands_reach_the_leader_only_and_mark_what_they_should(
             standby = two.auditor if leader is one.auditor else one.auditor  # type: ignore[attr-defined]
             # The bookie check of the new term ran (and found nothing): what follows is
             # the commands' doing.
-            await wait_for(lambda: leader.checks["bookie_check"].runs >= 1, "the bookie check")
+            await until(lambda: leader.checks["bookie_check"].runs >= 1, "the bookie check")
 
             on_b1 = await closed_ledger(meta, ["b1", "b2", "b3"], last_entry_id=10)
             on_b5 = await closed_ledger(meta, ["b2", "b3", "b5"], last_entry_id=10)
@@ -150,7 +144,7 @@ async def test_commands_reach_the_leader_only_and_mark_what_they_should(
             # needs it, but its registration stays (only a lapsed one is removed). b5 stays
             # pending: on_b5 still names it.
             assert await client.recover_bookie(["b4"], delete_cookie=True) == {"ledgers_marked": 0}
-            await wait_for(lambda: "b4" not in leader.pending_cookie_removals, "the removal look")
+            await until(lambda: "b4" not in leader.pending_cookie_removals, "the removal look")
             assert leader.pending_cookie_removals == {"b5"}
             assert "b4" in {b.bookie_id for b in await meta.list_bookies()}
 
@@ -190,7 +184,7 @@ async def test_entry_corrupt_events_mark_and_malformed_ones_are_dropped(
         ):
             leader = await wait_for_leader([one, two])
             standby = two.auditor if leader is one.auditor else one.auditor  # type: ignore[attr-defined]
-            await wait_for(lambda: leader.corrupt_events == 2, "the events consumed")
+            await until(lambda: leader.corrupt_events == 2, "the events consumed")
             assert leader.malformed_events == 2
             assert await marked(meta) == {ledger.ledger_id: ["b2"]}
             assert leader.marks_by_reason == {"entry_corrupt": 1}
@@ -211,13 +205,13 @@ async def test_with_autorecovery_disabled_nothing_is_audited_until_it_is_enabled
         ledger = await closed_ledger(meta, ["b1", "b2", "b4"], last_entry_id=10)
         async with running_service("auditor", settings, "auditor-1") as one:
             auditor = await wait_for_leader([one])
-            await wait_for(lambda: auditor.checks["bookie_check"].runs >= 1, "the bookie check")
+            await until(lambda: auditor.checks["bookie_check"].runs >= 1, "the bookie check")
             await meta.set_cluster_settings(autorecovery_enabled=False)
-            await wait_for(lambda: not auditor.autorecovery_enabled, "the switch read")
+            await until(lambda: not auditor.autorecovery_enabled, "the switch read")
 
             await meta.unregister_bookie("b4")
             looks = auditor.audits
-            await wait_for(lambda: auditor.audits >= looks + 3, "three looks at the registry")
+            await until(lambda: auditor.audits >= looks + 3, "three looks at the registry")
             reply = await client.trigger_audit()
             assert reply["ledgers_marked"] == 0
             assert reply["replicas_check"] == {"skipped": "autorecovery disabled"}
@@ -225,6 +219,6 @@ async def test_with_autorecovery_disabled_nothing_is_audited_until_it_is_enabled
 
             # Enabled again: the registry is compared again, b4 is lost (delay 0).
             await meta.set_cluster_settings(autorecovery_enabled=True)
-            await wait_for(lambda: auditor.last_lost_bookie_audit, "the lost-bookie audit")
+            await until(lambda: auditor.last_lost_bookie_audit, "the lost-bookie audit")
             assert await marked(meta) == {ledger.ledger_id: ["b4"]}
             assert auditor.marks_by_reason == {"lost_bookie": 1}

@@ -24,7 +24,6 @@ from tests.integration.test_auditor_cluster import (
     flip_payload_bit,
     holders,
     registered_limbo,
-    wait_for,
 )
 from tests.integration.test_replicator import (
     autorecovery_events,
@@ -32,6 +31,7 @@ from tests.integration.test_replicator import (
     queue_empty,
     replicator_settings,
 )
+from tests.support.wait import until
 
 
 async def each_replica_serves(c: Cluster, metadata: LedgerMetadata, written: list[bytes]) -> None:
@@ -65,7 +65,7 @@ async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
         ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
         before = await c.meta.get_ledger(lid)
-        victim = await wait_for(
+        victim = await until(
             lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
         )
 
@@ -73,13 +73,13 @@ async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
         assert reply["replicas_check"]["ledgers_marked"] == 1
         # The bad read also made the bookie emit entry.corrupt, which the auditor marks too
         # (the same bookie): let both marks land before the replicator starts.
-        await wait_for(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
+        await until(lambda: c.leader().corrupt_events >= 1, "the entry.corrupt event")
         assert await c.marked() == {lid: [victim]}
 
         async with autorecovery_events(nc, c.subjects) as events:
             await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
-            await wait_for(lambda: "replicated" in kinds(events, lid), "the replicated event")
-            await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+            await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
+            await until(lambda: queue_empty(c.meta), "the queue to empty")
         # One claim, one copy: the two marks were one entry of the queue.
         assert kinds(events, lid) == ["claimed", "fragment_replicated", "replicated"]
         claimed = next(e for e in events if e.kind == "autorecovery.claimed")
@@ -106,22 +106,22 @@ async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
         await c.stop_bookie(wiped)
         shutil.rmtree(tmp_path / wiped)
         await c.start_bookie(wiped)
-        await wait_for(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
+        await until(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
         assert await c.marked() == {lid: [wiped] for lid in expected}
         assert c.leader().marks_by_reason == {"limbo": len(expected)}
 
         async with autorecovery_events(nc, c.subjects) as events:
             await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
-            await wait_for(
+            await until(
                 lambda: all("replicated" in kinds(events, lid) for lid in expected),
                 "every marked ledger replicated",
             )
-            await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+            await until(lambda: queue_empty(c.meta), "the queue to empty")
         claims = [e for e in events if e.kind == "autorecovery.claimed"]
         assert {e.ledger_id for e in claims} == expected
         assert all(e.data["missing_bookies"] == [wiped] for e in claims)
-        await wait_for(lambda: not c.leader().limbo_marked, "the limbo cleared")
-        await wait_for(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
+        await until(lambda: not c.leader().limbo_marked, "the limbo cleared")
+        await until(lambda: registered_limbo(c, wiped, False), "the registration without limbo")
 
         # The replicator moves the wiped bookie's fragments to other bookies: no segment
         # names it any more (it does not refill the wiped bookie itself).
@@ -136,7 +136,7 @@ async def test_a_read_that_finds_a_corrupt_entry_leads_to_a_repaired_ledger(
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
         ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
         before = await c.meta.get_ledger(lid)
-        victim = await wait_for(
+        victim = await until(
             lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
         )
         async with autorecovery_events(nc, c.subjects) as events:
@@ -145,8 +145,8 @@ async def test_a_read_that_finds_a_corrupt_entry_leads_to_a_repaired_ledger(
             # the frame failing its digest and says so (entry.corrupt) instead of serving it.
             _, [answer] = await c.bookies.read(victim, [wire.ReadItem(lid, 3)])
             assert answer.status is not BookieStatus.OK
-            await wait_for(lambda: "replicated" in kinds(events, lid), "the replicated event")
-            await wait_for(lambda: queue_empty(c.meta), "the queue to empty")
+            await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
+            await until(lambda: queue_empty(c.meta), "the queue to empty")
         assert c.leader().marks_by_reason == {"entry_corrupt": 1}
         claimed = next(e for e in events if e.kind == "autorecovery.claimed")
         assert claimed.data["missing_bookies"] == [victim]

@@ -5,13 +5,12 @@ copied off the marked bookie, its ensemble updated, the queue emptied, every ste
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,9 @@ from shared.wire import ReadItem
 from tests.integration.test_gateway_http import PW, append_batch, append_raw, create, payloads_of
 from tests.support.inprocess import running_service
 from tests.support.stack import Stack, running_stack
+from tests.support.wait import until
 
 ENTRY_BYTES = 1_000
-DEADLINE_S = 30.0
 
 
 def replicator_settings(stack: Stack, **replicator: Any) -> QuireSettings:
@@ -48,19 +47,6 @@ async def start_bookie(stack: Stack, bookie_id: str) -> None:
 async def stop_bookie(stack: Stack, bookie_id: str) -> None:
     await stack.stop(f"{bookie_id}.ledgerstore")
     await stack.stop(f"{bookie_id}.journal")
-
-
-async def until(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
-    """Poll `condition` (sync or async) until it is truthy; its value."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager
