@@ -209,21 +209,29 @@ async def test_replicas_check_finds_a_damaged_entry_and_names_its_bookie(
         assert status["ledgers_marked_by_reason"]["replicas_check"] == 1
 
 
+async def wipe_the_busiest_bookie(c, data_dir: Path) -> tuple[str, set[int]]:
+    """Stop the bookie that holds the most ledgers, remove its disk and start it again (its
+    cookie then says limbo); once the auditor has marked each ledger it held (reason limbo,
+    and nothing else: the lost-bookie delay is set long), the bookie and those ledgers."""
+    ledgers = await c.ledgers()
+    wiped = busiest_bookie(ledgers)
+    expected = holders(ledgers, wiped)
+    await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
+    await c.stop_bookie(wiped)
+    shutil.rmtree(data_dir / wiped)
+    await c.start_bookie(wiped)
+    await until(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
+    assert await c.marked() == {lid: [wiped] for lid in expected}
+    assert c.leader().marks_by_reason == {"limbo": len(expected)}
+    return wiped, expected
+
+
 async def test_a_wiped_bookie_is_marked_in_limbo_and_its_limbo_cleared_once_repaired(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
         await closed_ledgers(c, 4)
-        ledgers = await c.ledgers()
-        wiped = busiest_bookie(ledgers)
-        expected = holders(ledgers, wiped)
-        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
-        await c.stop_bookie(wiped)
-        shutil.rmtree(tmp_path / wiped)
-        await c.start_bookie(wiped)
-        await until(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
-        assert await c.marked() == {lid: [wiped] for lid in expected}
-        assert c.leader().marks_by_reason == {"limbo": len(expected)}
+        wiped, expected = await wipe_the_busiest_bookie(c, tmp_path)
         lid = min(expected)
         status, answers = await c.bookies.read(wiped, [wire.ReadItem(lid, 0)])
         assert answers[0].status is BookieStatus.UNKNOWN_LEDGER_STATE

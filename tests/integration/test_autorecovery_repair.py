@@ -6,7 +6,6 @@ bookies, a gateway, two auditors) plus a replicator."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from shared import wire
@@ -17,13 +16,12 @@ from shared.status import BookieStatus
 from tests.integration.test_auditor_cluster import (
     BOOKIES,
     Cluster,
-    busiest_bookie,
     closed_ledgers,
     cluster,
     cluster_settings,
     flip_payload_bit,
-    holders,
     registered_limbo,
+    wipe_the_busiest_bookie,
 )
 from tests.integration.test_replicator import (
     autorecovery_events,
@@ -59,15 +57,20 @@ def ensemble_bookies(metadata: LedgerMetadata) -> set[str]:
     return {b for segment in metadata.segments for b in segment.bookies}
 
 
+async def ledger_with_a_flipped_bit(c, data_dir: Path):
+    """A closed ledger of 6 entries, entry 3's payload with one bit flipped in one bookie's
+    entry log: its id, what was written, its metadata and that bookie."""
+    ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
+    before = await c.meta.get_ledger(lid)
+    victim = await until(lambda: flip_payload_bit(data_dir, before, 3), "the entry in an entry log")
+    return lid, written, before, victim
+
+
 async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
-        ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
-        before = await c.meta.get_ledger(lid)
-        victim = await until(
-            lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
-        )
+        lid, written, before, victim = await ledger_with_a_flipped_bit(c, tmp_path)
 
         reply = await c.client.trigger_audit()
         assert reply["replicas_check"]["ledgers_marked"] == 1
@@ -99,16 +102,7 @@ async def test_a_wiped_bookie_in_limbo_is_repaired_and_its_limbo_cleared(
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
         ledgers = await closed_ledgers(c, 4)
-        stored = await c.ledgers()
-        wiped = busiest_bookie(stored)
-        expected = holders(stored, wiped)
-        await c.meta.set_cluster_settings(lost_bookie_recovery_delay_s=600)
-        await c.stop_bookie(wiped)
-        shutil.rmtree(tmp_path / wiped)
-        await c.start_bookie(wiped)
-        await until(lambda: c.leader().limbo_marked == {wiped}, "the limbo marks")
-        assert await c.marked() == {lid: [wiped] for lid in expected}
-        assert c.leader().marks_by_reason == {"limbo": len(expected)}
+        wiped, expected = await wipe_the_busiest_bookie(c, tmp_path)
 
         async with autorecovery_events(nc, c.subjects) as events:
             await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
@@ -134,11 +128,7 @@ async def test_a_read_that_finds_a_corrupt_entry_leads_to_a_repaired_ledger(
     settings: QuireSettings, fresh_database_url: str, nc, tmp_path: Path
 ) -> None:
     async with cluster(cluster_settings(settings, tmp_path), fresh_database_url, nc) as c:
-        ((lid, written),) = (await closed_ledgers(c, 1, entries=6)).items()
-        before = await c.meta.get_ledger(lid)
-        victim = await until(
-            lambda: flip_payload_bit(tmp_path, before, 3), "the entry in an entry log"
-        )
+        lid, written, before, victim = await ledger_with_a_flipped_bit(c, tmp_path)
         async with autorecovery_events(nc, c.subjects) as events:
             await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
             # No audit: a reader asks the damaged bookie for the entry, the ledgerstore finds
