@@ -32,6 +32,7 @@ from shared.bookie.journal_format import (
     EntryRecord,
     FenceRecord,
     LacRecord,
+    LedgerDeletedRecord,
     LedgerStateRecord,
     MasterKeyRecord,
     Record,
@@ -88,6 +89,8 @@ def _describe(record: Record, msg: bool) -> dict:
             return {"kind": "BATCH", "entries": record.count, "size": record.size}
         case LedgerStateRecord():
             return {"kind": "LEDGER_STATE", "ledger_id": record.ledger_id, "lac": record.lac}
+        case LedgerDeletedRecord():
+            return {"kind": "DELETED", "ledger_id": record.ledger_id}
     return {"kind": type(record).__name__}
 
 

@@ -18,11 +18,15 @@ is caught as surely as a flipped payload byte. Record kinds and their bodies:
     FENCE         ledger u64
     LAC           ledger u64 | lac i64       (an explicit LAC, BookKeeper's writeLac)
     LEDGER_STATE  ledger u64 | master_key 20s | flags u8 | lac i64 | last_entry i64
-                  (only in a version 1 ledger-state snapshot)
+                  (only in a version 1 ledger-state snapshot; flags: 1 fenced, 2 deleted)
     BATCH         count u32 | size u32       (format 2: opens each group commit; the
                                               `size` bytes after it are its `count` records)
     ENTRY_DIGEST  digest u8 | master_key 20s | frame   (format 2: ENTRY plus the code of
                                               the ledger's digest type, 0 = unknown)
+    DELETED       ledger u64                 (the garbage collector found the ledger gone
+                                              from metadata: the bookie forgets it, its
+                                              key, fence and entries; in journal order, so
+                                              a replay forgets it at the same point)
 
 Why BATCH: a group commit is one write then one fdatasync, and the next one starts only
 after that fsync returned. So after a crash only the LAST batch can be partly on disk,
@@ -40,7 +44,8 @@ segments, each appended (and fsynced) at a checkpoint:
 
 `crc` is CRC32C over the segment's position, count and rows. A segment holds the ledgers
 that changed since the one before it, as of its position; the facts as of the last
-segment's position are all the rows in order, a later row of a ledger winning. So a
+segment's position are all the rows in order, a later row of a ledger winning. A row with
+flag 2 (deleted) is a tombstone: the ledger was deleted since an earlier row named it. So a
 checkpoint writes what changed, not every ledger ever seen; the file is rewritten whole
 (one segment) once it holds more rows than twice the ledgers.
 
@@ -141,6 +146,7 @@ class RecordKind(IntEnum):
     LEDGER_STATE = 5
     BATCH = 6
     ENTRY_DIGEST = 7
+    DELETED = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +191,18 @@ class LedgerStateRecord:
     fenced: bool
     lac: int
     last_entry_id: int
+    deleted: bool = False  # a snapshot's tombstone: the ledger is gone since earlier rows
+
+    @property
+    def flags(self) -> int:
+        return int(self.fenced) | (STATE_DELETED if self.deleted else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerDeletedRecord:
+    """The bookie forgets a ledger (its garbage collector found it gone from metadata)."""
+
+    ledger_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +211,17 @@ class BatchRecord:
     size: int  # their bytes
 
 
-Record = EntryRecord | MasterKeyRecord | FenceRecord | LacRecord | LedgerStateRecord | BatchRecord
+Record = (
+    EntryRecord
+    | MasterKeyRecord
+    | FenceRecord
+    | LacRecord
+    | LedgerStateRecord
+    | BatchRecord
+    | LedgerDeletedRecord
+)
+STATE_FENCED = 1  # LEDGER_STATE flags
+STATE_DELETED = 2
 
 
 def _body(record: Record) -> tuple[RecordKind, bytes]:
@@ -206,13 +234,15 @@ def _body(record: Record) -> tuple[RecordKind, bytes]:
             return RecordKind.MASTER_KEY, _MASTER_KEY.pack(ledger_id, key)
         case FenceRecord(ledger_id=ledger_id):
             return RecordKind.FENCE, _LEDGER.pack(ledger_id)
+        case LedgerDeletedRecord(ledger_id=ledger_id):
+            return RecordKind.DELETED, _LEDGER.pack(ledger_id)
         case LacRecord(ledger_id=ledger_id, lac=lac):
             return RecordKind.LAC, _LAC.pack(ledger_id, lac)
         case LedgerStateRecord():
             return RecordKind.LEDGER_STATE, _LEDGER_STATE.pack(
                 record.ledger_id,
                 record.master_key,
-                int(record.fenced),
+                record.flags,
                 record.lac,
                 record.last_entry_id,
             )
@@ -294,8 +324,16 @@ def decode_body(kind_value: int, body: memoryview) -> Record:
         return FenceRecord(*_fixed(_LEDGER, body, kind))
     if kind is RecordKind.LAC:
         return LacRecord(*_fixed(_LAC, body, kind))
+    if kind is RecordKind.DELETED:
+        return LedgerDeletedRecord(*_fixed(_LEDGER, body, kind))
     ledger_id, key, flags, lac, last = _fixed(_LEDGER_STATE, body, kind)
-    return LedgerStateRecord(ledger_id, key, bool(flags & 1), lac, last)
+    return _state_record(ledger_id, key, flags, lac, last)
+
+
+def _state_record(ledger_id: int, key: bytes, flags: int, lac: int, last: int) -> LedgerStateRecord:
+    return LedgerStateRecord(
+        ledger_id, key, bool(flags & STATE_FENCED), lac, last, bool(flags & STATE_DELETED)
+    )
 
 
 class ScanStop(Enum):
@@ -457,7 +495,7 @@ def encode_snapshot_segment(
     the file's last segment, as of `position`."""
     pack = _LEDGER_STATE.pack
     body = b"".join(
-        pack(r.ledger_id, r.master_key, int(r.fenced), r.lac, r.last_entry_id) for r in records
+        pack(r.ledger_id, r.master_key, r.flags, r.lac, r.last_entry_id) for r in records
     )
     head = _SEGMENT_HEAD.pack(position.file_id, position.offset, len(records))
     return head + _SIZE.pack(_crc32c.crc32c(body, _crc32c.crc32c(head))) + body
@@ -491,10 +529,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
         if _crc32c.crc32c(body, _crc32c.crc32c(view[at : at + _SEGMENT_HEAD.size])) != crc:
             torn = f"segment checksum mismatch at offset {at}"
             break
-        records.extend(
-            LedgerStateRecord(ledger_id, key, bool(flags & 1), lac, last)
-            for ledger_id, key, flags, lac, last in _LEDGER_STATE.iter_unpack(body)
-        )
+        records.extend(_state_record(*row) for row in _LEDGER_STATE.iter_unpack(body))
         position = JournalPosition(file_id, offset)
         at = end
     if position is None:

@@ -23,6 +23,7 @@ from shared.bookie.journal_format import (
     FenceRecord,
     JournalPosition,
     LacRecord,
+    LedgerDeletedRecord,
     LedgerStateRecord,
     MasterKeyRecord,
     Record,
@@ -103,11 +104,23 @@ class BookieLedgerState:
                 facts.lac = max(facts.lac, record.lac)
             case LedgerStateRecord():
                 self.restore([record])
+            case LedgerDeletedRecord():
+                self.forget(record.ledger_id)
+
+    def forget(self, ledger_id: int) -> None:
+        """The ledger is deleted: its key, fence and LAC are gone (a later add creates it
+        afresh, as on a bookie that never saw it; the garbage collector deletes it again)."""
+        if self._ledgers.pop(ledger_id, None) is not None and self._changed is not None:
+            self._changed.add(ledger_id)
 
     def restore(self, records: Iterable[LedgerStateRecord]) -> None:
-        """Set the facts of a snapshot's ledgers (not a change: they are written)."""
+        """Set the facts of a snapshot's ledgers (not a change: they are written); a
+        tombstone row removes its ledger."""
         ledgers = self._ledgers
         for record in records:
+            if record.deleted:
+                ledgers.pop(record.ledger_id, None)
+                continue
             key = NO_KEY if record.master_key == ZERO_KEY else record.master_key
             ledgers[record.ledger_id] = LedgerFacts(
                 key, record.fenced, record.lac, record.last_entry_id
@@ -146,14 +159,25 @@ class BookieLedgerState:
         return other
 
     def snapshot_records(self, ledger_ids: Iterable[int] | None = None) -> list[LedgerStateRecord]:
-        """The facts of `ledger_ids` (every ledger if None), sorted by ledger."""
+        """The facts of `ledger_ids` (every ledger if None), sorted by ledger. A ledger of
+        `ledger_ids` that is gone (deleted) gets a tombstone row, so that a snapshot segment
+        appended after rows that named it removes it."""
         ledgers = self._ledgers
-        ids = sorted(ledgers) if ledger_ids is None else sorted(ledger_ids)
+        if ledger_ids is None:
+            return [_state_row(i, f) for i, f in sorted(ledgers.items())]
         return [
-            LedgerStateRecord(i, f.master_key or ZERO_KEY, f.fenced, f.lac, f.last_entry_id)
-            for i in ids
-            if (f := ledgers.get(i)) is not None
+            _state_row(i, f)
+            if f is not None
+            else LedgerStateRecord(i, ZERO_KEY, False, -1, -1, True)
+            for i in sorted(ledger_ids)
+            for f in (ledgers.get(i),)
         ]
+
+
+def _state_row(ledger_id: int, facts: LedgerFacts) -> LedgerStateRecord:
+    return LedgerStateRecord(
+        ledger_id, facts.master_key or ZERO_KEY, facts.fenced, facts.lac, facts.last_entry_id
+    )
 
 
 # -- adds ---------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from shared.bookie.journal_format import (
     JournalFormatError,
     JournalPosition,
     LacRecord,
+    LedgerDeletedRecord,
     LedgerStateRecord,
     MasterKeyRecord,
     ScanStop,
@@ -52,6 +53,8 @@ RECORDS = [
     FenceRecord(7),
     LacRecord(7, 12),
     LedgerStateRecord(9, KEY_A, True, 3, 4),
+    LedgerStateRecord(9, KEY_A, False, -1, -1, deleted=True),
+    LedgerDeletedRecord(2**64 - 1),
 ]
 
 
@@ -189,7 +192,10 @@ def test_snapshot_round_trips_and_detects_damage() -> None:
 
 def test_snapshot_segments_fold_and_a_torn_last_one_is_ignored() -> None:
     first = [LedgerStateRecord(1, KEY_A, False, 3, 5), LedgerStateRecord(2, KEY_B, False, 0, 0)]
-    later = [LedgerStateRecord(2, KEY_B, True, 4, 4)]
+    later = [
+        LedgerStateRecord(2, KEY_B, True, 4, 4),
+        LedgerStateRecord(1, bytes(20), False, -1, -1, True),
+    ]
     data = encode_snapshot(JournalPosition(3, 99), first)
     data += encode_snapshot_segment(JournalPosition(4, 16), later)
     snapshot = decode_snapshot(data)

@@ -11,6 +11,7 @@ from shared.bookie.journal_format import (
     FenceRecord,
     JournalPosition,
     LacRecord,
+    LedgerDeletedRecord,
     LedgerStateRecord,
     MasterKeyRecord,
     decode_snapshot,
@@ -347,3 +348,25 @@ def test_a_wiped_bookie_claims_absence_only_since_the_wipe(
 )
 def test_absent_entry_status(entry_id, first_entry_id, authority, limbo, expected) -> None:
     assert absent_entry_status(entry_id, first_entry_id, authority, limbo) is expected
+
+
+def test_a_deleted_ledger_is_forgotten_and_a_snapshot_segment_says_so():
+    state = BookieLedgerState(track_changes=True)
+    state.apply(MasterKeyRecord(1, KEY_A))
+    state.apply(FenceRecord(1))
+    state.apply(MasterKeyRecord(2, KEY_B))
+    earlier = state.snapshot_records()
+    state.take_changed()
+    state.apply(LedgerDeletedRecord(1))
+    state.apply(LedgerDeletedRecord(9))  # never known: nothing changes
+    assert 1 not in state and 2 in state
+    changed = state.take_changed()
+    assert changed == {1}
+    segment = state.snapshot_records(changed)
+    assert [(r.ledger_id, r.deleted) for r in segment] == [(1, True)]
+    # Restoring the earlier rows and then the segment leaves ledger 1 gone.
+    restored = BookieLedgerState()
+    restored.restore([*earlier, *segment])
+    assert 1 not in restored and restored.get(2).master_key == KEY_B
+    # A ledger deleted and then added again starts afresh: any key is accepted.
+    assert restored.check_master_key(1, KEY_B) is BookieStatus.OK
