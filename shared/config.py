@@ -105,10 +105,45 @@ class LedgerstoreSettings(BaseModel):
     # much free. BookKeeper's default: 1.2 x the entry log size limit.
     min_usable_size_for_high_priority_writes_bytes: int = Field(default=int(1.2 * 512 * MIB), ge=0)
 
+    # -- garbage collection and compaction (BookKeeper's GarbageCollectorThread) --
+    # gcWaitTime: how often the garbage collector compares this bookie's ledgers with the
+    # metadata store's and deletes what metadata no longer has. BookKeeper's default is 1 s
+    # and Pulsar ships 15 min; a scan lists every ledger id range of the cluster, so once
+    # a minute.
+    gc_wait_time_ms: int = Field(default=60_000, ge=100)
+    # verifyMetadataOnGc: before deleting a ledger missing from the listing, read its
+    # metadata and delete only on an explicit "no such ledger". BookKeeper's default is
+    # off; ours is on: one metadata read per deleted ledger buys the safety rule against a
+    # listing that is partial or stale.
+    verify_metadata_on_gc: bool = True
+    # minorCompactionThreshold / minorCompactionInterval: entry logs with less than this
+    # fraction of live bytes are compacted this often (0 threshold or interval: disabled).
+    minor_compaction_threshold: float = Field(default=0.2, ge=0, le=1)
+    minor_compaction_interval_ms: int = Field(default=3_600_000, ge=0)
+    # majorCompactionThreshold / majorCompactionInterval: the same, less often, for logs
+    # with more live data.
+    major_compaction_threshold: float = Field(default=0.8, ge=0, le=1)
+    major_compaction_interval_ms: int = Field(default=86_400_000, ge=0)
+    # minorCompactionMaxTimeMillis / majorCompactionMaxTimeMillis: a compaction run stops
+    # starting new logs after this long (-1: no limit).
+    minor_compaction_max_time_ms: int = Field(default=-1, ge=-1)
+    major_compaction_max_time_ms: int = Field(default=-1, ge=-1)
+    # compactionRateByEntries / compactionRateByBytes / isThrottleByBytes: how fast
+    # compaction copies live entries (a second), by entries unless throttling by bytes.
+    compaction_rate_by_entries: int = Field(default=1_000, ge=1)
+    compaction_rate_by_bytes: int = Field(default=1_000_000, ge=1)
+    is_throttle_by_bytes: bool = False
+    # isForceGCAllowWhenNoSpace: a bookie read-only for a full disk runs forced garbage
+    # collection and compaction to become writable again (else compaction is suspended
+    # while the disk is full, as it needs room to write the compacted logs).
+    is_force_gc_allow_when_no_space: bool = False
+
     @model_validator(mode="after")
     def _check_disk_thresholds(self) -> LedgerstoreSettings:
         if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
             raise ValueError("disk_usage_lwm_threshold must not exceed disk_usage_threshold")
+        if 0 < self.major_compaction_threshold <= self.minor_compaction_threshold:
+            raise ValueError("major_compaction_threshold must exceed minor_compaction_threshold")
         return self
 
 
