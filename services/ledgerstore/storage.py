@@ -263,7 +263,8 @@ class EntryLogger:
                 chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, size - offset), offset)
                 at = 0
                 while at + ENTRY_HEAD_SIZE <= len(chunk):
-                    ledger_id, entry_id, length = decode_entry_head(chunk[at : at + ENTRY_HEAD_SIZE])
+                    head = chunk[at : at + ENTRY_HEAD_SIZE]
+                    ledger_id, entry_id, length = decode_entry_head(head)
                     if length < 0 or offset + at + ENTRY_HEAD_SIZE + length > size:
                         return found
                     found.append((ledger_id, entry_id, offset + at, length))
@@ -501,9 +502,10 @@ class EntryIndex:
         dir_index: int,
         old_log: int,
         new_log: int,
-        moves: Iterable[tuple[int, int, int, int]],
+        moves: Iterable[tuple[int, int, int, int, int]],
     ) -> dict[int, int]:
-        """Compaction's one transaction: each (ledger, entry, old offset, new offset)
+        """Compaction's one transaction: each (ledger, entry, old offset, new offset,
+        frame length)
         moves to `new_log` only where its row still points at the old copy; the new log's
         usage rows count what moved; the old log's usage rows go. Returns the moved bytes
         per ledger (heads in)."""
