@@ -48,10 +48,6 @@ BATCH_ENTRIES = 256  # entries copied between two polls of should_stop (one writ
 BATCH_BYTES = 4 * 1024 * 1024
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class Compaction:
     """One compaction of one sealed log. `copy` (compaction thread), then `switch` and
     `delete_old` (write thread, under the store's checkpoint lock), or `abandon`."""
@@ -63,6 +59,8 @@ class Compaction:
         settings: LedgerstoreSettings,
         files: FileLayer,
         meta: EntryLogMetadata,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.logger = logger
         self.index = index
@@ -78,7 +76,8 @@ class Compaction:
             settings.compaction_rate_by_bytes if by_bytes else settings.compaction_rate_by_entries
         )
         self._by_bytes = by_bytes
-        self._limiter = ByteRateLimiter(rate if rate > 0 else -1, _now_ms())
+        self._clock, self._sleep = clock, sleep
+        self._limiter = ByteRateLimiter(rate, self._now_ms())
         self._tmp_fd = -1
 
     def live_entries(self) -> list[tuple[int, int, int, int]]:
@@ -138,13 +137,16 @@ class Compaction:
         self.files.fsync_dir(path.parent)
         return True
 
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
     def _throttle(self, size: int) -> None:
         """On the compaction thread: wait for the token bucket, then spend one entry (or
         its bytes)."""
-        wait_ms = self._limiter.wait_ms(_now_ms())
+        wait_ms = self._limiter.wait_ms(self._now_ms())
         if wait_ms > 0:
-            time.sleep(wait_ms / 1000)
-        self._limiter.spend(size if self._by_bytes else 1, _now_ms())
+            self._sleep(wait_ms / 1000)
+        self._limiter.spend(size if self._by_bytes else 1, self._now_ms())
 
     def abandon(self) -> None:
         """Stopped before the switch: remove the new log (nothing else changed)."""

@@ -169,6 +169,7 @@ class LedgerStore:
         # checkpoint (`entry_logs`).
         self._logs: dict[tuple[int, int], EntryLogMetadata] = {}
         self._compaction_lock = asyncio.Lock()
+        self._compacting: tuple[int, int] | None = None  # (dir, log_id) being compacted
         self._compaction_thread = ThreadPoolExecutor(1, thread_name_prefix="ledgerstore-compact")
         self._files = files
         self._apply_lock = asyncio.Lock()
@@ -287,7 +288,11 @@ class LedgerStore:
         what was deleted. Under the checkpoint lock: no flush is between writing a log and
         committing its index rows, so a log with no usage row really holds nothing."""
         async with self._checkpoint_lock:
-            dead = [meta for meta in self.entry_logs() if meta.is_empty()]
+            dead = [
+                meta
+                for meta in self.entry_logs()
+                if meta.is_empty() and (meta.dir, meta.log_id) != self._compacting
+            ]
             by_dir: dict[int, list[int]] = {}
             for meta in dead:
                 by_dir.setdefault(meta.dir, []).append(meta.log_id)
@@ -310,22 +315,29 @@ class LedgerStore:
             compaction = Compaction(
                 self.loggers[dir_index], self.index, self.settings, self._files, meta.copy()
             )
-            loop = asyncio.get_running_loop()
-            thread = self._compaction_thread
-            copied = await loop.run_in_executor(thread, compaction.copy, should_stop)
-            if not copied:
-                await loop.run_in_executor(thread, compaction.abandon)
-                return compaction.result(aborted=True)
-            async with self._checkpoint_lock:
-                moved = await self._on_write_thread(compaction.switch)
-                del self._logs[(dir_index, log_id)]
-                new_log = compaction.new_log_id
-                if new_log is not None:
-                    self._logs[(dir_index, new_log)] = EntryLogMetadata(
-                        dir_index, new_log, compaction.bytes_copied, moved
-                    )
-                await self._on_write_thread(compaction.delete_old)
-            return compaction.result(aborted=False)
+            # Not deleted as dead under the copy (it may become empty meanwhile).
+            self._compacting = (dir_index, log_id)
+            try:
+                loop = asyncio.get_running_loop()
+                thread = self._compaction_thread
+                copied = await loop.run_in_executor(thread, compaction.copy, should_stop)
+                if not copied:
+                    await loop.run_in_executor(thread, compaction.abandon)
+                    return compaction.result(aborted=True)
+                async with self._checkpoint_lock:
+                    moved = await self._on_write_thread(compaction.switch)
+                    del self._logs[(dir_index, log_id)]
+                    new_log = compaction.new_log_id
+                    if new_log is not None:
+                        # Nothing moved (all deleted or rewritten meanwhile): no usage
+                        # row, so the next delete_dead_entry_logs removes it.
+                        self._logs[(dir_index, new_log)] = EntryLogMetadata(
+                            dir_index, new_log, compaction.bytes_copied, moved
+                        )
+                    await self._on_write_thread(compaction.delete_old)
+                return compaction.result(aborted=False)
+            finally:
+                self._compacting = None
 
     async def apply_through(self, position: JournalPosition) -> bool:
         """Catch up until everything before `position` is applied (the journal said it

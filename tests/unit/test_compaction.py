@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from services.ledgerstore.compaction import Compaction
 from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.bookie import index_schema as sql
@@ -58,7 +59,11 @@ def write_journal(bookie_dir: Path, file_id: int, records: list[Record]) -> None
 
 def settings(**update) -> LedgerstoreSettings:
     return LedgerstoreSettings().model_copy(
-        update={"log_size_limit_bytes": 16 * 1024, "compaction_rate_by_entries": -1, **update}
+        update={
+            "log_size_limit_bytes": 16 * 1024,
+            "compaction_rate_by_entries": 1_000_000,
+            **update,
+        }
     )
 
 
@@ -465,3 +470,50 @@ async def test_a_crash_at_every_step_loses_nothing_and_leaks_at_most_one_log(
         assert not [m for m in again.entry_logs() if m.is_empty()]
         await assert_live(again, live)
         await again.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+@pytest.mark.parametrize("by_bytes", [False, True])
+async def test_compaction_copies_at_the_configured_rate(tmp_path: Path, by_bytes: bool) -> None:
+    await build(tmp_path)
+    store = await open_store(tmp_path)
+    meta = max(store.entry_logs(), key=lambda m: m.live_bytes)
+    rate = {"compaction_rate_by_entries": 100, "compaction_rate_by_bytes": 20_000}
+    clock = FakeClock()
+    compaction = Compaction(
+        store.logger,
+        store.index,
+        settings(**rate, is_throttle_by_bytes=by_bytes),
+        OS_FILES,
+        meta,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert compaction.copy(lambda: False)
+    # A token bucket starting empty: everything but the first entry's worth is waited for.
+    if by_bytes:
+        first = compaction.bytes_copied // compaction.entries
+        expected = (compaction.bytes_copied - first) / 20_000
+    else:
+        expected = (compaction.entries - 1) / 100
+    assert compaction.entries > 10
+    assert 0.9 * expected <= clock.slept <= expected + 0.01
+    # Never switched in: the copy has no usage row, so it is dead to the next store.
+    await store.close()
+    again = await open_store(tmp_path)
+    dead = [m.log_id for m in await again.delete_dead_entry_logs()]
+    assert compaction.new_log_id in dead
+    check_usage(again)
+    await again.close()
