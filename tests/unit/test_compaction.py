@@ -521,3 +521,27 @@ async def test_compaction_copies_at_the_configured_rate(tmp_path: Path, by_bytes
     assert not copy.exists()
     check_usage(again)
     await again.close()
+
+
+async def test_a_read_that_looked_up_a_log_since_deleted_looks_again(tmp_path: Path) -> None:
+    live = await build(tmp_path)
+    store = await open_store(tmp_path, read_ahead_cache_max_size_bytes=1)
+    ledger = KEPT[0]
+    stale = store.index.lookup_range(ledger, 0, ENTRIES - 1)
+    await collect(store)
+    assert not any(store.loggers[0].path(loc.log_id).exists() for _, loc in stale)
+    real = store.index.lookup_range
+    calls: list[int] = []
+
+    def lookup_range(ledger_id: int, first: int, last: int):
+        # The first lookup happened before the compaction: it names the old log.
+        calls.append(ledger_id)
+        if len(calls) == 1:
+            return [(e, loc) for e, loc in stale if first <= e <= last]
+        return real(ledger_id, first, last)
+
+    store.index.lookup_range = lookup_range  # type: ignore[method-assign]
+    await assert_live(store, [k for k in live if k[0] == ledger])
+    assert len(calls) >= 2
+    store.index.lookup_range = real  # type: ignore[method-assign]
+    await store.close()
