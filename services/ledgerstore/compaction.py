@@ -149,13 +149,15 @@ class Compaction:
         self._limiter.spend(size if self._by_bytes else 1, self._now_ms())
 
     def abandon(self) -> None:
-        """Stopped before the switch: remove the new log (nothing else changed)."""
+        """Stopped (or failed) before the switch: remove the new log, under whichever
+        name it has (nothing else changed)."""
         if self._tmp_fd >= 0:
             self.files.close(self._tmp_fd)
             self._tmp_fd = -1
         if self.new_log_id is not None:
             path = self.logger.path(self.new_log_id)
             self.files.unlink(path.with_name(path.name + COMPACTING_SUFFIX))
+            self.files.unlink(path)
             self.new_log_id = None
 
     def switch(self) -> dict[int, int]:
