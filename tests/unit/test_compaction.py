@@ -563,3 +563,48 @@ async def test_a_compaction_that_fails_writing_removes_its_copy(tmp_path: Path) 
     assert result.entries > 0 and not result.aborted
     await assert_live(store, live)
     await store.close()
+
+
+async def test_a_log_rolled_during_a_compaction_gets_its_own_id_and_a_crash_leaks_the_copy(
+    tmp_path: Path,
+) -> None:
+    live = await build(tmp_path)
+    files = FaultyFiles()
+    store = await open_store(tmp_path, files)
+    await store.delete_dead_entry_logs()
+    target = max(store.entry_logs(), key=lambda m: m.live_bytes)
+    more = [(7, e) for e in range(200)]  # enough to roll the current log
+    write_journal(tmp_path, 5, [entry(*k) for k in more])
+    loop = asyncio.get_running_loop()
+    current = store.logger.log_id
+
+    def checkpoint_meanwhile() -> bool:
+        # On the compaction thread, the copy's id taken: a flush that rolls the log.
+        if store.logger.log_id == current:
+            assert asyncio.run_coroutine_threadsafe(store.catch_up(), loop).result(30)
+            asyncio.run_coroutine_threadsafe(store.checkpoint(), loop).result(30)
+        return False
+
+    point = files.point
+
+    def crash_at_the_switch(name: str) -> None:
+        if name == "compaction.switch":
+            files.crash_at(files.ops)
+        point(name)
+
+    files.point = crash_at_the_switch  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await store.compact_entry_log(target.dir, target.log_id, checkpoint_meanwhile)
+    abandon(store)
+    files.power_loss()
+    copy_id = current + 1  # taken before the roll; the writer's logs came after it
+    assert store.logger.log_id > copy_id
+    assert store.logger.path(copy_id).exists()
+    again = await open_store(tmp_path)
+    # Below the checkpoint's log end: kept at open, then removed as dead.
+    assert again.logger.path(copy_id).exists()
+    await assert_live(again, live + more)
+    check_usage(again)
+    assert [m.log_id for m in await again.delete_dead_entry_logs()] == [copy_id]
+    await assert_live(again, live + more)
+    await again.close()
