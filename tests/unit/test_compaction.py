@@ -67,8 +67,13 @@ def settings(**update) -> LedgerstoreSettings:
     )
 
 
-async def open_store(bookie_dir: Path, files: FileLayer = OS_FILES, **update) -> LedgerStore:
-    store = LedgerStore(bookie_dir, settings(**update), pytest.fail, files=files)
+async def open_store(
+    bookie_dir: Path, files: FileLayer = OS_FILES, dirs: int = 1, **update
+) -> LedgerStore:
+    ledger_dirs = [bookie_dir / f"ledgers{n}" for n in range(dirs)] if dirs > 1 else None
+    store = LedgerStore(
+        bookie_dir, settings(**update), pytest.fail, files=files, ledger_dirs=ledger_dirs
+    )
     await store.open()
     assert await store.catch_up()
     return store
@@ -297,12 +302,12 @@ ENTRIES = 20
 BLOCK = list(range(100, 110))  # written one after another, all deleted: whole logs die
 
 
-async def build(bookie_dir: Path, **update) -> list[tuple[int, int]]:
+async def build(bookie_dir: Path, dirs: int = 1) -> list[tuple[int, int]]:
     """Many ledgers written interleaved over many small logs, 90% of them then deleted
     and checkpointed; the live entries."""
     records: list[Record] = [entry(ledger, e) for e in range(ENTRIES) for ledger in LEDGERS]
     write_journal(bookie_dir, 1, records[: len(records) // 2])
-    store = await open_store(bookie_dir, **update)
+    store = await open_store(bookie_dir, dirs=dirs)
     await store.checkpoint()  # two flushes: entries of a ledger in several logs
     write_journal(bookie_dir, 2, records[len(records) // 2 :])
     assert await store.catch_up()
@@ -607,4 +612,18 @@ async def test_a_log_rolled_during_a_compaction_gets_its_own_id_and_a_crash_leak
     check_usage(again)
     assert [m.log_id for m in await again.delete_dead_entry_logs()] == [copy_id]
     await assert_live(again, live + more)
+    await again.close()
+
+
+async def test_compaction_in_each_of_several_ledger_directories(tmp_path: Path) -> None:
+    live = await build(tmp_path, dirs=2)
+    store = await open_store(tmp_path, dirs=2)
+    assert {meta.dir for meta in store.entry_logs()} == {0, 1}
+    await collect(store)
+    assert all(meta.usage > 0.6 for meta in store.entry_logs())
+    await assert_live(store, live)
+    await store.close()
+    again = await open_store(tmp_path, dirs=2)
+    await assert_live(again, live)
+    check_usage(again)
     await again.close()
