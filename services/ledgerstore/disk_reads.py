@@ -126,5 +126,8 @@ class DiskReader:
         if read_ahead:
             # The reader's next block likely follows (a flush writes a ledger's entries
             # in order): the kernel starts reading it while this answer goes out.
-            logger.will_need(first.log_id, first.offset + size, size)
+            try:
+                logger.will_need(first.log_id, first.offset + size, size)
+            except FileNotFoundError:
+                pass  # compacted or deleted since the read: a hint for nothing
         return True

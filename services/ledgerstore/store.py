@@ -19,6 +19,13 @@ thread's SQLite connection); journal reads, entry log appends and fsyncs and ind
 run on its two write threads (one catch-up, under the apply lock, and one flush, under the
 checkpoint lock, at a time). A read of an entry that is cached or indexed takes neither
 lock; only an entry found nowhere waits for a catch-up (the authority rule).
+
+Garbage collection (issue 15): a DELETED journal record forgets a ledger in journal order
+(its index rows go at the next checkpoint, deletes before inserts); every entry log's
+usage (ledger -> bytes) is kept in the index in the same transactions, and the garbage
+collector deletes dead logs (`delete_dead_entry_logs`) and compacts the rest
+(`compact_entry_log`, `services/ledgerstore/compaction.py`). docs/storage.md says what a
+crash at each step leaves.
 """
 
 from __future__ import annotations
