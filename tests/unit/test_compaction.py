@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import sqlite3
 import threading
@@ -626,4 +627,51 @@ async def test_compaction_in_each_of_several_ledger_directories(tmp_path: Path) 
     again = await open_store(tmp_path, dirs=2)
     await assert_live(again, live)
     check_usage(again)
+    await again.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_writes_deletions_and_collections_interleaved_keep_every_live_entry(
+    tmp_path: Path, seed: int
+) -> None:
+    """Rounds of new entries (zombie re-creations of deleted ids among them), deletions,
+    checkpoints, dead log deletion and compactions, some of them concurrent: after each
+    round every live entry reads back, every deleted ledger is gone and usage is exact."""
+    rng = random.Random(seed)
+    store = await open_store(tmp_path, log_size_limit_bytes=8 * 1024)
+    live: dict[int, list[int]] = {}
+    gone: set[int] = set()
+    next_entry: dict[int, int] = {}
+    for round_no in range(12):
+        records: list[Record] = []
+        for _ in range(rng.randrange(50, 150)):
+            ledger = rng.randrange(1, 30)
+            entry_id = next_entry.get(ledger, 0)
+            next_entry[ledger] = entry_id + 1
+            records.append(entry(ledger, entry_id))
+            live.setdefault(ledger, []).append(entry_id)
+            gone.discard(ledger)
+        for ledger in rng.sample(sorted(live), k=min(len(live), rng.randrange(0, 6))):
+            records.append(LedgerDeletedRecord(ledger))
+            del live[ledger]
+            gone.add(ledger)
+        write_journal(tmp_path, round_no + 1, records)
+        assert await store.catch_up()
+        logs = store.entry_logs()
+        target = rng.choice(logs) if logs else None
+        work = [store.checkpoint(), store.delete_dead_entry_logs()]
+        if target is not None:
+            work.append(store.compact_entry_log(target.dir, target.log_id, lambda: False))
+        rng.shuffle(work)
+        await asyncio.gather(*work)
+        await store.checkpoint()
+        check_usage(store)
+        await assert_live(store, [(ledger, e) for ledger, ids in live.items() for e in ids])
+        results = await read_all(store, [(ledger, 0) for ledger in sorted(gone)])
+        assert all(r.status is BookieStatus.NO_LEDGER for r in results)
+    await collect(store)
+    await store.close()
+    again = await open_store(tmp_path)
+    check_usage(again)
+    await assert_live(again, [(ledger, e) for ledger, ids in live.items() for e in ids])
     await again.close()
