@@ -25,7 +25,7 @@ from pathlib import Path
 
 from nats.micro.request import Request
 
-from services.journal.core import disk_read_only, high_priority_writes_allowed
+from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
 from shared import wire
 from shared.aio import wait_event
@@ -46,7 +46,7 @@ from shared.bookie.journal_format import (
     LacRecord,
     Record,
 )
-from shared.bookie.rules import admit_adds, meta_records, refuse_adds
+from shared.bookie.rules import admit_adds, disk_read_only, meta_records, refuse_adds
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
