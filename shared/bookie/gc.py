@@ -9,6 +9,7 @@ index, see `shared.bookie.index_schema`) and runs the decisions made here.
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -51,6 +52,59 @@ class CompactionResult:
     bytes_copied: int  # their bytes in the new log (heads included)
     bytes_reclaimed: int  # the old log's file size minus bytes_copied (0 if aborted)
     aborted: bool = False  # stopped before the switch (time limit, suspension): no change
+
+
+# -- requests ------------------------------------------------------------------------------
+
+JOURNAL_DELETE_MAX_LEDGERS = 10_000  # ledger ids in one journal.delete request
+MAX_LEDGER_ID = 2**64 - 1
+
+
+class BadRequest(ValueError):
+    """A GC request that is not of its form: answered BAD_REQUEST, nothing changed."""
+
+
+def parse_object(data: bytes) -> dict:
+    """A request body: a JSON object (an empty body is an empty object)."""
+    if not data.strip():
+        return {}
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        raise BadRequest(f"not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def parse_flags(data: bytes, names: Sequence[str]) -> dict[str, bool]:
+    """A body of optional booleans (default false); any other key or value is refused."""
+    body = parse_object(data)
+    unknown = sorted(set(body) - set(names))
+    if unknown:
+        raise BadRequest(f"unknown fields: {', '.join(unknown)}")
+    flags = {}
+    for name in names:
+        value = body.get(name, False)
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false")
+        flags[name] = value
+    return flags
+
+
+def parse_journal_delete(data: bytes) -> list[int]:
+    """`journal.delete`'s `{"ledgers": [id, ...]}`: 1 to JOURNAL_DELETE_MAX_LEDGERS u64
+    ids, duplicates dropped, in the order given."""
+    body = parse_object(data)
+    ledgers = body.get("ledgers")
+    if set(body) != {"ledgers"} or not isinstance(ledgers, list):
+        raise BadRequest('the body must be {"ledgers": [id, ...]}')
+    if not 1 <= len(ledgers) <= JOURNAL_DELETE_MAX_LEDGERS:
+        raise BadRequest(f"1 to {JOURNAL_DELETE_MAX_LEDGERS} ledger ids, not {len(ledgers)}")
+    for ledger_id in ledgers:
+        if type(ledger_id) is not int or not 0 <= ledger_id <= MAX_LEDGER_ID:
+            raise BadRequest(f"not a ledger id: {ledger_id!r}")
+    return list(dict.fromkeys(ledgers))
 
 
 # -- ledger GC: scan and compare (ScanAndCompareGarbageCollector) --------------------------
