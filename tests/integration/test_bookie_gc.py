@@ -148,3 +148,51 @@ async def test_bad_input_is_refused_and_changes_nothing(nc, stack: Stack, op, bo
         before["suspendMajor"],
         before["suspendMinor"],
     )
+
+
+async def test_deleted_data_gives_its_space_back(nc, settings, fresh_database_url) -> None:
+    """Interleaved ledgers in small entry logs, most deleted: a forced major GC deletes
+    the logs left with nothing live and compacts the rest; what is live reads back whole."""
+    settings = settings.model_copy(
+        update={
+            "ledgerstore": settings.ledgerstore.model_copy(
+                update={
+                    "gc_wait_time_ms": 3_600_000,
+                    "flush_interval_ms": 50,
+                    "log_size_limit_bytes": 64 * 1024,
+                }
+            )
+        }
+    )
+    async with running_stack(settings, fresh_database_url) as stack:
+        ids = [(await create(stack.http))["ledger_id"] for _ in range(10)]
+        written: dict[int, list[bytes]] = {lid: [] for lid in ids}
+        for round_ in range(20):  # interleaved: every log holds every ledger
+            for lid in ids:
+                payload = f"{lid}:{round_}:".encode() + bytes(1000)
+                assert (await append_batch(stack.http, lid, [payload])).status_code == 200
+                written[lid].append(payload)
+        for lid in ids:
+            assert (
+                await stack.http.post(f"/v1/ledgers/{lid}/close", headers=PW)
+            ).status_code == 200
+        kept = ids[:1]
+        for lid in ids[1:]:
+            assert (await stack.http.delete(f"/v1/ledgers/{lid}", headers=PW)).status_code in (
+                200,
+                204,
+            )
+        for bookie_id in BOOKIES:
+            reply = await bookie_call(
+                nc, stack, bookie_id, "gc", {"wait": True, "force_major": True}
+            )
+            run = reply["run"]
+            assert run["ledgers_deleted"] == 9 and run["major"], run
+            assert run["entry_logs_deleted"] + run["entry_logs_compacted"] > 0, run
+            assert run["reclaimed_by_deletion_bytes"] + run["reclaimed_by_compaction_bytes"] > 0
+            details = (await bookie_call(nc, stack, bookie_id, "gc.details"))["details"]
+            # What sealed logs remain is mostly live (within 1.5x of the live bytes).
+            assert 0 < details["entryLogBytes"] <= 1.5 * details["liveBytes"], details
+            assert details["majorCompactionCounter"] == 1
+        for lid in kept:
+            assert payloads_of(await read_all(stack.http, lid)) == written[lid]
