@@ -176,6 +176,8 @@ class LedgerStore:
         # checkpoint (`entry_logs`).
         self._logs: dict[tuple[int, int], EntryLogMetadata] = {}
         self._compaction_lock = asyncio.Lock()
+        self._compactions: set[asyncio.Future[CompactionResult]] = set()
+        self._closing = False  # read by a compaction's should_stop on its thread
         self._compacting: tuple[int, int] | None = None  # (dir, log_id) being compacted
         self._compaction_thread = ThreadPoolExecutor(1, thread_name_prefix="ledgerstore-compact")
         self._files = files
@@ -231,6 +233,9 @@ class LedgerStore:
         )
 
     async def close(self) -> None:
+        self._closing = True
+        if self._compactions:
+            await asyncio.gather(*self._compactions, return_exceptions=True)
         await self.checkpoint()
         async with self._apply_lock:
             for logger in self.loggers:
@@ -314,7 +319,21 @@ class LedgerStore:
     ) -> CompactionResult:
         """Copy a sealed log's live entries to a new log, switch their index rows to it,
         delete it (BookKeeper's TransactionalEntryLogCompactor; the steps and what a crash
-        at each leaves: `services.ledgerstore.compaction`). One at a time."""
+        at each leaves: `services.ledgerstore.compaction`). One at a time.
+
+        It runs as its own task: a caller cancelled (the service stopping) must not leave
+        the copy going on its thread, or the switch on a write thread, while `close` shuts
+        the index under them. `close` stops it at its next batch and waits for it."""
+        task = asyncio.ensure_future(
+            self._compact_entry_log(dir_index, log_id, lambda: self._closing or should_stop())
+        )
+        self._compactions.add(task)
+        task.add_done_callback(self._compactions.discard)
+        return await asyncio.shield(task)
+
+    async def _compact_entry_log(
+        self, dir_index: int, log_id: int, should_stop: Callable[[], bool]
+    ) -> CompactionResult:
         async with self._compaction_lock:
             meta = self._logs.get((dir_index, log_id))
             if meta is None or self._is_current(dir_index, log_id):

@@ -380,6 +380,40 @@ async def test_a_stopped_compaction_changes_nothing(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_a_compaction_whose_caller_is_cancelled_is_stopped_and_awaited_by_close(
+    tmp_path: Path,
+) -> None:
+    # The service stopping cancels the collector mid-copy: close must stop the copy at its
+    # next batch and wait for it, not shut the index under its thread.
+    live = await build(tmp_path)
+    store = await open_store(tmp_path)
+    target = max(store.entry_logs(), key=lambda m: m.live_bytes)
+    started = threading.Event()
+    release = threading.Event()
+
+    def should_stop() -> bool:
+        started.set()
+        release.wait(10)
+        return False
+
+    caller = asyncio.create_task(store.compact_entry_log(target.dir, target.log_id, should_stop))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0)  # close has begun: it waits for the compaction
+    assert not closing.done()
+    release.set()
+    await closing
+    # Finished or stopped at its next batch, it ended before close went on: no copy left.
+    assert not list(tmp_path.rglob("*.compacting"))
+    again = await open_store(tmp_path)
+    await assert_live(again, live)
+    check_usage(again)
+    await again.close()
+
+
 async def test_reads_of_live_ledgers_while_logs_are_compacted_and_deleted(tmp_path: Path) -> None:
     # A read cache too small for any frame: every read goes to the entry logs.
     live = await build(tmp_path)
