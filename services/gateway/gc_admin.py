@@ -40,6 +40,9 @@ from shared.models import BookieState
 from shared.status import ApiCodes, QuireError
 
 ERRORS = error_responses(400, 404, 500, 503, 504)
+ERRORS[404] = {**ERRORS[404], "description": "NO_SUCH_BOOKIE: bookie_id is not registered"}
+ERRORS[503] = {**ERRORS[503], "description": "UNAVAILABLE: the bookie named did not answer"}
+ERRORS[504] = {**ERRORS[504], "description": "TIMEOUT: the bookie named answered too late"}
 # Bookies asked at once by one fan-out (the rest wait their turn).
 FAN_OUT_CONCURRENCY = 64
 # A waiting GC call must answer before the gateway's own request deadline (which would fail
