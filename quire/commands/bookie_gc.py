@@ -316,7 +316,7 @@ def explain_table(bookie_id: str, answer: dict[str, Any]) -> Table:
         "size",
         "live",
         "usage",
-        "pinned by (ledger, bytes, state, age)",
+        "pinned by: ledger size state age",
         "next minor",
         "next major",
         title=title,
