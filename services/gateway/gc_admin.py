@@ -9,7 +9,9 @@ the registry is 404 NO_SUCH_BOOKIE, a bookie that does not answer 503 UNAVAILABL
 TIMEOUT when it took the request but did not answer in time). Without `bookie_id` it goes
 to every registered bookie that is not lost, at once, and the answer is
 `{"<bookie_id>": <its answer>, ...}`: a bookie that does not answer does not fail the others,
-its entry is `{"error": {"code": "UNAVAILABLE" or "TIMEOUT", "detail": "..."}}`.
+its entry is `{"error": {"code": "UNAVAILABLE" or "TIMEOUT", "detail": "..."}}`. A bookie that
+answers that the call failed (its GC run failed: GC_FAILED) counts as UNAVAILABLE, the
+bookie's code in the detail; one that refuses the input (BAD_REQUEST) is INVALID_ARGUMENT.
 
 What each bookie's answer is:
 - `PUT /api/v1/bookie/gc`: `{"triggered": true}`, or with `wait=true` (Quire's) the run's
