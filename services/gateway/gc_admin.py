@@ -63,7 +63,8 @@ BookieIdFilter = Annotated[
 
 class TriggerGcBody(BaseModel):
     """BookKeeper's TriggerGCService body. A key left out is false (BookKeeper forces a key
-    left out unless that compaction is suspended); a suspended compaction is never forced."""
+    left out unless that compaction is suspended); a kind named true is compacted even when
+    suspended, as the bookie's `gc` request does."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     forceMajor: bool = Field(default=False, description="Run a major compaction now")
