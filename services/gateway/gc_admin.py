@@ -21,7 +21,8 @@ What each bookie's answer is:
   answers a list, one per ledger storage; a Quire bookie has one), with Quire's figures.
 - `PUT .../suspend_compaction`, `PUT .../resume_compaction`: the state after,
   `{"isMajorGcSuspended": bool, "isMinorGcSuspended": bool}` (the names of BookKeeper's
-  `GET .../suspend_compaction`; its PUT answers a sentence).
+  `GET .../suspend_compaction`, which answers the same; its PUT answers a sentence, and
+  its values are the strings "true" and "false").
 - `GET /api/v1/bookie/gc/explain`: every entry log on the bookie's disk with its usage, the
   ledgers that pin it and what the next minor and major compaction would do with it.
 """
@@ -202,6 +203,15 @@ def create_gc_router(ledgers: Ledgers) -> APIRouter:
                 b, bool(body.suspendMajor), bool(body.suspendMinor), timeout_s=admin_timeout_s()
             )
             return suspended(state)
+
+        return await on_bookies(bookie_id, call)
+
+    @router.get("/api/v1/bookie/gc/suspend_compaction", operation_id="admin_compaction_suspended")
+    async def compaction_suspended(bookie_id: BookieIdFilter = None) -> dict[str, Any]:
+        """Whether major and minor compaction are suspended."""
+
+        async def call(b: str) -> Any:
+            return suspended(await ledgers.bookies.gc_details(b, timeout_s=admin_timeout_s()))
 
         return await on_bookies(bookie_id, call)
 
