@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -55,8 +56,7 @@ ForceMinor = Annotated[
 Major = Annotated[bool, typer.Option("--major", help="Major compaction.")]
 Minor = Annotated[bool, typer.Option("--minor", help="Minor compaction.")]
 
-RUN_COLUMNS = [
-    "bookie_id",
+RUN_FIELDS = [
     "ledgers_deleted",
     "entry_logs_deleted",
     "entry_logs_compacted",
@@ -64,12 +64,11 @@ RUN_COLUMNS = [
     "reclaimed_by_compaction_bytes",
     "major",
     "minor",
+    "started_ms",
     "duration_ms",
     "skipped",
-    "error",
 ]
-DETAILS_COLUMNS = [
-    "bookie_id",
+DETAILS_FIELDS = [
     "gcRunning",
     "gcRuns",
     "lastGcTime",
@@ -82,9 +81,14 @@ DETAILS_COLUMNS = [
     "liveBytes",
     "reclaimedByDeletionBytes",
     "reclaimedByCompactionBytes",
+    "deletedLedgers",
+    "majorCompactionCounter",
+    "minorCompactionCounter",
+    "lastMajorCompactionTime",
+    "lastMinorCompactionTime",
     "lastSkipped",
-    "error",
 ]
+SUSPEND_FIELDS = ["isMajorGcSuspended", "isMinorGcSuspended"]
 
 
 def per_bookie(answer: Any, bookie_id: str | None) -> dict[str, Any]:
@@ -112,8 +116,39 @@ def rows(answers: dict[str, Any], pick) -> list[dict[str, Any]]:
     return out
 
 
-def finish(output: Output, table_rows: list[dict[str, Any]], columns: list[str], title: str):
-    emit(output, table_rows, None if output is Output.JSON else columns, title=title)
+def human_value(field: str, value: Any) -> str:
+    """A figure for people: bytes as KiB/MiB/GiB, epoch times in UTC (0: never)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "-" if value is None or value == "" else str(value)
+    if field.endswith(("_bytes", "Bytes")):
+        return human_bytes(value)
+    if field.endswith(("Time", "started_ms")):
+        if value == 0:
+            return "never"
+        return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
+
+
+def by_bookie(table_rows: list[dict[str, Any]], fields: list[str], title: str) -> Table:
+    """One column per bookie, one row per field (and the errors, if any)."""
+    table = Table(title=title)
+    table.add_column("", no_wrap=True)
+    for row in table_rows:
+        table.add_column(row["bookie_id"], overflow="fold")
+    for field in fields:
+        table.add_row(field, *(human_value(field, r.get(field)) for r in table_rows))
+    if any(r.get("error") for r in table_rows):
+        table.add_row("error", *(r.get("error") or "-" for r in table_rows))
+    return table
+
+
+def finish(output: Output, table_rows: list[dict[str, Any]], fields: list[str], title: str):
+    """Print the rows (JSON: as they are; a table: bookies side by side), then exit 1 if a
+    bookie did not answer."""
+    if output is Output.JSON:
+        emit(output, table_rows)
+    else:
+        console.print(by_bookie(table_rows, fields, title))
     failed = [r["bookie_id"] for r in table_rows if r.get("error")]
     if failed:
         err_console.print(f"[red]error:[/red] no answer from {', '.join(failed)}")
@@ -152,11 +187,11 @@ def gc(
         finish(
             output,
             rows(per_bookie(answer, bookie), dict),
-            ["bookie_id", "triggered", "error"],
+            ["triggered"],
             "gc",
         )
         return
-    finish(output, rows(per_bookie(answer, bookie), lambda a: a["run"]), RUN_COLUMNS, "gc runs")
+    finish(output, rows(per_bookie(answer, bookie), lambda a: a["run"]), RUN_FIELDS, "gc runs")
 
 
 def gc_details(
@@ -173,7 +208,7 @@ def gc_details(
     since the epoch (0: never)."""
     answer = run(gateway, data_dir, lambda c: c.get_json(GC_DETAILS, **bookie_params(bookie)))
     found = rows(per_bookie(answer, bookie), lambda a: a[0])
-    finish(output, found, DETAILS_COLUMNS, "gc details")
+    finish(output, found, DETAILS_FIELDS, "gc details")
 
 
 def suspend_or_resume(path: str, word: str, bookie, major, minor, gateway, data_dir, output):
@@ -186,8 +221,7 @@ def suspend_or_resume(path: str, word: str, bookie, major, minor, gateway, data_
         data_dir,
         lambda c: c.request_json("PUT", path, params=bookie_params(bookie), json=body),
     )
-    columns = ["bookie_id", "isMajorGcSuspended", "isMinorGcSuspended", "error"]
-    finish(output, rows(per_bookie(answer, bookie), dict), columns, f"gc {word}")
+    finish(output, rows(per_bookie(answer, bookie), dict), SUSPEND_FIELDS, f"gc {word}")
 
 
 def gc_suspend(

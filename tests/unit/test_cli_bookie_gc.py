@@ -9,9 +9,11 @@ from typer.testing import CliRunner
 from quire.cli import app
 from quire.commands.bookie_gc import (
     DELETED,
+    by_bookie,
     explained,
     human_age,
     human_bytes,
+    human_value,
     per_bookie,
     rows,
     shown_ledgers,
@@ -99,6 +101,29 @@ def test_sizes_and_ages_for_people() -> None:
         "2h",
         "3d",
     ]
+
+
+def test_tables_put_bookies_side_by_side_with_figures_for_people() -> None:
+    table = by_bookie(
+        [
+            {"bookie_id": "bookie-1", "liveBytes": 2048, "lastGcTime": 0},
+            {"bookie_id": "bookie-2", "error": "UNAVAILABLE: no responders"},
+        ],
+        ["liveBytes", "lastGcTime"],
+        "gc details",
+    )
+    assert [c.header for c in table.columns] == ["", "bookie-1", "bookie-2"]
+    assert [list(c.cells) for c in table.columns] == [
+        ["liveBytes", "lastGcTime", "error"],
+        ["2.0 KiB", "never", "-"],
+        ["-", "-", "UNAVAILABLE: no responders"],
+    ]
+    # No bookie failed: no error row.
+    table = by_bookie([{"bookie_id": "bookie-1", "gcRuns": 3}], ["gcRuns"], "")
+    assert [list(c.cells) for c in table.columns] == [["gcRuns"], ["3"]]
+    assert human_value("lastGcTime", 1_795_000_000_000) == "2026-11-18T11:06:40Z"
+    assert human_value("gcRunning", False) == "False"
+    assert human_value("skipped", "") == "-"
 
 
 def test_suspend_and_resume_need_a_kind_and_ask_nothing_without_one() -> None:
