@@ -2,7 +2,9 @@
 collection, through the gateway's `/api/v1/bookie/gc...` paths (services/gateway/gc_admin.py).
 
 Without `--bookie` a command acts on every registered bookie that is not lost; a bookie that
-did not answer gets a row with its error, and the command exits 1 once it printed the others.
+did not answer shows its error in place of its figures (`error`), and the command exits 1
+once it printed the others. Tables put the bookies side by side; JSON is a list of rows,
+one a bookie, with `bookie_id`.
 `gc-explain` adds to each bookie's answer what the metadata says of the ledgers pinning a
 log: their state and age, from `GET /v1/ledgers/{id}` (one lookup per ledger shown; a ledger
 the metadata no longer has is shown DELETED: its space comes back at the next GC)."""
