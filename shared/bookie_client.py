@@ -57,8 +57,9 @@ def no_responders_retries(registered_at_ms: int | None, now_ms: int, grace_ms: i
 
 
 class BookieAdminError(Exception):
-    """A bookie answered an operator call with `{"ok": false, "error": code, "message": ...}`
-    (BAD_REQUEST for input it refused): it changed nothing."""
+    """A bookie answered an operator call with `{"ok": false, "error": code, "message": ...}`:
+    BAD_REQUEST for input it refused (it changed nothing), GC_FAILED for a GC run that
+    failed part way (what it did before stays done)."""
 
     def __init__(self, bookie_id: str, op: str, code: str, message: str) -> None:
         super().__init__(f"{op} on {bookie_id}: {code}: {message}")
