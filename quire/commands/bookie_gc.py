@@ -99,7 +99,7 @@ def per_bookie(answer: Any, bookie_id: str | None) -> dict[str, Any]:
 
 
 def error_of(answer: Any) -> str | None:
-    """A fan-out entry of a bookie that did not answer: "CODE: detail"."""
+    """A fan-out entry of a bookie whose call failed: "CODE: detail"."""
     if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
         return f"{answer['error'].get('code')}: {answer['error'].get('detail')}"
     return None
@@ -153,7 +153,7 @@ def finish(output: Output, table_rows: list[dict[str, Any]], fields: list[str], 
         console.print(by_bookie(table_rows, fields, title))
     failed = [r["bookie_id"] for r in table_rows if r.get("error")]
     if failed:
-        err_console.print(f"[red]error:[/red] no answer from {', '.join(failed)}")
+        err_console.print(f"[red]error:[/red] failed on {', '.join(failed)}")
         raise typer.Exit(1)
 
 
@@ -412,7 +412,7 @@ def gc_explain(
                 console.print(f"{bookie_id}: {error}")
     failed = [b for b, answer in found.items() if error_of(answer) is not None]
     if failed:
-        err_console.print(f"[red]error:[/red] no answer from {', '.join(failed)}")
+        err_console.print(f"[red]error:[/red] failed on {', '.join(failed)}")
         raise typer.Exit(1)
 
 
