@@ -16,6 +16,8 @@ from dataclasses import dataclass
 # ledgerstore tells its journal how far it has checkpointed.
 JOURNAL_COMMITTED = "journal.committed"
 JOURNAL_CHECKPOINT = "journal.checkpoint"
+# The ledgerstore's garbage collector asks the journal to forget deleted ledgers.
+JOURNAL_DELETE = "journal.delete"
 
 METADATA_QUEUE_GROUP = "quire-metadata"
 EVENT_STREAM = "QUIRE_EVENTS"

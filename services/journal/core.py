@@ -1,5 +1,6 @@
-"""The journal service's pure core: group-commit planning and the disk-usage rule. No IO,
-no clock, no asyncio: the service drives it.
+"""The journal service's pure core: group-commit planning and the high-priority-writes
+rule. No IO, no clock, no asyncio: the service drives it. (The disk-full rule is
+`shared.bookie.rules.disk_read_only`: the ledgerstore evaluates it too.)
 
 The journal's file format is `shared.bookie.journal_format`; the per-ledger rules it
 checks adds, fences and LAC writes against are `shared.bookie.rules`.
@@ -68,14 +69,3 @@ def high_priority_writes_allowed(free_bytes: int, min_usable_bytes: int) -> bool
     """Whether a read-only bookie still takes recovery adds (BookKeeper's
     isAvailableForHighPriorityWrites): its fullest disk still has `min_usable_bytes` free."""
     return free_bytes >= min_usable_bytes
-
-
-def disk_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
-    """Whether the bookie is read-only after a disk check (diskUsageThreshold and
-    diskUsageLwmThreshold): above the threshold it turns read-only; it turns writable
-    again only below the low-water mark, so it does not flap at the threshold."""
-    if usage >= threshold:
-        return True
-    if read_only and usage >= lwm_threshold:
-        return True
-    return False

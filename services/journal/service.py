@@ -5,6 +5,9 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     fence               journal the fenced flag, then answer with the bookie's LAC
     write_lac           journal the explicit LACs of one or more ledgers
     journal.checkpoint  (from the ledgerstore) JSON {"file", "offset"}: move the LastLogMark
+    journal.delete      (from the ledgerstore's garbage collector) JSON {"ledgers": [id, ...]}:
+                        journal a DELETED record for each, forget them, answer once fsynced
+                        with the position after them
     journal.stats       JSON counters (BookKeeper's journal metric names)
 After group commits it publishes `journal.committed` ({"file", "offset"}, core NATS), at
 most once per `ledgerstore.journal_apply_interval_ms`, so that the ledgerstore applies them
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from nats.micro.request import Request
 
-from services.journal.core import disk_read_only, high_priority_writes_allowed
+from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
 from shared import wire
 from shared.aio import wait_event
@@ -38,21 +41,23 @@ from shared.bookie.cookie import (
     reconcile_offline,
     write_disk_cookie,
 )
+from shared.bookie.gc import BadRequest, parse_journal_delete
 from shared.bookie.journal_format import (
     JOURNAL_START,
     FenceRecord,
     JournalFormatError,
     JournalPosition,
     LacRecord,
+    LedgerDeletedRecord,
     Record,
 )
-from shared.bookie.rules import admit_adds, meta_records, refuse_adds
+from shared.bookie.rules import admit_adds, disk_read_only, meta_records, refuse_adds
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
-from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
+from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
 
 log = logging.getLogger(__name__)
 
@@ -332,6 +337,31 @@ class JournalService:
                 deleted_files=deleted,
             )
 
+    async def handle_delete(self, request: Request) -> None:
+        """The garbage collector found these ledgers gone from metadata: journal one
+        DELETED record each (a read-only bookie too: deleting frees its space), forget them
+        in the live state (a later add or fence starts the ledger afresh) and answer once
+        the records are fsynced, with the position after them; the ledgerstore applies them
+        in journal order like any other record."""
+        try:
+            ledger_ids = parse_journal_delete(request.data)
+        except BadRequest as exc:
+            reply = {"ok": False, "error": BookieStatus.BAD_REQUEST.name, "message": str(exc)}
+            await request.respond(json.dumps(reply).encode())
+            return
+        durable = self._submit([LedgerDeletedRecord(ledger_id) for ledger_id in ledger_ids])
+        if durable is None:
+            reply = {
+                "ok": False,
+                "error": BookieStatus.TOO_MANY_REQUESTS.name,
+                "message": "the journal queue is full",
+            }
+            await request.respond(json.dumps(reply).encode())
+            return
+        position = await durable
+        log.info("ledgers deleted", extra={"ledgers": len(ledger_ids), "at": position.to_json()})
+        await request.respond(json.dumps({"ok": True, "position": position.to_json()}).encode())
+
     async def handle_stats(self, request: Request) -> None:
         data = self.journal.stats.as_json()
         data["durable"] = self.journal.durable_position.to_json()
@@ -505,6 +535,7 @@ async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> Non
         ("fence", "fence", service.handle_fence, 256),
         ("write_lac", "write_lac", service.handle_write_lac, 256),
         ("journal-checkpoint", JOURNAL_CHECKPOINT, service.handle_checkpoint, 4),
+        ("journal-delete", JOURNAL_DELETE, service.handle_delete, 4),
         ("journal-stats", "journal.stats", service.handle_stats, 16),
         ("info", "info", service.handle_info, 16),
         ("clear_limbo", "clear_limbo", service.handle_clear_limbo, 1),

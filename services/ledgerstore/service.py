@@ -8,12 +8,20 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
                        unanswered once it waited past its sender's timeout
     read_lac           a ledger's LAC and last stored entry (an unknown ledger: NO_LEDGER
                        with authority, else UNKNOWN_LEDGER_STATE)
-    ledgerstore.stats  JSON counters
+    ledgerstore.stats  JSON counters (the garbage collector's among them)
+    gc                 {"force_major", "force_minor", "wait"}: a garbage collection run now
+                       (forceGC); with `wait`, answered with what that run did
+    gc.details         the collector's state (BookKeeper's GarbageCollectionStatus and more)
+    gc.suspend         {"major", "minor"}: suspend compaction of those kinds
+    gc.resume          {"major", "minor"}: resume them
+    gc.explain         every entry log, the ledgers that pin it, what the next minor and
+                       major compactions do with it
 Background: apply the journal when it announces commits (`journal.committed`, at most
 once per `journal_apply_interval_ms`) or every `journal_poll_interval_ms`; checkpoint
 every `flush_interval_ms` or once `flush_threshold_bytes` are cached, and hand the
 position to the journal (`journal.checkpoint`) as its LastLogMark at most once per
-`flush_interval_ms`.
+`flush_interval_ms`. The garbage collector (`services.ledgerstore.gc`) runs every
+`gc_wait_time_ms` or when forced.
 """
 
 from __future__ import annotations
@@ -25,15 +33,18 @@ from dataclasses import asdict
 
 from nats.micro.request import Request
 
+from services.ledgerstore.gc import GarbageCollector, GcError, decode_delete_reply
 from services.ledgerstore.read_queue import ReadQueue
 from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.aio import wait_event
 from shared.bookie.cookie import Cookie, read_disk_cookie
+from shared.bookie.gc import BadRequest, GcRun, parse_flags
 from shared.bookie.journal_format import JournalFormatError, JournalPosition
+from shared.metaclient import MetadataClient
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
-from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED
+from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +69,17 @@ class LedgerstoreService:
         )
         self._journal_committed = asyncio.Event()
         self._flush_soon = asyncio.Event()
+        timeout_s = rt.settings.request_timeout_ms / 1000
+        self.gc = GarbageCollector(
+            self.store,
+            self.settings,
+            bookie_id=self.bookie_id,
+            ledger_dirs=list(rt.settings.ledger_dirs),
+            metadata=MetadataClient(rt.nc, rt.subjects, timeout_s=timeout_s),
+            journal_delete=self.journal_delete,
+            checkpoint=self.checkpoint,
+            emit=rt.events.emit,
+        )
 
     def _on_corrupt(self, ledger_id: int, entry_id: int, reason: str) -> None:
         # The auditor listens: the replica is to be repaired from another bookie.
@@ -84,6 +106,7 @@ class LedgerstoreService:
     async def handle_stats(self, request: Request) -> None:
         data = asdict(self.store.stats)
         data.update(asdict(self.reads.stats))
+        data.update(self.gc.stats_json())
         data.update(
             applied=self.store.applied.to_json(),
             checkpointed=self.store.checkpointed.to_json() if self.store.checkpointed else None,
@@ -177,6 +200,74 @@ class LedgerstoreService:
         except Exception as exc:  # journal down or restarting: the next checkpoint retries
             log.info("journal checkpoint not delivered", extra={"err": repr(exc)})
 
+    async def journal_delete(self, ledger_ids: list[int]) -> JournalPosition:
+        """Ask the journal to forget these ledgers (DELETED records); the position after
+        them once they are fsynced."""
+        msg = await self.rt.nc.request(
+            self.rt.subjects.bookie(self.bookie_id, JOURNAL_DELETE),
+            json.dumps({"ledgers": ledger_ids}).encode(),
+            timeout=self.rt.settings.request_timeout_ms / 1000,
+        )
+        return decode_delete_reply(msg.data)
+
+    # -- the garbage collector's endpoints ------------------------------------------------
+
+    async def handle_gc(self, request: Request) -> None:
+        try:
+            flags = parse_flags(request.data, ("force_major", "force_minor", "wait"))
+        except BadRequest as exc:
+            await respond_bad_request(request, exc)
+            return
+        run = self.gc.trigger(flags["force_major"], flags["force_minor"])
+        if not flags["wait"]:
+            await respond(request, {"ok": True, "triggered": True})
+            return
+        try:
+            result: GcRun = await run
+        except GcError as exc:
+            await respond(request, {"ok": False, "error": "GC_FAILED", "message": str(exc)})
+            return
+        await respond(request, {"ok": True, "run": result.to_json()})
+
+    async def handle_gc_details(self, request: Request) -> None:
+        await respond(request, {"ok": True, "details": self.gc.details()})
+
+    async def handle_gc_suspend(self, request: Request) -> None:
+        await self._suspend(request, True)
+
+    async def handle_gc_resume(self, request: Request) -> None:
+        await self._suspend(request, False)
+
+    async def _suspend(self, request: Request, suspend: bool) -> None:
+        """gc.suspend / gc.resume: the kinds named true change; the others stay."""
+        try:
+            kinds = parse_flags(request.data, ("major", "minor"))
+        except BadRequest as exc:
+            await respond_bad_request(request, exc)
+            return
+        self.gc.set_suspended(
+            major=suspend if kinds["major"] else None, minor=suspend if kinds["minor"] else None
+        )
+        await respond(
+            request,
+            {
+                "ok": True,
+                "suspendMajor": self.gc.suspend_major,
+                "suspendMinor": self.gc.suspend_minor,
+            },
+        )
+
+    async def handle_gc_explain(self, request: Request) -> None:
+        await respond(request, {"ok": True, **self.gc.explain()})
+
+
+async def respond(request: Request, body: dict) -> None:
+    await request.respond(json.dumps(body).encode())
+
+
+async def respond_bad_request(request: Request, exc: BadRequest) -> None:
+    await respond(request, {"ok": False, "error": "BAD_REQUEST", "message": str(exc)})
+
 
 COOKIE_WAIT_LOG_S = 5.0
 
@@ -210,6 +301,8 @@ async def main(rt: ServiceRuntime) -> None:
     await service.store.catch_up()
     rt.spawn(service.follow_journal(), "follow-journal")
     rt.spawn(service.checkpoint_forever(), "checkpoint")
+    rt.spawn(service.gc.run_forever(), "garbage-collector")
+    rt.on_shutdown(service.gc.close)
     service.reads.start()
     rt.on_shutdown(service.reads.drain)  # runs before store.close (last added, first run)
     await rt.add_inline_endpoint("read", rt.subjects.bookie(bookie, "read"), service.handle_read)
@@ -219,5 +312,14 @@ async def main(rt: ServiceRuntime) -> None:
     await rt.add_endpoint(
         "ledgerstore-stats", rt.subjects.bookie(bookie, "ledgerstore.stats"), service.handle_stats
     )
+    gc_endpoints = [
+        ("gc", "gc", service.handle_gc),
+        ("gc-details", "gc.details", service.handle_gc_details),
+        ("gc-suspend", "gc.suspend", service.handle_gc_suspend),
+        ("gc-resume", "gc.resume", service.handle_gc_resume),
+        ("gc-explain", "gc.explain", service.handle_gc_explain),
+    ]
+    for name, op, handler in gc_endpoints:
+        await rt.add_endpoint(name, rt.subjects.bookie(bookie, op), handler)
     # The server has our subscriptions once this returns: no request finds no responder.
     await rt.nc.flush()

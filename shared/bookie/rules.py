@@ -286,3 +286,15 @@ def absent_entry_status(
     if limbo:
         return limbo_absent_status(first_entry_id, entry_id, authority)
     return absent_status(first_entry_id is not None, authority)
+
+
+def disk_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
+    """Whether the bookie is read-only after a disk check (diskUsageThreshold and
+    diskUsageLwmThreshold): above the threshold it turns read-only; it turns writable
+    again only below the low-water mark, so it does not flap at the threshold. The journal
+    registers it; the ledgerstore's garbage collector suspends or forces compaction on it."""
+    if usage >= threshold:
+        return True
+    if read_only and usage >= lwm_threshold:
+        return True
+    return False

@@ -11,9 +11,9 @@ from services.journal.core import (
     FlushPlan,
     GroupCommitPolicy,
     batch_length,
-    disk_read_only,
     plan_group_commit,
 )
+from shared.bookie.rules import disk_read_only
 
 # -- group commit -------------------------------------------------------------------------
 
