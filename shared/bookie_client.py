@@ -38,6 +38,9 @@ NO_RESPONDERS_RETRIES = 2
 PROBE_TIMEOUT_S = 1.0
 # A bound on the registrations remembered (bookie ids that come and go).
 MAX_BOOKIES_REMEMBERED = 10_000
+# How long an operator call on a bookie's garbage collector (gc.details, gc.suspend, ...)
+# waits by default: these answer from memory. A gc call with `wait` passes its own.
+GC_ADMIN_TIMEOUT_S = 5.0
 
 
 def wall_clock_ms() -> int:
@@ -51,6 +54,31 @@ def no_responders_retries(registered_at_ms: int | None, now_ms: int, grace_ms: i
     if registered_at_ms is not None and now_ms - registered_at_ms >= grace_ms:
         return 0
     return NO_RESPONDERS_RETRIES
+
+
+class BookieAdminError(Exception):
+    """A bookie answered an operator call with `{"ok": false, "error": code, "message": ...}`
+    (BAD_REQUEST for input it refused): it changed nothing."""
+
+    def __init__(self, bookie_id: str, op: str, code: str, message: str) -> None:
+        super().__init__(f"{op} on {bookie_id}: {code}: {message}")
+        self.bookie_id, self.op, self.code, self.message = bookie_id, op, code, message
+
+
+def admin_answer(bookie_id: str, op: str, data: bytes) -> dict:
+    """A bookie's JSON answer to an operator call, without its "ok": `{"ok": false}` raises
+    BookieAdminError; an answer that is not such an object, BookieUnreachable (no usable
+    answer, as for the other calls)."""
+    try:
+        answer = json.loads(data)
+    except ValueError as exc:
+        raise BookieUnreachable(f"{op} from {bookie_id}: not JSON") from exc
+    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+        raise BookieUnreachable(f'{op} from {bookie_id}: no "ok" in {data[:200]!r}')
+    if not answer.pop("ok"):
+        code = str(answer.get("error", "ERROR"))
+        raise BookieAdminError(bookie_id, op, code, str(answer.get("message", "")))
+    return answer
 
 
 class BookieClient:
@@ -194,5 +222,48 @@ class BookieClient:
         except ValueError as exc:
             raise BookieUnreachable(f"info from {bookie_id}: not JSON") from exc
 
+    # -- the bookie's garbage collector (its ledgerstore answers; JSON in, JSON out) ----------
 
-__all__ = ["BookieClient", "BookieUnreachable"]
+    async def _admin(self, bookie_id: str, op: str, body: dict, timeout_s: float) -> dict:
+        """One JSON call to the bookie's garbage collector: its answer without "ok"."""
+        data = await self._request(bookie_id, op, json.dumps(body).encode(), timeout_s)
+        return admin_answer(bookie_id, op, data)
+
+    async def gc(
+        self,
+        bookie_id: str,
+        force_major: bool = False,
+        force_minor: bool = False,
+        wait: bool = False,
+        timeout_s: float = GC_ADMIN_TIMEOUT_S,
+    ) -> dict:
+        """Trigger a GC run now (BookKeeper's forceGC): `{"triggered": true}` at once, or with
+        `wait` `{"run": {...}}` once the run ended (give a `timeout_s` long enough for it)."""
+        body = {"force_major": force_major, "force_minor": force_minor, "wait": wait}
+        return await self._admin(bookie_id, "gc", body, timeout_s)
+
+    async def gc_details(self, bookie_id: str, timeout_s: float = GC_ADMIN_TIMEOUT_S) -> dict:
+        """The collector's state (BookKeeper's GarbageCollectionStatus, and Quire's figures)."""
+        return (await self._admin(bookie_id, "gc.details", {}, timeout_s))["details"]
+
+    async def gc_suspend(
+        self, bookie_id: str, major: bool, minor: bool, timeout_s: float = GC_ADMIN_TIMEOUT_S
+    ) -> dict:
+        """Suspend major and/or minor compaction: `{"suspendMajor", "suspendMinor"}` after."""
+        body = {"major": major, "minor": minor}
+        return await self._admin(bookie_id, "gc.suspend", body, timeout_s)
+
+    async def gc_resume(
+        self, bookie_id: str, major: bool, minor: bool, timeout_s: float = GC_ADMIN_TIMEOUT_S
+    ) -> dict:
+        """Resume major and/or minor compaction: `{"suspendMajor", "suspendMinor"}` after."""
+        body = {"major": major, "minor": minor}
+        return await self._admin(bookie_id, "gc.resume", body, timeout_s)
+
+    async def gc_explain(self, bookie_id: str, timeout_s: float = GC_ADMIN_TIMEOUT_S) -> dict:
+        """Every entry log on the bookie's disk, its usage, the ledgers that pin it, and what
+        the next minor and major compaction would do with it."""
+        return await self._admin(bookie_id, "gc.explain", {}, timeout_s)
+
+
+__all__ = ["BookieAdminError", "BookieClient", "BookieUnreachable"]

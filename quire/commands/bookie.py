@@ -1,4 +1,6 @@
-"""`quire bookie ...`: the bookies as the registry and the bookies themselves see them."""
+"""`quire bookie ...`: the bookies as the registry and the bookies themselves see them, and
+their garbage collection (`gc`, `gc-details`, `gc-explain`, `gc-suspend`, `gc-resume`: in
+quire/commands/bookie_gc.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from quire.commands import bookie_gc
 from quire.commands.common import (
     DEFAULT_DATA_DIR,
     DataDirOption,
@@ -17,7 +20,10 @@ from quire.commands.common import (
     run,
 )
 
-app = typer.Typer(help="List bookies and inspect one.", no_args_is_help=True)
+app = typer.Typer(
+    help="List bookies, inspect one, and run or inspect their garbage collection.",
+    no_args_is_help=True,
+)
 
 BookieId = Annotated[str, typer.Argument(help="The bookie id, e.g. bookie-1.")]
 
@@ -58,3 +64,6 @@ def state(
     if row is None:
         fail(f"no bookie {bookie_id} is registered")
     emit(output, {"bookie_id": bookie_id, "state": row["state"]})
+
+
+bookie_gc.register(app)

@@ -3,7 +3,8 @@
 `GET /v1/autorecovery/underreplicated`.
 
 Where BookKeeper answers about "this bookie" (the HTTP server runs inside a bookie), the
-gateway serves every bookie and takes `bookie_id`. Entry reads and deletes need the
+gateway serves every bookie and takes `bookie_id`; the garbage-collection paths
+(`/api/v1/bookie/gc...`) are in `services.gateway.gc_admin`. Entry reads and deletes need the
 ledger password (`Quire-Ledger-Password`), as everywhere else in the API.
 
 The auto-recovery commands (trigger_audit, decommission, bookie) go to the elected auditor
@@ -23,6 +24,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.gateway.gc_admin import create_gc_router
 from services.gateway.ledgers import Ledgers, metadata_error
 from services.gateway.problems import error_responses
 from shared.auditor_client import BOOKIE_ID_PATTERN
@@ -139,6 +141,7 @@ async def count_replicators(ledgers: Ledgers) -> int:
 
 def create_admin_router(ledgers: Ledgers) -> APIRouter:
     router = APIRouter(responses=ERRORS)
+    router.include_router(create_gc_router(ledgers))
 
     async def call(coro):
         try:
