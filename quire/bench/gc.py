@@ -122,11 +122,17 @@ class AdminApi:
             raise RuntimeError(f"PUT /api/v1/bookie/gc: {response.text}")
 
     async def gc_details(self) -> dict[str, dict[str, Any]]:
-        """Each bookie's GC details (the bookie's `gc.details` answer)."""
+        """Each bookie's GarbageCollectionStatus (the gateway answers a list of one per
+        bookie, as BookKeeper's GCDetailsService, or an error entry for a bookie that did
+        not answer)."""
         response = await self.http.get("/api/v1/bookie/gc_details")
         if response.status_code != 200:
             raise RuntimeError(f"GET /api/v1/bookie/gc_details: {response.text}")
-        return response.json()
+        answers = response.json()
+        failed = {b: a["error"] for b, a in answers.items() if "error" in a}
+        if failed:
+            raise RuntimeError(f"GET /api/v1/bookie/gc_details: {failed}")
+        return {b: a[0] for b, a in answers.items()}
 
 
 def compacting(details: dict[str, Any]) -> bool:
