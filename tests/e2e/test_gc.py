@@ -141,7 +141,9 @@ async def gc_details(http: httpx.AsyncClient) -> dict[str, dict]:
     """Each bookie's GarbageCollectionStatus (a list of one per bookie, as BookKeeper's)."""
     response = await http.get("/api/v1/bookie/gc_details")
     assert response.status_code == 200, response.text
-    return {b: answer[0] for b, answer in response.json().items()}
+    answers = response.json()
+    assert not [a for a in answers.values() if "error" in a], answers
+    return {b: answer[0] for b, answer in answers.items()}
 
 
 async def no_ledger_on(bookies: BookieClient, bookie_id: str, lids: list[int]) -> list[int]:
