@@ -44,6 +44,14 @@ class WriteCache:
         entries = self._ledgers.get(ledger_id)
         return entries.get(entry_id) if entries is not None else None
 
+    def forget(self, ledger_id: int) -> None:
+        """Drop a deleted ledger's entries."""
+        entries = self._ledgers.pop(ledger_id, None)
+        if entries is not None:
+            self._count -= len(entries)
+            self.size_bytes -= sum(len(frame) for frame in entries.values())
+            self._out_of_order.discard(ledger_id)
+
     def sorted_entries(self) -> list[tuple[int, int, bytes]]:
         """Sorted by ledger, then entry: a ledger's entries land next to each other in the
         entry log, so a read-ahead reads them with one IO."""
@@ -99,6 +107,11 @@ class ReadCache:
             evicted_key, evicted = self._entries.popitem(last=False)
             self._unverified.discard(evicted_key)
             self.size_bytes -= len(evicted)
+
+    def remove_ledgers(self, ledger_ids: set[int]) -> None:
+        """Forget every entry of these (deleted) ledgers: one pass over the cache."""
+        for key in [key for key in self._entries if key[0] in ledger_ids]:
+            self.remove(*key)
 
     def remove(self, ledger_id: int, entry_id: int) -> None:
         """Forget an entry (its frame failed its check when served)."""

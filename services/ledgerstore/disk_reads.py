@@ -15,6 +15,10 @@ from shared.status import BookieStatus
 
 log = logging.getLogger(__name__)
 
+# Lookups of an entry whose entry log keeps vanishing under the read (each compaction or
+# deletion moves it once): past this, IO_ERROR.
+RELOOKUPS_MAX = 4
+
 
 @dataclass
 class DiskRead:
@@ -47,21 +51,40 @@ class DiskReader:
     def read(self, plan: DiskRead) -> DiskBatch:
         """On a read thread: one index range query per run of the ledger's entry ids, one
         pread per run of frames near each other in an entry log, the frames asked checked
-        (read-ahead frames are checked when served)."""
+        (read-ahead frames are checked when served). An entry log deleted between the
+        lookup and the read (compacted, or dead) means its entries moved: looked up again."""
         batch = DiskBatch()
+        asked_keys = {(ledger_id, e) for ledger_id, asked in plan.asked.items() for e in asked}
+        wanted = {
+            ledger_id: sorted({*asked, *plan.ahead[ledger_id]})
+            for ledger_id, asked in plan.asked.items()
+        }
+        for _ in range(RELOOKUPS_MAX):
+            moved: dict[int, list[int]] = {}
+            for span in plan_spans(self._locate(wanted)):
+                if not self._read_span(span, asked_keys, plan.digest_codes, batch):
+                    for (ledger_id, entry_id), _ in span:
+                        moved.setdefault(ledger_id, []).append(entry_id)
+            if not moved:
+                return batch
+            wanted = {ledger_id: sorted(ids) for ledger_id, ids in moved.items()}
+        for ledger_id, ids in wanted.items():
+            for entry_id in ids:
+                if (ledger_id, entry_id) in asked_keys:
+                    batch.found[(ledger_id, entry_id)] = wire.ReadResult(
+                        ledger_id, entry_id, BookieStatus.IO_ERROR
+                    )
+        return batch
+
+    def _locate(self, wanted: dict[int, list[int]]) -> list[tuple[Key, EntryLocation]]:
         located: list[tuple[Key, EntryLocation]] = []
-        asked_keys: set[Key] = set()
-        for ledger_id, asked in plan.asked.items():
-            asked_keys.update((ledger_id, e) for e in asked)
-            wanted = sorted({*asked, *plan.ahead[ledger_id]})
-            keep = set(wanted)
-            for first, last in id_ranges(wanted):
+        for ledger_id, ids in wanted.items():
+            keep = set(ids)
+            for first, last in id_ranges(ids):
                 for entry_id, location in self.index.lookup_range(ledger_id, first, last):
                     if entry_id in keep:
                         located.append(((ledger_id, entry_id), location))
-        for span in plan_spans(located):
-            self._read_span(span, asked_keys, plan.digest_codes, batch)
-        return batch
+        return located
 
     def _read_span(
         self,
@@ -69,18 +92,21 @@ class DiskReader:
         asked_keys: set[Key],
         digest_codes: dict[int, int],
         batch: DiskBatch,
-    ) -> None:
+    ) -> bool:
+        """False: the entry log is gone (deleted after the lookup): look the span up again."""
         first, last = span[0][1], span[-1][1]
         size = last.frame_offset + last.size - first.offset
         logger = self.loggers[first.dir]
         try:
             data = logger.read_span(first.log_id, first.offset, size)
+        except FileNotFoundError:
+            return False
         except OSError as exc:
             log.error("entry log read failed", extra={"location": str(first), "err": repr(exc)})
             for key, _ in span:
                 if key in asked_keys:
                     batch.found[key] = wire.ReadResult(*key, BookieStatus.IO_ERROR)
-            return
+            return True
         batch.entry_log_reads += 1
         batch.entry_log_read_bytes += size
         read_ahead = False
@@ -101,3 +127,4 @@ class DiskReader:
             # The reader's next block likely follows (a flush writes a ledger's entries
             # in order): the kernel starts reading it while this answer goes out.
             logger.will_need(first.log_id, first.offset + size, size)
+        return True

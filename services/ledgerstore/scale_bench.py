@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from services.ledgerstore.core import EntryLocation, LedgerInfo
+from services.ledgerstore.storage import Usage
 from services.ledgerstore.store import LedgerStore
 from shared import bench_report, wire
 from shared.bookie.journal_format import (
@@ -73,9 +74,9 @@ class CountingStore(LedgerStore):
             ledgers: Mapping[int, LedgerInfo],
             position: JournalPosition,
             *args,
-        ) -> None:
+        ) -> Usage:
             self.commits.append({"entries": len(entries), "ledger_rows": len(ledgers)})
-            commit(entries, ledgers, position, *args)
+            return commit(entries, ledgers, position, *args)
 
         self.index.commit = counted  # type: ignore[method-assign]
 

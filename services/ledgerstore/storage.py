@@ -28,9 +28,12 @@ from services.ledgerstore.core import (
 )
 from shared.bookie import index_schema as sql
 from shared.bookie.entrylog_format import (
+    COMPACTING_SUFFIX,
+    ENTRY_HEAD_SIZE,
     ENTRYLOG_HEADER_SIZE,
     EntryLogFormatError,
     check_entry_log_header,
+    decode_entry_head,
     encode_entry,
     encode_entry_log_header,
     entry_log_name,
@@ -55,6 +58,9 @@ from shared.bookie.journal_format import (
 log = logging.getLogger(__name__)
 
 READ_FDS_MAX = 64  # open entry log files kept for reads
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # one pread of an entry log scanned for its entry heads
+
+Usage = dict[tuple[int, int], dict[int, int]]  # (dir, log_id) -> ledger -> bytes (heads in)
 
 
 # -- entry logs ---------------------------------------------------------------------------
@@ -84,21 +90,38 @@ class EntryLogger:
         self._fd_users: dict[int, int] = {}  # fd -> reads using it now
         self._fds_to_close: set[int] = set()  # evicted while in use
         self._read_lock = threading.Lock()
+        # Log ids come from one place: the writer's rolls and compaction's new logs.
+        self._id_lock = threading.Lock()
+        self._next_id = 1
 
     def log_ids(self) -> list[int]:
         ids = [parse_entry_log_name(p.name) for p in self.directory.iterdir()]
         return sorted(i for i in ids if i is not None)
 
-    def open(self, end: tuple[int, int] | None) -> None:
+    def allocate_log_id(self) -> int:
+        """A log id never used in this directory since `open` (a roll's or a compaction's)."""
+        with self._id_lock:
+            log_id = self._next_id
+            self._next_id += 1
+            return log_id
+
+    def open(self, end: tuple[int, int] | None, referenced: frozenset[int] = frozenset()) -> None:
         """Resume after the checkpoint that ended the logs at `end` (log_id, size): bytes
-        written after it are not indexed and will be written again from the journal."""
+        written after it are not indexed and will be written again from the journal.
+        `referenced`: logs the index has usage rows for, kept whatever their id (a
+        compaction's output can have a higher id than the writer's current log)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob("*" + COMPACTING_SUFFIX):
+            # A compaction that never finished: its entries still are in the old log.
+            self.files.unlink(leftover)
+            log.info("removed an unfinished compaction's log", extra={"file": leftover.name})
         ids = self.log_ids()
+        self._next_id = max([*ids, end[0] if end else 0]) + 1
         if end is None:
-            self._create(max(ids, default=0) + 1)
+            self._create(self.allocate_log_id())
             return
         log_id, size = end
-        for later in (i for i in ids if i > log_id):
+        for later in (i for i in ids if i > log_id and i not in referenced):
             self.files.unlink(self.directory / entry_log_name(later))
             log.info("removed entry log written after the last checkpoint", extra={"log_id": later})
         path = self.directory / entry_log_name(log_id)
@@ -138,7 +161,7 @@ class EntryLogger:
             ):
                 self._write(chunk)
                 chunk = []
-                self._create(self.log_id + 1)
+                self._create(self.allocate_log_id())
                 pending = 0
             locations.append(
                 EntryLocation(self.log_id, self.size + pending, len(frame), self.dir_index)
@@ -225,6 +248,51 @@ class EntryLogger:
                 os.close(old)
         return fd
 
+    def path(self, log_id: int) -> Path:
+        return self.directory / entry_log_name(log_id)
+
+    def scan(self, log_id: int) -> list[tuple[int, int, int, int]]:
+        """(ledger, entry, offset, frame length) of every entry in a sealed log, in file
+        order, from its entry heads read in large chunks (BookKeeper's
+        extractEntryLogMetadataByScanning). A head cut short ends the scan."""
+        found: list[tuple[int, int, int, int]] = []
+        with self._read_fd(log_id) as fd:
+            size = os.fstat(fd).st_size
+            offset = ENTRYLOG_HEADER_SIZE
+            while offset + ENTRY_HEAD_SIZE <= size:
+                chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, size - offset), offset)
+                at = 0
+                while at + ENTRY_HEAD_SIZE <= len(chunk):
+                    head = chunk[at : at + ENTRY_HEAD_SIZE]
+                    ledger_id, entry_id, length = decode_entry_head(head)
+                    if length < 0 or offset + at + ENTRY_HEAD_SIZE + length > size:
+                        return found
+                    found.append((ledger_id, entry_id, offset + at, length))
+                    at += ENTRY_HEAD_SIZE + length
+                if at == 0:
+                    return found
+                offset += at
+        return found
+
+    def forget(self, log_id: int) -> None:
+        """Close the read descriptor of a log about to be unlinked (a read using it now
+        finishes on it and closes it)."""
+        with self._read_lock:
+            fd = self._read_fds.pop(log_id, None)
+            if fd is not None:
+                if fd in self._fd_users:
+                    self._fds_to_close.add(fd)
+                else:
+                    os.close(fd)
+
+    def delete(self, log_ids: Iterable[int]) -> None:
+        """Unlink sealed logs, then fsync the directory once."""
+        for log_id in log_ids:
+            assert log_id != self.log_id, "the current entry log is never deleted"
+            self.forget(log_id)
+            self.files.unlink(self.path(log_id))
+        self.files.fsync_dir(self.directory)
+
     def close(self) -> None:
         if self._fd >= 0:
             self.files.fsync(self._fd)
@@ -248,6 +316,7 @@ class IndexState:
     log_ends: LogEnds  # entry logs as of that checkpoint
     ledgers: dict[int, LedgerInfo] = field(default_factory=dict)
     facts: dict[str, str] = field(default_factory=dict)
+    usage: Usage = field(default_factory=dict)
 
 
 class EntryIndex:
@@ -294,6 +363,8 @@ class EntryIndex:
         for ledger_id, last, lac, digest, first in self._writer.execute(sql.SELECT_LEDGERS):
             state.ledgers[sql.from_sql_id(ledger_id)] = LedgerInfo(last, lac, digest, first)
         state.facts = dict(self._writer.execute(sql.SELECT_FACTS))
+        for dir_index, log_id, ledger_id, size in self._writer.execute(sql.SELECT_USAGE):
+            state.usage.setdefault((dir_index, log_id), {})[sql.from_sql_id(ledger_id)] = size
         return state
 
     def _reader(self) -> sqlite3.Connection:
@@ -342,13 +413,26 @@ class EntryIndex:
         position: JournalPosition,
         log_ends: LogEnds,
         facts: Mapping[str, str] | None = None,
-    ) -> None:
+        deleted: Iterable[int] = (),
+    ) -> Usage:
+        """One checkpoint: the deleted ledgers' rows go first, then the flush's entries,
+        their entry log usage, the ledger facts and the position. Returns the usage the
+        entries added."""
         conn = self._writer
         assert conn is not None
+        added: Usage = {}
+        for (ledger, _), loc in entries.items():
+            per_log = added.setdefault((loc.dir, loc.log_id), {})
+            per_log[ledger] = per_log.get(ledger, 0) + ENTRY_HEAD_SIZE + loc.size
         # A crash here (before the commit is durable) leaves the previous checkpoint.
         self.files.point("index.commit")
         conn.execute("BEGIN IMMEDIATE")
         try:
+            for ledger in deleted:
+                key = (sql.to_sql_id(ledger),)
+                conn.execute(sql.DELETE_LEDGER_ENTRIES, key)
+                conn.execute(sql.DELETE_LEDGER, key)
+                conn.execute(sql.DELETE_LEDGER_USAGE, key)
             conn.executemany(
                 sql.INSERT_ENTRY,
                 (
@@ -375,12 +459,87 @@ class EntryIndex:
                 sql.INSERT_LOG_END,
                 ((d, log_id, size) for d, (log_id, size) in log_ends.items()),
             )
+            conn.executemany(
+                sql.ADD_USAGE,
+                (
+                    (d, log_id, sql.to_sql_id(ledger), size)
+                    for (d, log_id), ledgers_bytes in added.items()
+                    for ledger, size in ledgers_bytes.items()
+                ),
+            )
             conn.executemany(sql.INSERT_FACT, (facts or {}).items())
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         self.files.point("index.committed")
+        return added
+
+    def rebuild_usage(self, usage: Usage) -> None:
+        """Replace every usage row (rebuilt from the entry logs) and mark the table
+        complete, in one transaction."""
+        conn = self._writer
+        assert conn is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM entry_log_usage")
+            conn.executemany(
+                sql.ADD_USAGE,
+                (
+                    (d, log_id, sql.to_sql_id(ledger), size)
+                    for (d, log_id), ledgers_bytes in usage.items()
+                    for ledger, size in ledgers_bytes.items()
+                ),
+            )
+            conn.execute(sql.INSERT_FACT, (sql.USAGE_FACT, "1"))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def switch(
+        self,
+        dir_index: int,
+        old_log: int,
+        new_log: int,
+        moves: Iterable[tuple[int, int, int, int, int]],
+    ) -> dict[int, int]:
+        """Compaction's one transaction: each (ledger, entry, old offset, new offset,
+        frame length)
+        moves to `new_log` only where its row still points at the old copy; the new log's
+        usage rows count what moved; the old log's usage rows go. Returns the moved bytes
+        per ledger (heads in)."""
+        conn = self._writer
+        assert conn is not None
+        moved: dict[int, int] = {}
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for ledger, entry, old_offset, new_offset, size in moves:
+                cursor = conn.execute(
+                    sql.MOVE_ENTRY,
+                    (
+                        new_log,
+                        new_offset,
+                        dir_index,
+                        sql.to_sql_id(ledger),
+                        entry,
+                        dir_index,
+                        old_log,
+                        old_offset,
+                    ),
+                )
+                if cursor.rowcount:
+                    moved[ledger] = moved.get(ledger, 0) + ENTRY_HEAD_SIZE + size
+            conn.execute(sql.DELETE_LOG_USAGE, (dir_index, old_log))
+            conn.executemany(
+                sql.ADD_USAGE,
+                ((dir_index, new_log, sql.to_sql_id(ledger), b) for ledger, b in moved.items()),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return moved
 
     def close(self) -> None:
         self._open = False

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from services.ledgerstore.cache import Key, ReadCache, WriteCache
+from services.ledgerstore.compaction import Compaction
 from services.ledgerstore.core import (
     EntryLocation,
     LedgerInfo,
@@ -49,11 +50,20 @@ from services.ledgerstore.storage import (
     LogEnds,
     TailRead,
     TailStatus,
+    Usage,
 )
 from shared import wire
+from shared.bookie.entrylog_format import ENTRY_HEAD_SIZE, ENTRYLOG_HEADER_SIZE
 from shared.bookie.files import OS_FILES, FileLayer
-from shared.bookie.index_schema import INDEX_FILE
-from shared.bookie.journal_format import JOURNAL_START, EntryRecord, JournalPosition, ScannedRecord
+from shared.bookie.gc import CompactionResult, EntryLogMetadata
+from shared.bookie.index_schema import INDEX_FILE, USAGE_FACT
+from shared.bookie.journal_format import (
+    JOURNAL_START,
+    EntryRecord,
+    JournalPosition,
+    LedgerDeletedRecord,
+    ScannedRecord,
+)
 from shared.bookie.rules import absent_entry_status, absent_status, has_authority
 from shared.config import LedgerstoreSettings
 from shared.disk import fail_stop
@@ -149,6 +159,19 @@ class LedgerStore:
         self._flushing = WriteCache()
         self._read_cache = ReadCache(settings.read_ahead_cache_max_size_bytes)
         self._dirty_ledgers: set[int] = set()
+        # Ledgers deleted (a DELETED record applied) whose index rows the next checkpoint
+        # deletes, and those the running checkpoint is deleting: reads of them look in
+        # nothing older than the deletion (see `_masked`).
+        self._deleted_pending: set[int] = set()
+        self._deleting: set[int] = set()
+        self._deletions = 0  # DELETED records applied: a disk read spanning one caches nothing
+        # Every entry log of every directory (sealed and current): usage as of the last
+        # checkpoint (`entry_logs`).
+        self._logs: dict[tuple[int, int], EntryLogMetadata] = {}
+        self._compaction_lock = asyncio.Lock()
+        self._compacting: tuple[int, int] | None = None  # (dir, log_id) being compacted
+        self._compaction_thread = ThreadPoolExecutor(1, thread_name_prefix="ledgerstore-compact")
+        self._files = files
         self._apply_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
         self._stalled_reason = ""
@@ -178,7 +201,13 @@ class LedgerStore:
     async def open(self) -> None:
         state = await self._on_write_thread(self.index.open)
         for index, logger in enumerate(self.loggers):
-            await self._on_write_thread(logger.open, state.log_ends.get(index))
+            referenced = frozenset(log_id for d, log_id in state.usage if d == index)
+            await self._on_write_thread(logger.open, state.log_ends.get(index), referenced)
+        usage = state.usage
+        if USAGE_FACT not in state.facts:
+            # An index from before usage was kept (or its rows lost): count the logs.
+            usage = await self._on_write_thread(self._rebuild_usage, set(state.ledgers))
+        self._logs = await self._on_write_thread(self._load_logs, usage)
         self.ledgers = state.ledgers
         self.unsure = state.facts.get(UNSURE_FACT)
         self.applied = state.position or JOURNAL_START
@@ -203,6 +232,124 @@ class LedgerStore:
             self.tailer.close()
         self._read_threads.shutdown()
         self._write_threads.shutdown()
+        self._compaction_thread.shutdown()
+
+    def _rebuild_usage(self, ledgers: set[int]) -> Usage:
+        """Usage from the entry logs' entry heads (blocking), counting only the ledgers
+        the index still has; persisted with the fact that marks it complete."""
+        usage: Usage = {}
+        for index, logger in enumerate(self.loggers):
+            for log_id in logger.log_ids():
+                per_ledger: dict[int, int] = {}
+                for ledger_id, _, _, length in logger.scan(log_id):
+                    if ledger_id in ledgers:
+                        size = ENTRY_HEAD_SIZE + length
+                        per_ledger[ledger_id] = per_ledger.get(ledger_id, 0) + size
+                if per_ledger:
+                    usage[(index, log_id)] = per_ledger
+        self.index.rebuild_usage(usage)
+        log.info("rebuilt entry log usage from the logs", extra={"logs": len(usage)})
+        return usage
+
+    def _load_logs(self, usage: Usage) -> dict[tuple[int, int], EntryLogMetadata]:
+        """Metadata of every entry log on disk: its size from the file, its ledgers from
+        the usage rows (none: nothing live)."""
+        logs: dict[tuple[int, int], EntryLogMetadata] = {}
+        for index, logger in enumerate(self.loggers):
+            for log_id in logger.log_ids():
+                size = logger.path(log_id).stat().st_size - ENTRYLOG_HEADER_SIZE
+                ledgers = dict(usage.get((index, log_id), {}))
+                logs[(index, log_id)] = EntryLogMetadata(index, log_id, max(size, 0), ledgers)
+        return logs
+
+    # -- entry logs and their usage (the garbage collector's view) ----------------------
+
+    def _is_current(self, dir_index: int, log_id: int) -> bool:
+        return self.loggers[dir_index].log_id == log_id
+
+    def entry_logs(self) -> list[EntryLogMetadata]:
+        """A copy of each sealed entry log's metadata (never a directory's current log),
+        usage as of the last checkpoint."""
+        return [
+            meta.copy()
+            for (d, log_id), meta in sorted(self._logs.items())
+            if not self._is_current(d, log_id)
+        ]
+
+    def current_entry_logs(self) -> list[tuple[int, int, int]]:
+        """(dir, log_id, size_bytes) of each directory's current (open) log."""
+        return [
+            (index, logger.log_id, logger.size - ENTRYLOG_HEADER_SIZE)
+            for index, logger in enumerate(self.loggers)
+        ]
+
+    async def delete_dead_entry_logs(self) -> list[EntryLogMetadata]:
+        """Delete the sealed logs that hold no live ledger (as of the last checkpoint);
+        what was deleted. Under the checkpoint lock: no flush is between writing a log and
+        committing its index rows, so a log with no usage row really holds nothing."""
+        async with self._checkpoint_lock:
+            dead = [
+                meta
+                for meta in self.entry_logs()
+                if meta.is_empty() and (meta.dir, meta.log_id) != self._compacting
+            ]
+            by_dir: dict[int, list[int]] = {}
+            for meta in dead:
+                by_dir.setdefault(meta.dir, []).append(meta.log_id)
+            for index, log_ids in by_dir.items():
+                await self._on_write_thread(self.loggers[index].delete, log_ids)
+            for meta in dead:
+                del self._logs[(meta.dir, meta.log_id)]
+            return dead
+
+    async def compact_entry_log(
+        self, dir_index: int, log_id: int, should_stop: Callable[[], bool]
+    ) -> CompactionResult:
+        """Copy a sealed log's live entries to a new log, switch their index rows to it,
+        delete it (BookKeeper's TransactionalEntryLogCompactor; the steps and what a crash
+        at each leaves: `services.ledgerstore.compaction`). One at a time."""
+        async with self._compaction_lock:
+            meta = self._logs.get((dir_index, log_id))
+            if meta is None or self._is_current(dir_index, log_id):
+                raise ValueError(f"entry log {log_id} of directory {dir_index} is not sealed")
+            compaction = Compaction(
+                self.loggers[dir_index], self.index, self.settings, self._files, meta.copy()
+            )
+            # Not deleted as dead under the copy (it may become empty meanwhile).
+            self._compacting = (dir_index, log_id)
+            try:
+                loop = asyncio.get_running_loop()
+                thread = self._compaction_thread
+                copied = await loop.run_in_executor(thread, compaction.copy, should_stop)
+                if not copied:
+                    await loop.run_in_executor(thread, compaction.abandon)
+                    return compaction.result(aborted=True)
+                async with self._checkpoint_lock:
+                    moved = await self._on_write_thread(compaction.switch)
+                    del self._logs[(dir_index, log_id)]
+                    new_log = compaction.new_log_id
+                    if new_log is not None:
+                        # Nothing moved (all deleted or rewritten meanwhile): no usage
+                        # row, so the next delete_dead_entry_logs removes it.
+                        self._logs[(dir_index, new_log)] = EntryLogMetadata(
+                            dir_index, new_log, compaction.bytes_copied, moved
+                        )
+                    await self._on_write_thread(compaction.delete_old)
+                return compaction.result(aborted=False)
+            finally:
+                self._compacting = None
+
+    async def apply_through(self, position: JournalPosition) -> bool:
+        """Catch up until everything before `position` is applied (the journal said it
+        is durable); False if the journal is damaged or stalled before it."""
+        self.journal_durable(position)
+        while self.applied < position:
+            before = self.applied
+            if not await self.catch_up():
+                return False
+            if self.applied == before:
+                return False
+        return True
 
     # -- applying the journal -------------------------------------------------------------
 
@@ -298,12 +445,31 @@ class LedgerStore:
             if type(record) is EntryRecord:
                 cache.put(record.ledger_id, record.entry_id, record.frame)
                 entries += 1
+            elif type(record) is LedgerDeletedRecord:
+                self._delete(record.ledger_id)
+                continue
             touched = apply_to_ledgers(ledgers, record)
             if touched is not None:
                 dirty.add(touched)
         self.stats.ledgerstore_add_entry += entries
         self.stats.write_cache_size_bytes = self._write_cache.size_bytes
         self.stats.write_cache_count = len(self._write_cache)
+
+    def _delete(self, ledger_id: int) -> None:
+        """Forget a ledger (a DELETED record): its facts and unflushed entries now, its
+        index rows at the next checkpoint. A ledger re-created after this (a zombie
+        writer's entries) starts afresh."""
+        self.ledgers.pop(ledger_id, None)
+        self._dirty_ledgers.discard(ledger_id)
+        self._write_cache.forget(ledger_id)
+        self._deleted_pending.add(ledger_id)
+        self._deletions += 1
+
+    def _masked(self, ledger_id: int) -> bool:
+        """Deleted, and its index rows (and the read cache's copies) not yet gone: only
+        the active write cache holds entries of it that count (written after the
+        deletion)."""
+        return ledger_id in self._deleted_pending or ledger_id in self._deleting
 
     # -- checkpoint (flush) ---------------------------------------------------------------
 
@@ -326,6 +492,8 @@ class LedgerStore:
                 self._flushing, self._write_cache = self._write_cache, WriteCache()
                 ledgers = {i: replace(self.ledgers[i]) for i in self._dirty_ledgers}
                 self._dirty_ledgers = set()
+                deleted, self._deleted_pending = self._deleted_pending, set()
+                self._deleting |= deleted
                 position = self.applied
                 facts = {UNSURE_FACT: self.unsure} if self.unsure else {}
             started = time.perf_counter()
@@ -335,17 +503,47 @@ class LedgerStore:
             except OSError as exc:
                 self._fatal(f"entry log write or fsync: {exc!r}")
                 raise
+            facts[USAGE_FACT] = "1"
             try:
-                await self._on_write_thread(
-                    self.index.commit, locations, ledgers, position, log_ends, facts
+                added = await self._on_write_thread(
+                    self.index.commit, locations, ledgers, position, log_ends, facts, deleted
                 )
             except Exception as exc:
                 self._fatal(f"index commit: {exc!r}")
                 raise
+            self._committed_usage(deleted, added, locations)
             self._flushing = WriteCache()
             self.checkpointed = position
             self._flushed(flushing, (time.perf_counter() - started) * 1000)
             return position
+
+    def _committed_usage(
+        self,
+        deleted: set[int],
+        added: Usage,
+        locations: dict[tuple[int, int], EntryLocation],
+    ) -> None:
+        """After a checkpoint's commit: the logs' metadata as the index now has it
+        (deleted ledgers first, as in the transaction), and the read cache without the
+        deleted ledgers."""
+        if deleted:
+            for meta in self._logs.values():
+                for ledger_id in deleted.intersection(meta.ledgers):
+                    del meta.ledgers[ledger_id]
+            self._read_cache.remove_ledgers(deleted)
+            self._deleting -= deleted
+        for location in locations.values():
+            key = (location.dir, location.log_id)
+            meta = self._logs.get(key)
+            if meta is None:
+                meta = self._logs[key] = EntryLogMetadata(location.dir, location.log_id, 0)
+            end = location.frame_offset + location.size - ENTRYLOG_HEADER_SIZE
+            if end > meta.size_bytes:
+                meta.size_bytes = end
+        for key, per_ledger in added.items():
+            ledgers = self._logs[key].ledgers
+            for ledger_id, size in per_ledger.items():
+                ledgers[ledger_id] = ledgers.get(ledger_id, 0) + size
 
     def _write_entry_logs(
         self, flushing: WriteCache
@@ -410,7 +608,11 @@ class LedgerStore:
         another request's disk read (its read-ahead, say) is bringing in is waited for,
         not read twice (a reader keeps several requests of consecutive blocks in flight)."""
         found = [self._from_cache(item) for item in items]
-        misses = [n for n, result in enumerate(found) if result is None]
+        misses = [
+            n
+            for n, result in enumerate(found)
+            if result is None and not self._masked(items[n].ledger_id)
+        ]
         if not misses:
             return found
         reading = self._reading
@@ -442,10 +644,12 @@ class LedgerStore:
         keys += [(ledger_id, e) for ledger_id, ids in plan.ahead.items() for e in ids]
         for key in keys:
             self._reading.setdefault(key, done)
+        deletions = self._deletions
         try:
             loop = asyncio.get_running_loop()
             batch = await loop.run_in_executor(self._read_threads, self._disk.read, plan)
-            self._took(batch)
+            # A ledger deleted meanwhile: its frames must not outlive it in the read cache.
+            self._took(batch, cache=deletions == self._deletions)
             return batch
         finally:
             for key in keys:
@@ -455,12 +659,14 @@ class LedgerStore:
 
     def _from_cache(self, item: wire.ReadItem) -> wire.ReadResult | None:
         ledger_id, entry_id = item.ledger_id, item.entry_id
-        frame = self._write_cache.get(ledger_id, entry_id) or self._flushing.get(
-            ledger_id, entry_id
-        )
+        frame = self._write_cache.get(ledger_id, entry_id)
+        if frame is None and ledger_id not in self._deleted_pending:
+            frame = self._flushing.get(ledger_id, entry_id)
         if frame is not None:
             self.stats.write_cache_hits += 1
             return wire.ReadResult(ledger_id, entry_id, BookieStatus.OK, frame)
+        if self._masked(ledger_id):
+            return None
         frame = self._read_cache.get(ledger_id, entry_id)
         if frame is None:
             return None
@@ -505,14 +711,15 @@ class LedgerStore:
             or self._flushing.get(ledger_id, entry_id) is not None
         )
 
-    def _took(self, batch: DiskBatch) -> None:
+    def _took(self, batch: DiskBatch, cache: bool = True) -> None:
         """Back on the event loop: read-ahead into the read cache, the frames asked too
         (another replica's reader or a speculative read may ask again), counters."""
-        for (ledger_id, entry_id), frame in batch.ahead:
-            self._read_cache.put(ledger_id, entry_id, frame, verified=False)
-        for (ledger_id, entry_id), result in batch.found.items():
-            if result.status is BookieStatus.OK:
-                self._read_cache.put(ledger_id, entry_id, result.frame)
+        if cache:
+            for (ledger_id, entry_id), frame in batch.ahead:
+                self._read_cache.put(ledger_id, entry_id, frame, verified=False)
+            for (ledger_id, entry_id), result in batch.found.items():
+                if result.status is BookieStatus.OK:
+                    self._read_cache.put(ledger_id, entry_id, result.frame)
         for (ledger_id, entry_id), where, problem in batch.corrupt:
             self._corrupt(ledger_id, entry_id, where, problem)
         stats = self.stats

@@ -20,6 +20,8 @@ ENTRYLOG_HEADER = struct.Struct(">4sHHQ")
 ENTRYLOG_HEADER_SIZE = ENTRYLOG_HEADER.size  # 16
 ENTRY_HEAD = struct.Struct(">IQq")  # size, ledger, entry
 ENTRY_HEAD_SIZE = ENTRY_HEAD.size  # 20
+# A compaction writes its new log under this suffix, renamed when complete and fsynced.
+COMPACTING_SUFFIX = ".compacting"
 _LOG_NAME = re.compile(r"^entrylog-(\d{6,})\.log$")
 
 

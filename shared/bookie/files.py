@@ -83,6 +83,11 @@ class FileLayer:
     def unlink(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
+    def rename(self, source: Path, target: Path) -> None:
+        """Rename within a directory (atomic); durable once the caller fsyncs the
+        directory."""
+        os.rename(source, target)
+
     def point(self, name: str) -> None:
         """A named step with no IO of its own (e.g. "index.commit"): the fault layer may
         crash here, so tests reach every step of a checkpoint."""

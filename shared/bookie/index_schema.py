@@ -9,7 +9,14 @@ read-only with the same queries.
     ledgers     per-ledger facts: last entry, LAC, digest code, first entry
     checkpoint  the journal position the index reflects and the first directory's log end
     log_ends    each ledger directory's entry log end as of that checkpoint
-    facts       key/value facts (`unsure`: why absent entries answer UNKNOWN)
+    facts       key/value facts (`unsure`: why absent entries answer UNKNOWN; `usage`:
+                the entry_log_usage table is complete, see below)
+    entry_log_usage  (dir, log, ledger) -> bytes of the ledger's entries in that entry log
+                (each with its 20-byte head): what the garbage collector deletes and
+                compacts by (BookKeeper's EntryLogMetadata). Written in the same
+                transaction as the entries rows it counts, so the two never disagree:
+                every entries row pointing into a log has a usage row for (log, ledger);
+                a log with no usage row holds nothing live.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 CREATE TABLE IF NOT EXISTS log_ends (
     dir INTEGER PRIMARY KEY, log_id INTEGER NOT NULL, log_size INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS facts (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entry_log_usage (
+    dir INTEGER NOT NULL, log_id INTEGER NOT NULL, ledger_id INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    PRIMARY KEY (dir, log_id, ledger_id)) WITHOUT ROWID;
 """
 # Columns added after the first release of the schema: (table, column, definition).
 ADDED_COLUMNS = [
@@ -59,6 +70,25 @@ INSERT_LEDGER = (
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO checkpoint VALUES (1, ?, ?, ?, ?)"
 INSERT_LOG_END = "INSERT OR REPLACE INTO log_ends VALUES (?, ?, ?)"
 INSERT_FACT = "INSERT OR REPLACE INTO facts VALUES (?, ?)"
+USAGE_FACT = "usage"  # fact set once entry_log_usage counts every entries row
+
+# A deleted ledger: these first in its checkpoint's transaction, then the flush's inserts
+# (entries journaled after the DELETED record, a zombie writer's, survive).
+DELETE_LEDGER_ENTRIES = "DELETE FROM entries WHERE ledger_id = ?"
+DELETE_LEDGER = "DELETE FROM ledgers WHERE ledger_id = ?"
+DELETE_LEDGER_USAGE = "DELETE FROM entry_log_usage WHERE ledger_id = ?"
+SELECT_USAGE = "SELECT dir, log_id, ledger_id, bytes FROM entry_log_usage"
+ADD_USAGE = (
+    "INSERT INTO entry_log_usage VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (dir, log_id, ledger_id) DO UPDATE SET bytes = bytes + excluded.bytes"
+)
+DELETE_LOG_USAGE = "DELETE FROM entry_log_usage WHERE dir = ? AND log_id = ?"
+# Compaction's switch: an entry moves only if its row still points at the old copy (a
+# newer copy written meanwhile, or the ledger deleted meanwhile, wins).
+MOVE_ENTRY = (
+    "UPDATE entries SET log_id = ?, offset = ?, dir = ? "
+    "WHERE ledger_id = ? AND entry_id = ? AND dir = ? AND log_id = ? AND offset = ?"
+)
 
 MAX_ENTRY_ID = 2**63 - 1  # every entry of a ledger: SELECT_ENTRY_RANGE from 0 to this
 
