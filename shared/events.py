@@ -69,8 +69,16 @@ class EventPublisher:
         self._task = asyncio.create_task(self._run(), name="event-publisher")
 
     def emit(
-        self, kind: str, *, ledger_id: int | None = None, bookie_id: str | None = None, **data: Any
+        self,
+        kind: str,
+        /,
+        *,
+        ledger_id: int | None = None,
+        bookie_id: str | None = None,
+        **data: Any,
     ) -> None:
+        # `kind` is positional-only: an event's data may have a "kind" of its own
+        # (gc.compacted's "major"/"minor").
         event = Event(
             kind=kind, source=self._source, ledger_id=ledger_id, bookie_id=bookie_id, data=data
         )

@@ -197,6 +197,9 @@ class GarbageCollector:
         self._force_major |= force_major
         self._force_minor |= force_minor
         future: asyncio.Future[GcRun] = asyncio.get_running_loop().create_future()
+        if self.closing:
+            future.set_exception(GcError("the bookie is stopping"))
+            return future
         self._waiters.append(future)
         self._wake.set()
         return future
@@ -215,9 +218,7 @@ class GarbageCollector:
         """The service stops: a compaction under way abandons at its next batch, and
         whoever waits for a run is told it will not come."""
         self.closing = True
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.cancel()
+        _fail(self._waiters, GcError("the bookie is stopping"))
 
     async def run_forever(self) -> None:
         wait_s = self.settings.gc_wait_time_ms / 1000
@@ -230,12 +231,13 @@ class GarbageCollector:
             self._waiters = []
             try:
                 run = await self.run_once(forced, force_major, force_minor)
+            except asyncio.CancelledError:  # the service stops
+                _fail(waiters, GcError("the bookie is stopping"))
+                raise
             except Exception as exc:  # never fatal: the next wait retries
                 self.stats.gc_failures += 1
                 log.exception("garbage collection run failed")
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(GcError(repr(exc)))
+                _fail(waiters, GcError(repr(exc)))
                 continue
             for waiter in waiters:
                 if not waiter.done():
@@ -550,6 +552,12 @@ class GarbageCollector:
 
     def stats_json(self) -> dict:
         return asdict(self.stats)
+
+
+def _fail(waiters: list[asyncio.Future[GcRun]], error: GcError) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_exception(error)
 
 
 def decode_delete_reply(data: bytes) -> JournalPosition:

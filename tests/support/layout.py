@@ -16,6 +16,7 @@ CORES = [
     "shared/bookie/entrylog_format.py",
     "shared/bookie/index_schema.py",
     "shared/bookie/rules.py",
+    "shared/bookie/gc.py",
     "shared/protocol/messages.py",
     "shared/protocol/ensemble.py",
     "shared/protocol/flow.py",

@@ -252,3 +252,38 @@ def test_next_compaction_ms():
 )
 def test_explain(policy, flags, kind, meta, words):
     assert explain(policy, flags, kind, meta) == words
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    initial=st.sets(st.integers(0, 100)),
+    changes=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 120)), max_size=30
+    ),  # between pages: (create?, id)
+    page_size=st.integers(1, 10),
+)
+def test_a_ledger_that_exists_throughout_the_listing_is_never_deleted(initial, changes, page_size):
+    """Ledgers created and deleted while the pages are fetched (keyset pages over the
+    metadata as it is at each page): whatever exists from the snapshot to the last page is
+    kept; only the bookie's ledgers may be named."""
+    metadata = set(initial)
+    bookie = set(initial)  # every ledger the bookie holds was created before the snapshot
+    throughout = set(initial)
+    gc = RangeScan(bookie)
+    changes = list(changes)
+    while not gc.done:
+        after = -1 if gc.after is None else gc.after
+        rest = sorted(i for i in metadata if i > after)
+        page = rest[:page_size]
+        next_after = page[-1] if len(rest) > page_size and page else None
+        gc.page(runs(page), next_after)
+        if changes:
+            create, ledger_id = changes.pop(0)
+            if create:
+                metadata.add(ledger_id)
+            else:
+                metadata.discard(ledger_id)
+                throughout.discard(ledger_id)
+    deleted = set(gc.candidates())
+    assert deleted <= bookie
+    assert not deleted & throughout
