@@ -47,10 +47,10 @@ BookieOption = Annotated[
     ),
 ]
 ForceMajor = Annotated[
-    bool, typer.Option("--major", help="Also compact logs under the major threshold (0.8).")
+    bool, typer.Option("--major", help="Also compact logs under the major threshold.")
 ]
 ForceMinor = Annotated[
-    bool, typer.Option("--minor", help="Also compact logs under the minor threshold (0.2).")
+    bool, typer.Option("--minor", help="Also compact logs under the minor threshold.")
 ]
 Major = Annotated[bool, typer.Option("--major", help="Major compaction.")]
 Minor = Annotated[bool, typer.Option("--minor", help="Minor compaction.")]
@@ -141,9 +141,10 @@ def gc(
     """Run garbage collection now (BookKeeper's forceGC) and print what it did.
 
     Forgets ledgers gone from the metadata, deletes entry logs with no live ledger, and with
-    --major / --minor compacts the logs under that usage threshold (unless that compaction
-    is suspended). Waits for each bookie's run, up to the gateway's request timeout (a
-    bookie whose run takes longer shows TIMEOUT; its run goes on: see gc-details)."""
+    --major / --minor compacts the logs under that usage threshold (even when that kind is
+    suspended; on a full disk only with isForceGCAllowWhenNoSpace). Waits for each bookie's
+    run, up to the gateway's request timeout (a bookie whose run takes longer shows
+    TIMEOUT; its run goes on: see gc-details)."""
     params = bookie_params(bookie, wait=str(not no_wait).lower())
     body = {"forceMajor": major, "forceMinor": minor}
     answer = run(gateway, data_dir, lambda c: c.request_json("PUT", GC, params=params, json=body))

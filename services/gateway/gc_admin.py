@@ -9,7 +9,9 @@ the registry is 404 NO_SUCH_BOOKIE, a bookie that does not answer 503 UNAVAILABL
 TIMEOUT when it took the request but did not answer in time). Without `bookie_id` it goes
 to every registered bookie that is not lost, at once, and the answer is
 `{"<bookie_id>": <its answer>, ...}`: a bookie that does not answer does not fail the others,
-its entry is `{"error": {"code": "UNAVAILABLE" or "TIMEOUT", "detail": "..."}}`.
+its entry is `{"error": {"code": "UNAVAILABLE" or "TIMEOUT", "detail": "..."}}`. A bookie that
+answers that the call failed (its GC run failed: GC_FAILED) counts as UNAVAILABLE, the
+bookie's code in the detail; one that refuses the input (BAD_REQUEST) is INVALID_ARGUMENT.
 
 What each bookie's answer is:
 - `PUT /api/v1/bookie/gc`: `{"triggered": true}`, or with `wait=true` (Quire's) the run's
@@ -19,7 +21,8 @@ What each bookie's answer is:
   answers a list, one per ledger storage; a Quire bookie has one), with Quire's figures.
 - `PUT .../suspend_compaction`, `PUT .../resume_compaction`: the state after,
   `{"isMajorGcSuspended": bool, "isMinorGcSuspended": bool}` (the names of BookKeeper's
-  `GET .../suspend_compaction`; its PUT answers a sentence).
+  `GET .../suspend_compaction`, which answers the same; its PUT answers a sentence, and
+  its values are the strings "true" and "false").
 - `GET /api/v1/bookie/gc/explain`: every entry log on the bookie's disk with its usage, the
   ledgers that pin it and what the next minor and major compaction would do with it.
 """
@@ -61,7 +64,8 @@ BookieIdFilter = Annotated[
 
 class TriggerGcBody(BaseModel):
     """BookKeeper's TriggerGCService body. A key left out is false (BookKeeper forces a key
-    left out unless that compaction is suspended); a suspended compaction is never forced."""
+    left out unless that compaction is suspended); a kind named true is compacted even when
+    suspended, as the bookie's `gc` request does."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     forceMajor: bool = Field(default=False, description="Run a major compaction now")
@@ -199,6 +203,15 @@ def create_gc_router(ledgers: Ledgers) -> APIRouter:
                 b, bool(body.suspendMajor), bool(body.suspendMinor), timeout_s=admin_timeout_s()
             )
             return suspended(state)
+
+        return await on_bookies(bookie_id, call)
+
+    @router.get("/api/v1/bookie/gc/suspend_compaction", operation_id="admin_compaction_suspended")
+    async def compaction_suspended(bookie_id: BookieIdFilter = None) -> dict[str, Any]:
+        """Whether major and minor compaction are suspended."""
+
+        async def call(b: str) -> Any:
+            return suspended(await ledgers.bookies.gc_details(b, timeout_s=admin_timeout_s()))
 
         return await on_bookies(bookie_id, call)
 

@@ -164,6 +164,8 @@ async def test_suspend_and_resume_compaction_over_http_and_the_cli(stack: Stack)
     assert suspended.json() == {
         b: {"isMajorGcSuspended": True, "isMinorGcSuspended": False} for b in BOOKIES
     }
+    state = await http.get(SUSPEND, params={"bookie_id": "bookie-2"})
+    assert state.json() == {"isMajorGcSuspended": True, "isMinorGcSuspended": False}
     (status,) = (await http.get(DETAILS, params={"bookie_id": "bookie-2"})).json()
     assert (status["suspendMajor"], status["suspendMinor"]) == (True, False)
     explain = (await http.get(EXPLAIN, params={"bookie_id": "bookie-2"})).json()

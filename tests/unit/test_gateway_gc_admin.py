@@ -179,11 +179,14 @@ async def test_suspend_and_resume_answer_the_state_under_bookkeepers_names() -> 
         resumed = await http.put(
             "/api/v1/bookie/gc/resume_compaction?bookie_id=bookie-2", json={"resumeMinor": True}
         )
+        # The stand-in's details say minor is suspended (DETAILS).
+        state = await http.get("/api/v1/bookie/gc/suspend_compaction?bookie_id=bookie-1")
     assert suspended.json() == {
         b: {"isMajorGcSuspended": True, "isMinorGcSuspended": True}
         for b in ("bookie-1", "bookie-2")
     }
     assert resumed.json() == {"isMajorGcSuspended": False, "isMinorGcSuspended": False}
+    assert state.json() == {"isMajorGcSuspended": False, "isMinorGcSuspended": True}
     assert ("bookie-1", "suspend", True, False) in bookies.calls
     assert ("bookie-2", "resume", False, True) in bookies.calls
 
