@@ -945,18 +945,18 @@ def _print_gc(figures: dict[str, Any]) -> None:
     for bookie_id, row in reclaim["bookies"].items():
         table.add_row(
             bookie_id,
-            f"{row['entry_log_bytes_before'] / mb:.1f}",
-            f"{row['live_bytes'] / mb:.1f}",
-            f"{row['entry_log_bytes_after'] / mb:.1f}",
+            f"{row['entry_log_bytes_before'] / mb:.2f}",
+            f"{row['live_bytes'] / mb:.2f}",
+            f"{row['entry_log_bytes_after'] / mb:.2f}",
             f"{row['after_over_live']}",
             f"{row['entry_logs_before']} -> {row['entry_logs_after']}",
             f"{row['ended_after_s']}",
         )
     table.add_row(
         "all",
-        f"{reclaim['entry_log_bytes_before'] / mb:.1f}",
-        f"{reclaim['live_bytes'] / mb:.1f}",
-        f"{reclaim['entry_log_bytes_after'] / mb:.1f}",
+        f"{reclaim['entry_log_bytes_before'] / mb:.2f}",
+        f"{reclaim['live_bytes'] / mb:.2f}",
+        f"{reclaim['entry_log_bytes_after'] / mb:.2f}",
         f"{reclaim['after_over_live']}",
         "",
         f"{reclaim['gc_s']}",
