@@ -46,6 +46,7 @@ POLL_S = 0.1  # how often gc_details is asked while waiting for a run to end
 HTTP_TIMEOUT_S = 60.0
 FOREGROUND_WARMUP_S = 1.0
 FOREGROUND_IN_FLIGHT = 64  # appends outstanding at once: room for stalls at the rate
+WRITABLE_TIMEOUT_S = 60.0  # for every bookie to register before the bench writes
 KEEP_ONE_IN = 10  # of every 10 ledgers written, one is kept: 90% deleted
 
 
@@ -317,6 +318,7 @@ async def run_gc(
     await stats.open()
     try:
         assert target.client is not None
+        await every_bookie_writable(target, bookie_ids)
         kept, deleted = await write_and_delete(target, api, stats, quorum, spec, progress)
         before = disk_usage(bookie_dirs)
         metadata = [await target.client.meta.get_ledger(i) for i in kept.last_entry]
@@ -335,6 +337,18 @@ async def run_gc(
         await stats.aclose()
         await api.aclose()
     return {"reclaim": reclaim, "cost": cost}
+
+
+async def every_bookie_writable(target: InProcessTarget, bookie_ids: Sequence[str]) -> None:
+    """Until every bookie of the cluster is registered writable: the cluster answers ready
+    with enough bookies for an ensemble, and ledgers created before the last one registers
+    would all leave it out (its disk would show nothing to reclaim)."""
+    assert target.client is not None
+    deadline = time.monotonic() + WRITABLE_TIMEOUT_S
+    while missing := set(bookie_ids) - set(await target.client.writable_bookies()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"bookies not writable after {WRITABLE_TIMEOUT_S:g} s: {missing}")
+        await asyncio.sleep(POLL_S)
 
 
 def reclaim_figures(
