@@ -871,8 +871,13 @@ def gc(
         ),
     ] = 2_000.0,
     duration: Annotated[
-        float, typer.Option(min=1.0, help="Seconds of each foreground run.")
-    ] = 10.0,
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds of each foreground run (long enough for the compaction: "
+            "the JSON's gc_outlasted_run says if it was not).",
+        ),
+    ] = 20.0,
     ensemble: Annotated[int, typer.Option(min=1)] = 3,
     write_quorum: Annotated[int, typer.Option(min=1)] = 3,
     ack_quorum: Annotated[int, typer.Option(min=1)] = 2,

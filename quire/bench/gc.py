@@ -57,7 +57,7 @@ class GcSpec:
     entry_size: int = 1024
     batch: int = 10  # entries appended to a ledger at its turn: the interleaving's grain
     foreground_rate: float = 2_000.0  # entries/s of the foreground writer (0: no cost phase)
-    foreground_s: float = 10.0  # each of its two runs
+    foreground_s: float = 20.0  # each of its two runs
     timeout_s: float = 600.0  # for one garbage collection run on every bookie
 
 
