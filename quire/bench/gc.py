@@ -417,6 +417,14 @@ async def compaction_cost(
         "with_compaction_whole_run": _percentiles(busy.latency) | {"errors": busy.errors},
         "during_compaction": _percentiles(during),
         "gc_s": round(max(run.ended_after_s.values()), 2),
+        # Seconds since the measurement began: the GC run's span, and each second's p99.
+        "gc_window_s": [
+            round(run.started - measure_from, 2),
+            round(run.ended - measure_from, 2),
+        ],
+        "with_compaction_p99_ms_by_second": [
+            round(point.latency.percentile(0.99) / 1000, 1) for point in busy.timeline
+        ],
         # The GC went on after the writer stopped: only its first part was measured.
         "gc_outlasted_run": run.ended > measure_from + spec.foreground_s,
         "gc": run.figures(),
