@@ -116,19 +116,23 @@ class Compaction:
         while at < len(live):
             if should_stop():
                 return False
-            batch: list[bytes] = []
-            size = 0
-            while at < len(live) and len(batch) < BATCH_ENTRIES and size < BATCH_BYTES:
+            runs: list[tuple[int, int]] = []  # (old offset, bytes): one pread each
+            count = size = 0
+            while at < len(live) and count < BATCH_ENTRIES and size < BATCH_BYTES:
                 ledger_id, entry_id, old_offset, length = live[at]
                 self._throttle(ENTRY_HEAD_SIZE + length)
-                data = self.logger.read_span(self.meta.log_id, old_offset, ENTRY_HEAD_SIZE + length)
                 self.moves.append((ledger_id, entry_id, old_offset, offset + size, length))
-                batch.append(data)
-                size += len(data)
+                if runs and sum(runs[-1]) == old_offset:
+                    runs[-1] = (runs[-1][0], runs[-1][1] + ENTRY_HEAD_SIZE + length)
+                else:
+                    runs.append((old_offset, ENTRY_HEAD_SIZE + length))
+                size += ENTRY_HEAD_SIZE + length
+                count += 1
                 at += 1
-            self.files.write(self._tmp_fd, b"".join(batch))
+            data = b"".join(self.logger.read_span(self.meta.log_id, o, n) for o, n in runs)
+            self.files.write(self._tmp_fd, data)
             offset += size
-            self.entries += len(batch)
+            self.entries += count
             self.bytes_copied += size
         self.files.fsync(self._tmp_fd)
         self.files.close(self._tmp_fd)
@@ -149,13 +153,15 @@ class Compaction:
         self._limiter.spend(size if self._by_bytes else 1, self._now_ms())
 
     def abandon(self) -> None:
-        """Stopped before the switch: remove the new log (nothing else changed)."""
+        """Stopped (or failed) before the switch: remove the new log, under whichever
+        name it has (nothing else changed)."""
         if self._tmp_fd >= 0:
             self.files.close(self._tmp_fd)
             self._tmp_fd = -1
         if self.new_log_id is not None:
             path = self.logger.path(self.new_log_id)
             self.files.unlink(path.with_name(path.name + COMPACTING_SUFFIX))
+            self.files.unlink(path)
             self.new_log_id = None
 
     def switch(self) -> dict[int, int]:

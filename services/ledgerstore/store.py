@@ -320,7 +320,12 @@ class LedgerStore:
             try:
                 loop = asyncio.get_running_loop()
                 thread = self._compaction_thread
-                copied = await loop.run_in_executor(thread, compaction.copy, should_stop)
+                try:
+                    copied = await loop.run_in_executor(thread, compaction.copy, should_stop)
+                except Exception:
+                    # An IO error (a full disk, say): nothing switched, the copy goes.
+                    await loop.run_in_executor(thread, compaction.abandon)
+                    raise
                 if not copied:
                     await loop.run_in_executor(thread, compaction.abandon)
                     return compaction.result(aborted=True)

@@ -34,7 +34,7 @@ from shared.bookie.journal_format import (
 from shared.config import LedgerstoreSettings
 from shared.digest import DigestManager
 from shared.status import BookieStatus
-from tests.support.faultfs import Crash, FaultyFiles
+from tests.support.faultfs import ENOSPC, Crash, FaultyFiles
 
 KEY = b"k" * 20
 DIGEST = DigestManager("crc32c")
@@ -544,4 +544,22 @@ async def test_a_read_that_looked_up_a_log_since_deleted_looks_again(tmp_path: P
     await assert_live(store, [k for k in live if k[0] == ledger])
     assert len(calls) >= 2
     store.index.lookup_range = real  # type: ignore[method-assign]
+    await store.close()
+
+
+async def test_a_compaction_that_fails_writing_removes_its_copy(tmp_path: Path) -> None:
+    live = await build(tmp_path)
+    files = FaultyFiles()
+    store = await open_store(tmp_path, files)
+    target = max(store.entry_logs(), key=lambda m: m.live_bytes)
+    before = log_files(tmp_path)
+    files.fail_next("write", ENOSPC)
+    with pytest.raises(OSError):
+        await store.compact_entry_log(target.dir, target.log_id, lambda: False)
+    assert log_files(tmp_path) == before
+    check_usage(store)
+    await assert_live(store, live)
+    result = await store.compact_entry_log(target.dir, target.log_id, lambda: False)
+    assert result.entries > 0 and not result.aborted
+    await assert_live(store, live)
     await store.close()
