@@ -841,3 +841,142 @@ def autorecovery(
         write_json(json_path, report)
     if check["problems"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def gc(
+    ledgers: Annotated[int, typer.Option(min=1, help="Ledgers written interleaved.")] = 200,
+    entries: Annotated[int, typer.Option(min=1, help="Entries in each ledger.")] = 500,
+    entry_size: Annotated[int, typer.Option(min=1, help="Bytes per entry.")] = 1024,
+    batch: Annotated[
+        int, typer.Option(min=1, help="Entries appended to a ledger at its turn.")
+    ] = 10,
+    log_size_limit: Annotated[
+        int,
+        typer.Option(
+            min=4096, help="The bookies' entry-log size limit (ledgerstore.log_size_limit_bytes)."
+        ),
+    ] = 4 * 1024 * 1024,
+    compaction_rate: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Entries/s compaction copies (ledgerstore.compaction_rate_by_entries).",
+        ),
+    ] = 1_000,
+    foreground_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="Entries/s of the foreground writer (0: no latency comparison)."
+        ),
+    ] = 2_000.0,
+    duration: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds of each foreground run (long enough for the compaction: "
+            "the JSON's gc_outlasted_run says if it was not).",
+        ),
+    ] = 20.0,
+    ensemble: Annotated[int, typer.Option(min=1)] = 3,
+    write_quorum: Annotated[int, typer.Option(min=1)] = 3,
+    ack_quorum: Annotated[int, typer.Option(min=1)] = 2,
+    bookies: Annotated[int, typer.Option(min=1, max=64)] = 4,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds allowed for one GC run on every bookie.")
+    ] = 600.0,
+    json_path: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Write LEDGERS ledgers interleaved over small entry logs, delete 9 in 10 through the
+    HTTP API, force garbage collection with major compaction on every bookie: entry-log bytes
+    before and after against the live data, per bookie and in all, and how long it took;
+    every kept ledger is read back. Then a foreground writer's add latency at FOREGROUND_RATE
+    without compaction and while a compaction of freshly fragmented data runs. Always on a
+    cluster of its own (it sets the log size limit and the compaction rate; the periodic GC
+    is set to once an hour, so only the forced runs happen), other settings from QUIRE_*."""
+    from quire.bench.gc import GcSpec, run_gc
+
+    if not 1 <= ack_quorum <= write_quorum <= ensemble <= bookies:
+        _fail("need 1 <= ack-quorum <= write-quorum <= ensemble <= bookies")
+    quorum = Quorum(ensemble, write_quorum, ack_quorum)
+    spec = GcSpec(ledgers, entries, entry_size, batch, foreground_rate, duration, timeout)
+    env = {
+        "QUIRE_LEDGERSTORE__LOG_SIZE_LIMIT_BYTES": str(log_size_limit),
+        "QUIRE_LEDGERSTORE__COMPACTION_RATE_BY_ENTRIES": str(compaction_rate),
+        "QUIRE_LEDGERSTORE__GC_WAIT_TIME_MS": str(3_600_000),
+    }
+    with cluster_access(None, None, bookies, None, extra_env=env) as access:
+        assert access.data_dir is not None
+        machine = machine_info(access.fsync)
+        bookie_dirs = {b: access.data_dir / b for b in access.bookie_ids}
+        figures = _run(
+            run_gc(access.settings, access.http, bookie_dirs, quorum, spec, err_console.print)
+        )
+    machine["load_average_at_end"] = load_average()
+    report = {
+        "settings": {
+            "ledgers": ledgers,
+            "entries": entries,
+            "entry_size": entry_size,
+            "batch": batch,
+            "log_size_limit_bytes": log_size_limit,
+            "compaction_rate_by_entries": compaction_rate,
+            "foreground_rate": foreground_rate,
+            "duration_s": duration,
+            "ensemble": ensemble,
+            "write_quorum": write_quorum,
+            "ack_quorum": ack_quorum,
+            "bookies": bookies,
+        },
+        "machine": machine,
+        "gc": figures,
+    }
+    _print_gc(figures)
+    if json_path is not None:
+        write_json(json_path, report)
+        console.print(f"JSON written to {json_path}")
+    if figures["reclaim"]["check"]["problems"]:
+        raise typer.Exit(1)
+
+
+def _print_gc(figures: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    reclaim, cost = figures["reclaim"], figures["cost"]
+    table = Table(title="entry-log bytes (MB) around a forced GC with major compaction")
+    for column in ("bookie", "before", "live", "after", "after/live", "logs", "GC s"):
+        table.add_column(column, justify="right")
+    mb = 1e6
+    for bookie_id, row in reclaim["bookies"].items():
+        table.add_row(
+            bookie_id,
+            f"{row['entry_log_bytes_before'] / mb:.2f}",
+            f"{row['live_bytes'] / mb:.2f}",
+            f"{row['entry_log_bytes_after'] / mb:.2f}",
+            f"{row['after_over_live']}",
+            f"{row['entry_logs_before']} -> {row['entry_logs_after']}",
+            f"{row['ended_after_s']}",
+        )
+    table.add_row(
+        "all",
+        f"{reclaim['entry_log_bytes_before'] / mb:.2f}",
+        f"{reclaim['live_bytes'] / mb:.2f}",
+        f"{reclaim['entry_log_bytes_after'] / mb:.2f}",
+        f"{reclaim['after_over_live']}",
+        "",
+        f"{reclaim['gc_s']}",
+    )
+    console.print(table)
+    check = reclaim["check"]
+    console.print(
+        f"deleted {reclaim['ledgers_deleted']} ledgers, kept {reclaim['ledgers_kept']}; read back "
+        f"{check['entries_read']:,} entries, problems: {len(check['problems'])}"
+    )
+    for problem in check["problems"]:
+        console.print(f"  [red]{problem}[/red]", highlight=False)
+    if cost:
+        console.print(
+            f"foreground adds at {cost['rate']:g}/s: without compaction "
+            f"{cost['without_compaction']}; during compaction {cost['during_compaction']} "
+            f"(whole run {cost['with_compaction_whole_run']}; GC took {cost['gc_s']} s)"
+        )
