@@ -391,14 +391,17 @@ class GarbageCollector:
             run.reclaimed_by_deletion_bytes += meta.size_bytes
             self.stats.deleted_entry_log_count += 1
             self.stats.reclaimed_deletion_space_bytes += meta.size_bytes
-            self.emit(
-                "gc.entrylog_deleted",
-                bookie_id=self.bookie_id,
-                dir=meta.dir,
-                log_id=meta.log_id,
-                bytes=meta.size_bytes,
-                reason="no_live_ledger",
-            )
+            self._entry_log_deleted(meta, "no_live_ledger")
+
+    def _entry_log_deleted(self, meta: EntryLogMetadata, reason: str) -> None:
+        self.emit(
+            "gc.entrylog_deleted",
+            bookie_id=self.bookie_id,
+            dir=meta.dir,
+            log_id=meta.log_id,
+            bytes=meta.size_bytes,
+            reason=reason,
+        )
 
     # -- 3. compaction --------------------------------------------------------------------
 
@@ -471,14 +474,7 @@ class GarbageCollector:
             bytes_reclaimed=result.bytes_reclaimed,
             duration_ms=duration_ms,
         )
-        self.emit(
-            "gc.entrylog_deleted",
-            bookie_id=self.bookie_id,
-            dir=meta.dir,
-            log_id=meta.log_id,
-            bytes=meta.size_bytes,
-            reason="compacted",
-        )
+        self._entry_log_deleted(meta, "compacted")
 
     def _measure_logs(self) -> None:
         logs = self.store.entry_logs()
