@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shared.aio import wait_event
+from shared.bookie.cookie import NO_INSTANCE
 from shared.bookie.gc import (
     JOURNAL_DELETE_MAX_LEDGERS,
     MAJOR,
@@ -85,6 +86,8 @@ class GcMetadata(Protocol):
     ) -> LedgerRangesReply: ...
 
     async def get_ledger(self, ledger_id: int) -> Any: ...
+
+    async def instance_id(self) -> str: ...
 
 
 JournalDelete = Callable[[list[int]], Awaitable[JournalPosition]]
@@ -171,6 +174,9 @@ class GarbageCollector:
         self.disk_full = False  # read-only for a full ledger disk (diskUsageThreshold)
         self.closing = False
         self.running = False
+        # The cluster instance the bookie's cookie names (set once the cookie is read;
+        # NO_INSTANCE: a cookie from before instance ids, not checked).
+        self.instance_id = NO_INSTANCE
         self.compacting = ""  # MAJOR or MINOR while that kind runs
         self.forced = False  # the run under way was forced
         # The compaction clocks start with the collector, as BookKeeper's do: the first
@@ -319,6 +325,8 @@ class GarbageCollector:
     # -- 1. ledgers -----------------------------------------------------------------------
 
     async def _gc_ledgers(self, run: GcRun) -> None:
+        if not await self._same_cluster(run):
+            return
         await self.store.catch_up()
         # Taken before the listing starts (see RangeScan for why this order is safe).
         scan = RangeScan(self.store.ledgers)
@@ -353,6 +361,27 @@ class GarbageCollector:
         log.info("gc: ledgers deleted", extra={"ledgers": len(candidates)})
         # Their index rows and entry-log usage go with this checkpoint's transaction.
         await self.checkpoint()
+
+    async def _same_cluster(self, run: GcRun) -> bool:
+        """Whether metadata is the cluster instance the bookie's cookie names. A metadata
+        store of another instance (a new, empty database, the wrong URL) would list no
+        ledger and confirm every one as gone: this bookie would delete everything."""
+        if self.instance_id == NO_INSTANCE:
+            return True
+        try:
+            found = await self.metadata.instance_id()
+        except Exception as exc:
+            run.skipped = f"metadata instance check failed: {exc}"
+            log.warning("gc: no ledger deleted", extra={"reason": run.skipped})
+            return False
+        if found != self.instance_id:
+            run.skipped = (
+                f"metadata is cluster instance {found!r}, this bookie's cookie names "
+                f"{self.instance_id!r}: nothing deleted"
+            )
+            log.error("gc: no ledger deleted", extra={"reason": run.skipped})
+            return False
+        return True
 
     async def _verify(self, candidates: list[int]) -> tuple[list[int], int]:
         """verifyMetadataOnGc: (the candidates metadata says NO_SUCH_LEDGER of, how many

@@ -291,6 +291,7 @@ async def main(rt: ServiceRuntime) -> None:
     service = LedgerstoreService(rt)
     cookie = await wait_for_cookie(rt)
     service.store.limbo = cookie.limbo
+    service.gc.instance_id = cookie.instance_id
     await service.store.open()
     rt.on_shutdown(service.store.close)
     bookie = rt.settings.bookie_id

@@ -175,6 +175,25 @@ async def test_ledgers_gone_from_metadata_are_deleted_and_the_others_kept(
     assert run.ledgers_deleted == 0 and len(store.journaled) == 1
 
 
+async def test_metadata_of_another_cluster_instance_deletes_nothing(
+    metadata, meta_settings
+) -> None:
+    # A new, empty metadata database (or the wrong URL) lists no ledger and confirms every
+    # one as gone: the cookie's instance id keeps the bookie from believing it.
+    await create(metadata, [1, 2])
+    store = FakeStore([1, 2, 3], [])
+    gc, events = collector(store, meta_settings, metadata)
+    gc.instance_id = "another-instance"
+    run = await gc.run_once()
+    assert store.journaled == [] and set(store.ledgers) == {1, 2, 3}
+    assert "another-instance" in run.skipped and "nothing deleted" in run.skipped
+    assert not [k for k, _ in events if k == "gc.ledger_deleted"]
+    # Its own instance: ledger 3, gone from metadata, is deleted.
+    gc.instance_id = await metadata.instance_id()
+    run = await gc.run_once()
+    assert store.journaled == [[3]] and run.skipped == ""
+
+
 async def test_metadata_unreachable_deletes_nothing_and_says_why(meta_settings, nc) -> None:
     # No metadata service at all on these subjects: the listing cannot even start.
     client = MetadataClient(nc, Subjects(meta_settings.subject_prefix), timeout_s=0.5)
