@@ -310,14 +310,7 @@ class Foreground:
         for sent, latency_us in self.samples:
             if start_s <= sent < end_s:
                 histogram.record(latency_us)
-        if not histogram.count:
-            return {"adds": 0}
-        return {
-            "adds": histogram.count,
-            "p50_ms": round(histogram.percentile(0.50) / 1000, 2),
-            "p99_ms": round(histogram.percentile(0.99) / 1000, 2),
-            "max_ms": round(histogram.percentile(1.0) / 1000, 2),
-        }
+        return histogram.summary()
 
 
 async def run_autorecovery(

@@ -253,17 +253,6 @@ async def write_and_delete(
     return kept, deleted
 
 
-def _percentiles(histogram: Histogram) -> dict[str, Any]:
-    if not histogram.count:
-        return {"adds": 0}
-    return {
-        "adds": histogram.count,
-        "p50_ms": round(histogram.percentile(0.50) / 1000, 2),
-        "p99_ms": round(histogram.percentile(0.99) / 1000, 2),
-        "max_ms": round(histogram.max_us / 1000, 2),
-    }
-
-
 def seconds_within(result: LoadResult, measure_from: float, start: float, end: float) -> Histogram:
     """The latencies of the run's whole seconds (by acknowledgement) that lie within
     [start, end] (perf_counter times)."""
@@ -399,7 +388,7 @@ async def compaction_cost(
     if not spec.foreground_rate:
         return {}
     quiet, _ = await foreground(target, spec)
-    progress(f"foreground without compaction: {_percentiles(quiet.latency)}")
+    progress(f"foreground without compaction: {quiet.latency.summary()}")
     await write_and_delete(target, api, stats, quorum, spec, progress)
     runs: list[GcRun] = []
 
@@ -409,13 +398,13 @@ async def compaction_cost(
     busy, measure_from = await foreground(target, spec, gc)
     run = runs[0]
     during = seconds_within(busy, measure_from, run.started, run.ended)
-    progress(f"foreground during compaction: {_percentiles(during)}")
+    progress(f"foreground during compaction: {during.summary()}")
     return {
         "rate": spec.foreground_rate,
         "duration_s": spec.foreground_s,
-        "without_compaction": _percentiles(quiet.latency) | {"errors": quiet.errors},
-        "with_compaction_whole_run": _percentiles(busy.latency) | {"errors": busy.errors},
-        "during_compaction": _percentiles(during),
+        "without_compaction": quiet.latency.summary() | {"errors": quiet.errors},
+        "with_compaction_whole_run": busy.latency.summary() | {"errors": busy.errors},
+        "during_compaction": during.summary(),
         "gc_s": round(max(run.ended_after_s.values()), 2),
         # Seconds since the measurement began: the GC run's span, and each second's p99.
         "gc_window_s": [

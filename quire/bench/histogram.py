@@ -92,6 +92,18 @@ class Histogram:
                 return min(bucket_bounds(index)[1], self.max_us)
         return self.max_us
 
+    def summary(self) -> dict[str, int | float]:
+        """The adds counted and their p50, p99 and max in ms, as the bench reports print
+        them ({"adds": 0} when empty)."""
+        if not self.count:
+            return {"adds": 0}
+        return {
+            "adds": self.count,
+            "p50_ms": round(self.percentile(0.50) / 1000, 2),
+            "p99_ms": round(self.percentile(0.99) / 1000, 2),
+            "max_ms": round(self.max_us / 1000, 2),
+        }
+
     @property
     def mean_us(self) -> float:
         return self.total_us / self.count if self.count else 0.0

@@ -127,7 +127,7 @@ class GcStats:
     compaction_duration_ms_max: int = 0
     active_entry_log_count: int = 0  # sealed logs, as of the last run
     active_entry_log_space_bytes: int = 0  # their live bytes
-    entry_log_usage_buckets: list[int] = field(default_factory=lambda: [0] * 10)
+    entry_log_usage_buckets: list[int] = field(default_factory=lambda: usage_buckets([]))
 
 
 def policy_of(settings: LedgerstoreSettings) -> CompactionPolicy:
