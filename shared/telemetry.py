@@ -344,6 +344,27 @@ def nats_server_span(
     )
 
 
+def nats_consumer_span(
+    subject: str,
+    headers: Mapping[str, str] | None,
+    *,
+    operation: str = "process",
+    name: str | None = None,
+) -> AbstractContextManager[Span | None]:
+    """A CONSUMER span for one JetStream message, linked (not parented) to the PRODUCER
+    span in its headers when that one is sampled, else None: a consumer may read an event
+    long after it was published, and its work is not part of the producer's request."""
+    if not headers or "traceparent" not in headers:
+        return _NOTHING
+    producer = trace.get_current_span(extract_context(headers)).get_span_context()
+    return linked_span(
+        name or f"{operation} {subject}",
+        [producer],
+        attributes=messaging_attributes(subject, operation),
+        kind=SpanKind.CONSUMER,
+    )
+
+
 def linked_span(
     name: str,
     links: Sequence[SpanContext],
