@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -43,6 +44,8 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind
+
+from shared.tracestore import SpanStoreExporter
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +164,11 @@ def build_provider(
     return TracerProvider(resource=resource, sampler=sampler_from_env(environ))
 
 
-def exporters_from_env(environ: Mapping[str, str] = os.environ) -> list[SpanExporter]:
-    """The exporters the environment asks for (see the module docstring)."""
+def exporters_from_env(
+    instance: str, environ: Mapping[str, str] = os.environ
+) -> list[SpanExporter]:
+    """The exporters the environment asks for (see the module docstring); the local span
+    store names its file after `instance`."""
     exporters: list[SpanExporter] = []
     if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -191,6 +197,8 @@ def exporters_from_env(environ: Mapping[str, str] = os.environ) -> list[SpanExpo
     wanted = {part.strip().lower() for part in environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
     if "console" in wanted:
         exporters.append(ConsoleSpanExporter())
+    if environ.get("QUIRE_TRACES_DIR"):
+        exporters.append(SpanStoreExporter(Path(environ["QUIRE_TRACES_DIR"]), instance))
     return exporters
 
 
@@ -207,7 +215,7 @@ def setup_tracing(service: str, *, instance: str = "", bookie_id: str | None = N
     if _provider is not None or tracing_disabled():
         return
     provider = build_provider(service, instance=instance, bookie_id=bookie_id)
-    for exporter in exporters_from_env():
+    for exporter in exporters_from_env(instance or service):
         provider.add_span_processor(BatchSpanProcessor(exporter))
     install_provider(provider)
     trace.set_tracer_provider(provider)

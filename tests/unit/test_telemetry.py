@@ -218,3 +218,35 @@ def test_the_trace_id_ratio_keeps_the_link_and_background_rules() -> None:
     background = {telemetry.BACKGROUND_ATTRIBUTE: True}
     result = sampler.should_sample(None, 2**64 - 1, "gc.run", attributes=background)
     assert result.decision.is_sampled() and result.attributes == background
+
+
+def test_the_exporters_follow_the_environment(tmp_path) -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    from shared.tracestore import SpanStoreExporter
+
+    assert telemetry.exporters_from_env("gateway", {}) == []
+    (http,) = telemetry.exporters_from_env(
+        "gateway", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+    )
+    assert isinstance(http, Http)
+    grpc, console, store = telemetry.exporters_from_env(
+        "bookie-1.journal",
+        {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_TRACES_EXPORTER": "console",
+            "QUIRE_TRACES_DIR": str(tmp_path),
+        },
+    )
+    assert isinstance(grpc, Grpc) and isinstance(console, ConsoleSpanExporter)
+    assert isinstance(store, SpanStoreExporter)
+    with pytest.raises(ValueError, match="http/protobuf or grpc"):
+        telemetry.exporters_from_env(
+            "gateway",
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "x", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+        )
+    for exporter in (http, grpc, console, store):
+        exporter.shutdown()
