@@ -75,6 +75,7 @@ from shared.metaclient import MetadataClient, MetadataError
 from shared.models import BookieInfo, BookieState, Leadership, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import ApiCodes, QuireError
+from shared.telemetry import nats_consumer_span
 
 log = logging.getLogger(__name__)
 
@@ -377,7 +378,8 @@ class Auditor:
             try:
                 msgs = await sub.fetch(CORRUPT_FETCH_BATCH, timeout=poll_s)
                 for msg in msgs:
-                    await self._on_corrupt_event(msg)
+                    with nats_consumer_span(msg.subject, msg.headers):
+                        await self._on_corrupt_event(msg)
             except TimeoutError:
                 continue  # nothing to fetch
             except NatsError as exc:  # NATS reconnecting: unacked events come again
