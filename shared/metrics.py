@@ -32,6 +32,7 @@ from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
+    generate_latest,
     start_http_server,
 )
 from prometheus_client.core import (
@@ -241,6 +242,10 @@ class MetricsRegistry:
 
     def add(self, build: Builder) -> None:
         self._builders.builders.append(build)
+
+    def scrape(self) -> Scrape:
+        """What a scrape would read now (in-process tests)."""
+        return parse(generate_latest(self.registry).decode())
 
 
 def serve_metrics(rt: ServiceRuntime, *builders: Builder) -> MetricsRegistry:
