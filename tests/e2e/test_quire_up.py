@@ -302,10 +302,22 @@ def test_every_target_serves_prometheus_with_bookkeepers_names(cluster: QuireUp)
 
     by_kind = asyncio.run(until(settled, "the auditor's first check and a replicator's poll"))
     assert len(by_kind["journal"]) == len(by_kind["ledgerstore"]) == 4
-    for kind, names in catalog().items():
+    listed = catalog()
+    assert set(listed) == set(by_kind)
+    for kind, names in listed.items():
         for one in by_kind[kind]:
             missing = [n for n in names if not exported(one, n)]
             assert not missing, f"{kind} does not export {missing}"
+            # And the catalog is whole: every family of ours is in it.
+            unlisted = [
+                family
+                for family in one.types
+                if not family.startswith(("process_", "python_"))
+                and not family.endswith("_created")  # prometheus_client's, see the catalog
+                and family not in names
+                and f"{family}_total" not in names
+            ]
+            assert not unlisted, f"docs/metrics.md does not list {kind}'s {unlisted}"
 
     journals, ledgerstores = by_kind["journal"], by_kind["ledgerstore"]
     # 1,000 entries, 3 replicas each (and more by earlier tests, none refused).
