@@ -6,6 +6,7 @@ header anywhere."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -14,15 +15,17 @@ import grpc
 import httpx
 import nats
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from shared import telemetry
 from tests.integration.test_gateway_http import PW, WRONG_PW, append_raw, create
+from tests.support.gateway import create_ledgers, in_process_ledgers
 from tests.support.stack import Stack, running_stack, scratch_database, stack_settings
 from tests.support.wait import until
 
@@ -293,6 +296,55 @@ async def test_a_traced_recovery_fences_and_closes_in_its_trace(
         served = await until(lambda cas=cas: Spans(spans).children(cas), "the metadata's span")
         assert [s.kind for s in served] == [SpanKind.SERVER]
     assert {hex_id(s.context.trace_id, 32) for s in found.children(recover)} == {trace_id}
+
+
+async def test_a_bookie_request_for_several_traced_appends_is_linked_to_the_others(
+    stack: Stack, spans: InMemorySpanExporter
+) -> None:
+    """Two traced appends of one turn go to each bookie in one request: its CLIENT span is
+    the child of the first's ledger.add and links to the second's."""
+    rt = stack.runtimes["gateway"]
+    ledgers = in_process_ledgers(rt.nc, stack.settings)
+    try:
+        [metadata] = await create_ledgers(ledgers, 1)
+        handle = ledgers.writers[metadata.ledger_id]
+        traces, requests, appends = [], [], []
+        for payload in (b"first", b"second"):
+            # A sampled remote parent, as a request with a traceparent has.
+            parent = SpanContext(
+                int.from_bytes(os.urandom(16)),
+                int.from_bytes(os.urandom(8)),
+                is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+            traces.append(parent.trace_id)
+            context = trace.set_span_in_context(NonRecordingSpan(parent))
+            request = telemetry.tracer("test").start_span(payload.decode(), context=context)
+            requests.append(request)
+            # The task runs in a copy of the current context: the request's span in it.
+            with trace.use_span(request):
+                appends.append(asyncio.ensure_future(handle.append([payload])))
+        assert [first for first, _, _ in await asyncio.gather(*appends)] == [0, 1]
+        for request in requests:
+            request.end()
+
+        def adds() -> list[ReadableSpan]:
+            found = Spans(spans)
+            return [s for s in found.all if s.name == "ledger.add" and s.context.trace_id in traces]
+
+        first, second = sorted(
+            await until(lambda: len(adds()) == 2 and adds(), "the two ledger.add spans"),
+            key=lambda s: s.attributes["quire.entry_id"] if s.attributes else -1,
+        )
+        clients = await until(
+            lambda: len(Spans(spans).children(first)) == 3 and Spans(spans).children(first),
+            "a request to each bookie",
+        )
+        for client in clients:
+            assert [link.context for link in client.links] == [second.context]
+        assert not Spans(spans).children(second)
+    finally:
+        await ledgers.stop()
 
 
 # -- gRPC -------------------------------------------------------------------------------------
