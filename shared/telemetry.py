@@ -388,6 +388,16 @@ def linked_span(
     return _span(name, context=Context(), kind=kind, links=links, attributes=attributes)
 
 
+def internal_span(
+    name: str, *, attributes: Mapping[str, Any] | None = None
+) -> AbstractContextManager[Span | None]:
+    """An INTERNAL child of the current span, only when that one records: a step of a
+    traced operation (a GC run's ledger listing). None and no work otherwise."""
+    if not trace.get_current_span().is_recording():
+        return _NOTHING
+    return _span(name, context=None, kind=SpanKind.INTERNAL, attributes=attributes)
+
+
 def background_span(
     name: str, *, attributes: Mapping[str, Any] | None = None
 ) -> AbstractContextManager[Span | None]:

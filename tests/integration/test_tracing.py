@@ -16,8 +16,12 @@ from opentelemetry.trace import SpanKind
 
 from shared import telemetry
 from shared.config import QuireSettings
+from shared.metaclient import MetadataClient
 from shared.requests import request
 from shared.service import ServiceRuntime
+from shared.subjects import Subjects
+from tests.support.inprocess import running_service, wait_until_serving
+from tests.support.metadata import create_request
 from tests.support.wait import until
 
 
@@ -181,3 +185,31 @@ async def test_an_event_is_published_in_a_producer_span_its_consumer_links_to(
     assert consumer.parent is None, "linked to the producer, not its child"
     assert [link.context.span_id for link in consumer.links] == [producer.context.span_id]
     assert traced.headers["traceparent"].split("-")[2] == f"{producer.context.span_id:016x}"
+
+
+async def test_a_metadata_request_shows_its_statements_under_its_server_span(
+    settings: QuireSettings, fresh_database_url: str, nc, sampled: InMemorySpanExporter
+) -> None:
+    meta_settings = settings.model_copy(update={"database_url": fresh_database_url})
+    async with running_service("metadata", meta_settings):
+        client = MetadataClient(nc, Subjects(meta_settings.subject_prefix))
+        await wait_until_serving(client)
+        started = sampled.get_finished_spans()
+        sampled.clear()
+        with telemetry.tracer("test").start_as_current_span("ledger.create") as root:
+            ledger = await client.create_ledger(create_request())
+        assert ledger.ledger_id is not None
+        await until(
+            lambda: any(s.kind is SpanKind.SERVER for s in sampled.get_finished_spans()),
+            "the metadata service's SERVER span",
+        )
+    spans = [s for s in sampled.get_finished_spans() if s.context.trace_id == root.context.trace_id]
+    (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
+    statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
+    assert statements, [s.name for s in spans]
+    assert all(s.parent.span_id == server.context.span_id for s in statements)
+    assert server.name.startswith("process ") and server.name.endswith("ledger.create")
+    # The migration at start is a background operation: traced, with its statements.
+    (migration,) = [s for s in started if s.name == "metadata.migrate"]
+    assert migration.parent is None and migration.attributes["quire.background"]
+    assert any(s.parent and s.parent.span_id == migration.context.span_id for s in started)

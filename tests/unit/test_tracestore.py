@@ -5,33 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared.tracestore import (
-    SpanStoreExporter,
     load_trace,
     read_spans,
     recent_traces,
     store_files,
 )
-
-
-def _provider(directory: Path, instance: str, **exporter_options: int) -> TracerProvider:
-    resource = Resource(
-        {"service.name": "quire-journal", "service.instance.id": instance, "quire.bookie_id": "b1"}
-    )
-    provider = TracerProvider(resource=resource)
-    exporter = SpanStoreExporter(directory, instance, **exporter_options)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider
+from tests.support.tracing import append_traces, store_provider
 
 
 def test_a_span_round_trips_with_every_field(tmp_path: Path) -> None:
-    tracer = _provider(tmp_path, "bookie-1.journal").get_tracer("test")
+    tracer = store_provider(tmp_path, "bookie-1.journal").get_tracer("test")
     with tracer.start_as_current_span("ledger.add") as parent:
         with tracer.start_as_current_span(
             "send quire.bookie.b1.add", kind=SpanKind.CLIENT, attributes={"quire.ledger_id": 7}
@@ -56,7 +42,7 @@ def test_a_span_round_trips_with_every_field(tmp_path: Path) -> None:
 
 def test_the_store_keeps_at_most_two_files_of_the_bound(tmp_path: Path) -> None:
     bound = 4096
-    tracer = _provider(tmp_path, "gateway", max_file_bytes=bound).get_tracer("test")
+    tracer = store_provider(tmp_path, "gateway", max_file_bytes=bound).get_tracer("test")
     for entry_id in range(200):
         with tracer.start_as_current_span("ledger.add", attributes={"quire.entry_id": entry_id}):
             pass
@@ -68,46 +54,21 @@ def test_the_store_keeps_at_most_two_files_of_the_bound(tmp_path: Path) -> None:
 
 
 def test_a_torn_last_line_is_skipped_and_writing_goes_on_after_it(tmp_path: Path) -> None:
-    tracer = _provider(tmp_path, "metadata").get_tracer("test")
+    tracer = store_provider(tmp_path, "metadata").get_tracer("test")
     with tracer.start_as_current_span("before the crash"):
         pass
     with (tmp_path / "metadata.jsonl").open("ab") as file:
         file.write(b'{"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7a')
     assert [record["name"] for record in read_spans(tmp_path)] == ["before the crash"]
-    restarted = _provider(tmp_path, "metadata").get_tracer("test")
+    restarted = store_provider(tmp_path, "metadata").get_tracer("test")
     with restarted.start_as_current_span("after the restart"):
         pass
     names = [record["name"] for record in read_spans(tmp_path)]
     assert names == ["before the crash", "after the restart"]
 
 
-def _append_traces(directory: Path) -> tuple[str, str, str]:
-    """Two appends' traces served by one group commit (and its fdatasync), linked both
-    ways as the journal links them, and a third trace nobody links to."""
-    gateway = _provider(directory, "gateway").get_tracer("test")
-    journal = _provider(directory, "bookie-1.journal").get_tracer("test")
-    adds = []
-    for name in ("first", "second"):
-        with gateway.start_as_current_span(f"ledger.add {name}"):
-            server = journal.start_span(f"process add {name}", kind=SpanKind.SERVER)
-            adds.append(server)
-    commit = journal.start_span("journal.commit", links=[Link(s.get_span_context()) for s in adds])
-    with journal.start_as_current_span(
-        "journal.fdatasync", context=trace.set_span_in_context(commit), kind=SpanKind.INTERNAL
-    ):
-        pass
-    commit.end()
-    for server in adds:
-        server.add_link(commit.get_span_context())
-        server.end()
-    with gateway.start_as_current_span("ledger.add unrelated") as unrelated:
-        pass
-    first, second = (f"{s.get_span_context().trace_id:032x}" for s in adds)
-    return first, second, f"{unrelated.get_span_context().trace_id:032x}"
-
-
 def test_a_shared_group_commit_shows_in_the_trace_of_every_add_it_served(tmp_path: Path) -> None:
-    first, second, unrelated = _append_traces(tmp_path)
+    first, second, unrelated = append_traces(tmp_path)
     for trace_id, own in ((first, "first"), (second, "second")):
         names = sorted(record["name"] for record in load_trace(tmp_path, trace_id))
         assert names == sorted(
@@ -120,7 +81,7 @@ def test_a_shared_group_commit_shows_in_the_trace_of_every_add_it_served(tmp_pat
 
 
 def test_recent_traces_newest_first_with_their_root_and_size(tmp_path: Path) -> None:
-    first, second, unrelated = _append_traces(tmp_path)
+    first, second, unrelated = append_traces(tmp_path)
     summaries = recent_traces(tmp_path, limit=10)
     by_id = {summary.trace_id: summary for summary in summaries}
     assert set(by_id) >= {first, second, unrelated}
