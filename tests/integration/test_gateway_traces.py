@@ -36,7 +36,10 @@ GRPC_AUTH = (("quire-ledger-password", "s3cret"),)
 
 
 @pytest.fixture(scope="module")
-def spans() -> Iterator[InMemorySpanExporter]:
+def spans(nats_server, postgres_server) -> Iterator[InMemorySpanExporter]:
+    # NATS and PostgreSQL first: a process that forks with a preexec function (as
+    # quire.infra starts them) while an SDK TracerProvider exists runs the provider's
+    # at-fork hook in the child, which hung there for good (opentelemetry-sdk 1.45.1).
     exporter = InMemorySpanExporter()
     provider = telemetry.build_provider("test", environ={"OTEL_TRACES_SAMPLER_ARG": "0"})
     provider.add_span_processor(SimpleSpanProcessor(exporter))
