@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -48,9 +49,11 @@ from quire.bench.targets import (
     Quorum,
     Target,
 )
+from shared import telemetry
 from shared.config import QuireSettings
 from shared.gc_tuning import tune_gc
 from shared.status import ApiCodes
+from shared.tracestore import SpanStoreExporter
 
 console = Console()
 err_console = Console(stderr=True)
@@ -79,6 +82,7 @@ class Compare(StrEnum):
     NONE = "none"
     JETSTREAM = "jetstream"
     ONE_LEDGER = "one-ledger"  # the same total rate from one writer on one ledger
+    TRACING_OFF = "tracing-off"  # the same load on a second fresh cluster, tracing off
 
 
 class ReadCompare(StrEnum):
@@ -251,6 +255,25 @@ async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
                 )
 
 
+@contextlib.contextmanager
+def _bench_edge(access: ClusterAccess | None) -> Iterator[None]:
+    """With `access` (tracing on, in-process): this process traces as a gateway would, its
+    appends sampled at the environment's ratio and its spans kept in the cluster's span
+    store, until the measurement is over."""
+    if access is None or access.data_dir is None or telemetry.tracing_disabled():
+        yield
+        return
+    provider = telemetry.build_provider("bench", instance="bench")
+    exporter = SpanStoreExporter(access.data_dir / "traces", "bench")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    telemetry.install_provider(provider)
+    try:
+        yield
+    finally:
+        telemetry.install_provider(None)
+        provider.shutdown()
+
+
 def _run(coro):
     tune_gc()  # the in-process client holds every ledger's writer (shared/gc_tuning.py)
     try:
@@ -294,7 +317,8 @@ def bench(
         Compare,
         typer.Option(
             help="Also measure a 3-node JetStream cluster, same load; or one writer on one "
-            "ledger at the same total rate (one-ledger)."
+            "ledger at the same total rate (one-ledger); or (tracing-off) run the load on two "
+            "fresh clusters, tracing at the default sampling, then OTEL_SDK_DISABLED=true."
         ),
     ] = Compare.NONE,
     create_concurrency: Annotated[
@@ -344,7 +368,21 @@ def bench(
         create_concurrency=create_concurrency,
     )
     quorum = Quorum(ensemble, write_quorum, ack_quorum)
-    with cluster_access(gateway, data_dir, bookies, grpc_address) as access:
+    if compare is Compare.TRACING_OFF and (gateway or data_dir):
+        _fail("--compare tracing-off starts two clusters of its own: no --gateway/--data-dir")
+    tracing_on = compare is Compare.TRACING_OFF
+    tracing_off_result = None
+    if tracing_on:
+        # First, before this process holds a tracer provider: a fork with a preexec function
+        # (starting the cluster's servers) runs the provider's at-fork hook in the child.
+        off = {"OTEL_SDK_DISABLED": "true"}
+        with cluster_access(None, None, bookies, None, extra_env=off) as access:
+            target = make_target(via, access, quorum)
+            tracing_off_result = _run(_measure(target, spec, "quire, tracing off"))
+    with (
+        cluster_access(gateway, data_dir, bookies, grpc_address) as access,
+        _bench_edge(access if tracing_on and via is Via.INPROCESS else None),
+    ):
         settings = {
             "entry_size": entry_size,
             "ledgers": ledgers,
@@ -377,8 +415,21 @@ def bench(
             compared = _run(_measure(make_target(via, access, quorum), one, "quire, 1 ledger"))
             quire_result.target = f"{ledgers:,} ledgers"
             compared.target = "1 ledger"
+        elif tracing_on:
+            settings["tracing"] = (
+                "quire: the default sampling (parent-based trace-id ratio, "
+                f"OTEL_TRACES_SAMPLER_ARG={os.environ.get('OTEL_TRACES_SAMPLER_ARG') or '0.01'}"
+                ", spans stored under the data dir); tracing off: OTEL_SDK_DISABLED=true; "
+                "each on a fresh cluster, tracing off first"
+            )
+    if tracing_off_result is not None:
+        compared = tracing_off_result
+        quire_result.target = "tracing on"
+        compared.target = "tracing off"
     machine["load_average_at_end"] = load_average()
-    compared_as = "one_ledger" if compare is Compare.ONE_LEDGER else "jetstream"
+    compared_as = {Compare.ONE_LEDGER: "one_ledger", Compare.TRACING_OFF: "tracing_off"}.get(
+        compare, "jetstream"
+    )
     report = report_json(settings, machine, quire_result, compared, compared_as)
     print_summary(console, report)
     if json_path is not None:

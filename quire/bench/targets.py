@@ -27,6 +27,7 @@ from shared.protocol.driver import ProtocolClient, WriterHandle
 from shared.service import connect_nats
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
+from shared.telemetry import tracer, tracer_provider
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,12 @@ class Target(abc.ABC):
 
 class InProcessTarget(Target):
     """The protocol library's driver (`shared.protocol.driver`) in this process, against
-    the cluster's bookies and metadata service over NATS: no HTTP, no gateway in the path."""
+    the cluster's bookies and metadata service over NATS: no HTTP, no gateway in the path.
+
+    With a tracer provider installed in this process (`quire bench --compare tracing-off`)
+    the bench is the edge a gateway would be: each append is a root span `bench.append`,
+    sampled as the provider's sampler says (a trace-id ratio), the driver's spans and the
+    bookies' under the sampled ones."""
 
     name = "quire"
 
@@ -108,6 +114,14 @@ class InProcessTarget(Target):
 
     async def ledger(self, index: int) -> Append:
         handle = self.writers[await self.create()]
+        if tracer_provider() is not None:
+            edge = tracer(__name__)
+
+            async def traced_append(payloads: Sequence[bytes]) -> None:
+                with edge.start_as_current_span("bench.append"):
+                    await handle.append(payloads)
+
+            return traced_append
 
         async def append(payloads: Sequence[bytes]) -> None:
             await handle.append(payloads)

@@ -749,6 +749,7 @@ class BookieAddBatcher:
         self._probe_after_s = probe_after_ms / 1000  # 0: no probe
         self._in_flight: dict[str, int] = {}
         self._queued: dict[str, deque[tuple[SendAdds, OnAddReply, Traced]]] = {}
+        self._traced_queued = 0  # queued sends that carry traced appends (usually none)
         self._batches: set[asyncio.Task[None]] = set()
         self._flush_due: set[str] = set()  # bookies with a flush due at the end of the turn
         self._closed = False
@@ -766,6 +767,8 @@ class BookieAddBatcher:
             return
         bookie_id = command.bookie_id
         self._queued.setdefault(bookie_id, deque()).append((command, on_reply, traced))
+        if traced:
+            self._traced_queued += 1
         if bookie_id not in self._flush_due:
             # At the end of this turn, not now: the sends of every writer pumped in the turn
             # then go to a free bookie as one request, not the first alone and the rest
@@ -853,7 +856,7 @@ class BookieAddBatcher:
         replies: Sequence[AddReply] = ()
         try:
             items = merge_sends(commands)
-            traced = tuple(context for _, _, t in batch for context in t)
+            traced = self._take_traced(batch) if self._traced_queued else NOT_TRACED
             if traced:
                 status, results = await self._bookies.add(bookie_id, items, traced=traced)
             else:
@@ -876,6 +879,12 @@ class BookieAddBatcher:
                 self._flush(bookie_id)
             for (_, on_reply, _), reply in zip(batch, replies, strict=True):
                 on_reply(reply)
+
+    def _take_traced(self, batch: list[tuple[SendAdds, OnAddReply, Traced]]) -> Traced:
+        """The span contexts the batch's sends carry (they leave the queue)."""
+        traced = [t for _, _, t in batch if t]
+        self._traced_queued -= len(traced)
+        return tuple(context for contexts in traced for context in contexts)
 
     def close(self) -> None:
         """Send nothing more: the requests in flight are cancelled, and every send still
