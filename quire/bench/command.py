@@ -208,9 +208,10 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
     )
 
 
-def make_target(via: Via, access: ClusterAccess, quorum: Quorum) -> Target:
+def make_target(via: Via, access: ClusterAccess, quorum: Quorum, edge_ratio: float = 0.0) -> Target:
+    """`edge_ratio`: the share of in-process appends traced (the bench as the edge)."""
     if via is Via.INPROCESS:
-        return InProcessTarget(access.settings, quorum)
+        return InProcessTarget(access.settings, quorum, edge_ratio)
     if via is Via.HTTP:
         if not access.http:
             _fail("--via http needs the gateway: --gateway URL or --data-dir")
@@ -255,15 +256,29 @@ async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
                 )
 
 
+def edge_ratio() -> float:
+    """The share of appends the bench traces as the edge: OTEL_TRACES_SAMPLER_ARG, as a
+    gateway's default sampler reads it, else its default."""
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    try:
+        ratio = float(arg) if arg else telemetry.DEFAULT_SAMPLE_RATIO
+    except ValueError:
+        _fail(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio")
+    if not 0.0 <= ratio <= 1.0:
+        _fail(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio in [0, 1]")
+    return ratio
+
+
 @contextlib.contextmanager
 def _bench_edge(access: ClusterAccess | None) -> Iterator[None]:
-    """With `access` (tracing on, in-process): this process traces as a gateway would, its
-    appends sampled at the environment's ratio and its spans kept in the cluster's span
-    store, until the measurement is over."""
+    """With `access` (tracing on, in-process): this process traces the appends it samples
+    (`InProcessTarget`: the decision is its own, so its provider records every span it
+    is given) into the cluster's span store, until the measurement is over."""
     if access is None or access.data_dir is None or telemetry.tracing_disabled():
         yield
         return
-    provider = telemetry.build_provider("bench", instance="bench")
+    always = {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+    provider = telemetry.build_provider("bench", instance="bench", environ=always)
     exporter = SpanStoreExporter(access.data_dir / "traces", "bench")
     provider.add_span_processor(BatchSpanProcessor(exporter))
     telemetry.install_provider(provider)
@@ -400,7 +415,7 @@ def bench(
             "cluster": access.description,
         }
         machine = machine_info(access.fsync)
-        target = make_target(via, access, quorum)
+        target = make_target(via, access, quorum, edge_ratio() if tracing_on else 0.0)
         quire_result = _run(_measure(target, spec, f"quire ({via.value})"))
         compared = None
         if compare is Compare.JETSTREAM:
@@ -417,10 +432,9 @@ def bench(
             compared.target = "1 ledger"
         elif tracing_on:
             settings["tracing"] = (
-                "quire: the default sampling (parent-based trace-id ratio, "
-                f"OTEL_TRACES_SAMPLER_ARG={os.environ.get('OTEL_TRACES_SAMPLER_ARG') or '0.01'}"
-                ", spans stored under the data dir); tracing off: OTEL_SDK_DISABLED=true; "
-                "each on a fresh cluster, tracing off first"
+                f"on: {edge_ratio():g} of the requests traced (the gateway's parent-based "
+                "trace-id ratio; in-process, the bench draws them), spans stored under the "
+                "data dir; off: OTEL_SDK_DISABLED=true; each on a fresh cluster, off first"
             )
     if tracing_off_result is not None:
         compared = tracing_off_result
