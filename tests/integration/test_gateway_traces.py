@@ -16,6 +16,7 @@ import httpx
 import nats
 import pytest
 from opentelemetry import trace
+from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -46,6 +47,12 @@ def spans(nats_server, postgres_server) -> Iterator[InMemorySpanExporter]:
     telemetry.install_provider(provider)
     yield exporter
     telemetry.install_provider(None)
+    # The stack's metadata service instrumented SQLAlchemy (a process-wide singleton that
+    # instruments once, services/metadata/migrate.py) with this provider: undone, so that
+    # the modules after this one trace their own migrations.
+    instrumentor = SQLAlchemyInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()
 
 
 @pytest.fixture(scope="module")
