@@ -123,20 +123,20 @@ def sampler_from_env(environ: Mapping[str, str] = os.environ) -> Sampler:
     """The sampler `OTEL_TRACES_SAMPLER` names; unset means `parentbased_traceidratio`.
     A ratio (`OTEL_TRACES_SAMPLER_ARG`, default 0.01 for every ratio sampler) keeps
     Quire's link and background rules; `always_off` turns off background spans too, and
-    `parentbased_always_off` keeps only the link rule (a commit serving a traced add)."""
+    `parentbased_always_off` keeps only the link rule (a commit serving a traced add).
+    `traceidratio` follows the parent too: on its own it would drop the children of a
+    trace sampled by a rule (a GC run's steps, a commit's fdatasync) by their trace id."""
     name = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_traceidratio"
     arg = environ.get("OTEL_TRACES_SAMPLER_ARG")
     if name == "always_on":
         return ALWAYS_ON
     if name == "always_off":
         return ALWAYS_OFF
-    if name == "traceidratio":
-        return QuireSampler(_ratio(arg))
     if name == "parentbased_always_on":
         return ParentBased(ALWAYS_ON)
     if name == "parentbased_always_off":
         return ParentBased(QuireSampler(0.0, background=False))
-    if name != "parentbased_traceidratio":
+    if name not in ("parentbased_traceidratio", "traceidratio"):
         log.warning("unknown OTEL_TRACES_SAMPLER=%r; using parentbased_traceidratio", name)
     return ParentBased(QuireSampler(_ratio(arg)))
 

@@ -220,6 +220,15 @@ def test_the_trace_id_ratio_keeps_the_link_and_background_rules() -> None:
     assert result.decision.is_sampled() and result.attributes == background
 
 
+def test_a_rule_sampled_trace_keeps_its_children_under_the_trace_id_ratio() -> None:
+    exporter = _install({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"})
+    with background_span("gc.run") as run:
+        assert run is not None
+        with telemetry.internal_span("gc.list_ledgers") as step:
+            assert step is not None
+    assert [span.name for span in exporter.get_finished_spans()] == ["gc.list_ledgers", "gc.run"]
+
+
 def test_the_exporters_follow_the_environment(tmp_path) -> None:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
