@@ -84,6 +84,7 @@ from shared.telemetry import (
     BACKGROUND_ATTRIBUTE,
     background_span,
     current_span_context,
+    internal_span,
     recording,
     tracer,
     tracer_provider,
@@ -116,14 +117,6 @@ _DETACHED = contextvars.Context()
 
 def _detached_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     return asyncio.create_task(coro, context=contextvars.Context())
-
-
-def _operation_span(name: str, **attributes: Any) -> contextlib.AbstractContextManager:
-    """A span around an operation of a traced request (child of its current span);
-    nothing when the request is not traced."""
-    if not recording():
-        return contextlib.nullcontext()
-    return tracer(__name__).start_as_current_span(name, attributes=attributes)
 
 
 def _start_background_span(
@@ -522,7 +515,7 @@ class WriterHandle:
 
     async def close(self, timeout_s: float) -> LedgerMetadata:
         """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
-        with _operation_span("ledger.close", **{"quire.ledger_id": self.ledger_id}):
+        with internal_span("ledger.close", attributes={"quire.ledger_id": self.ledger_id}):
             return await self._close(timeout_s)
 
     async def _close(self, timeout_s: float) -> LedgerMetadata:
@@ -1163,7 +1156,7 @@ class ProtocolClient:
                     return self._core_io(core, command)
             return None
 
-        with _operation_span("ledger.recover", **{"quire.ledger_id": metadata.ledger_id}):
+        with internal_span("ledger.recover", attributes={"quire.ledger_id": metadata.ledger_id}):
             await drive(core, dispatch, self.clock)
         return core
 
@@ -1249,7 +1242,7 @@ class ProtocolClient:
         }
         # Re-replication is background work: traced whenever tracing is on.
         span = (
-            _operation_span("ledger.rereplicate", **attributes)
+            internal_span("ledger.rereplicate", attributes=attributes)
             if recording()
             else background_span("ledger.rereplicate", attributes=attributes)
         )
