@@ -17,6 +17,12 @@ moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
 Durability: a batch is written with one write and made durable with fdatasync before any
 add of it is answered. A write or fsync error is fatal: the process exits at once
 (fail-stop; after a failed fsync the page cache state is unknown, so never retry).
+
+Traces: a group commit serves many requests at once, so it is no request's child. A
+commit that serves traced requests (a `submit` given the request's recording span) is a
+root span `journal.commit`, linked to each of them, with a child `journal.fdatasync` timed
+in the writer thread; each of those request spans is linked back to it before its answer
+goes. A commit that serves none costs nothing more than a counter check.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
+
+from opentelemetry.trace import Span, set_span_in_context
 
 from services.journal.core import GroupCommitPolicy, batch_length, plan_group_commit
 from shared.aio import wait_event
@@ -66,6 +74,7 @@ from shared.bookie.rules import BookieLedgerState
 from shared.config import MIB, JournalSettings
 from shared.disk import fail_stop
 from shared.metrics import OpStats
+from shared.telemetry import linked_span, tracer
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +333,8 @@ class _Pending:
     # Only on the last record of a `submit`: commits are in queue order, so once it is
     # durable the whole submit is (one future per request, not one per record).
     future: asyncio.Future[JournalPosition] | None
+    # The recording span of the request that submitted it (on the last record too).
+    span: Span | None = None
 
 
 # Told each durable position after a group commit; synchronous, must not block.
@@ -392,8 +403,10 @@ class Journal:
         on_commit: CommitListener | None = None,
         fatal: Callable[[str], None] = die,
         files: FileLayer = OS_FILES,
+        bookie_id: str = "",
     ) -> None:
         self.directory = directory
+        self.bookie_id = bookie_id
         self.settings = settings
         self.files = files
         self.policy = GroupCommitPolicy(
@@ -414,6 +427,7 @@ class Journal:
         self._fatal = fatal
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_bytes = 0
+        self._traced_pending = 0  # pending records that carry a span
         self._wakeup = asyncio.Event()
         self._fd = -1
         self._file_id = 0
@@ -469,9 +483,13 @@ class Journal:
         so that a batch larger than the queue is not refused forever."""
         return not self._pending or len(self._pending) + count <= self.settings.queue_size
 
-    def submit(self, records: list[Record], now_ms: float) -> asyncio.Future[JournalPosition]:
+    def submit(
+        self, records: list[Record], now_ms: float, span: Span | None = None
+    ) -> asyncio.Future[JournalPosition]:
         """Queue records (already admitted against `live` by the caller, who applies them
-        to it); the future completes with the durable position once all are fsynced."""
+        to it); the future completes with the durable position once all are fsynced.
+        `span`: the recording span of the traced request they come from, if any (see the
+        module docstring); it is linked to the commit before the future completes."""
         assert records, "submit needs at least one record"
         if not self.room_for(len(records)):
             raise QueueFull(f"{len(self._pending)} records pending")
@@ -480,10 +498,20 @@ class Journal:
         entries = 0
         for index, record in enumerate(records):
             data = encode_record(record)
-            self._pending.append(_Pending(data, record, now_ms, future if index == last else None))
+            self._pending.append(
+                _Pending(
+                    data,
+                    record,
+                    now_ms,
+                    future if index == last else None,
+                    span if index == last else None,
+                )
+            )
             self._pending_bytes += len(data)
             entries += type(record) is EntryRecord
         self.stats.journal_add_entry += entries
+        if span is not None:
+            self._traced_pending += 1
         self.stats.journal_queue_size = len(self._pending)
         self.stats.journal_queue_max_size = max(
             self.stats.journal_queue_max_size, len(self._pending)
@@ -523,6 +551,31 @@ class Journal:
 
     async def _commit(self, batch: list[_Pending]) -> None:
         data = encode_batch([p.data for p in batch])
+        traced = self._traced_spans(batch) if self._traced_pending else []
+        if not traced:
+            await self._commit_batch(batch, data)
+            return
+        attributes = {
+            "quire.records": len(batch),
+            "quire.bytes": len(data),
+            "quire.bookie_id": self.bookie_id,
+        }
+        links = [span.get_span_context() for span in traced]
+        with linked_span("journal.commit", links, attributes=attributes) as commit:
+            await self._commit_batch(batch, data, commit, traced)
+
+    def _traced_spans(self, batch: list[_Pending]) -> list[Span]:
+        spans = [p.span for p in batch if p.span is not None]
+        self._traced_pending -= len(spans)
+        return spans
+
+    async def _commit_batch(
+        self,
+        batch: list[_Pending],
+        data: bytes,
+        commit: Span | None = None,
+        traced: list[Span] | None = None,
+    ) -> None:
         if (
             self._file_size > FILE_HEADER_SIZE
             and self._file_size + len(data) > self._max_file_bytes
@@ -530,11 +583,13 @@ class Journal:
             await self._writer_thread.run(self._create_file, self._file_id + 1)
         started = time.perf_counter()
         try:
-            await self._writer_thread.run(self._write, data, self._file_size + len(data))
+            written = await self._writer_thread.run(self._write, data, self._file_size + len(data))
         except OSError as exc:
             self._fatal(f"journal write/fsync of {journal_file_name(self._file_id)}: {exc!r}")
             raise
         self.stats.synced(len(batch), len(data), (time.perf_counter() - started) * 1000)
+        if commit is not None:
+            self._trace_commit(commit, traced or [], len(data), written)
         now_ms = _now_ms()
         for pending in batch:
             self.stats.added(now_ms - pending.enqueued_ms)
@@ -549,13 +604,34 @@ class Journal:
         if self._on_commit is not None:
             self._on_commit(position)
 
-    def _write(self, data: bytes, end: int) -> None:
-        """Write a group commit that ends the file at `end`, fsync it (writer thread)."""
+    def _trace_commit(
+        self, commit: Span, traced: list[Span], size: int, written: tuple[int, int]
+    ) -> None:
+        """The commit's `journal.fdatasync` child, as timed in the writer thread, and the
+        link from each traced request's span to the commit (before it is answered)."""
+        if self.settings.sync_data:
+            started_ns, ended_ns = written
+            sync = tracer(__name__).start_span(
+                "journal.fdatasync",
+                context=set_span_in_context(commit),
+                start_time=started_ns,
+                attributes={"quire.bytes": size},
+            )
+            sync.end(end_time=ended_ns)
+        context = commit.get_span_context()
+        for span in traced:
+            span.add_link(context)
+
+    def _write(self, data: bytes, end: int) -> tuple[int, int]:
+        """Write a group commit that ends the file at `end`, fsync it (writer thread).
+        When it started and ended (ns since the epoch, as spans are timed)."""
+        started_ns = time.time_ns()
         with self._io_lock:
             self.files.write(self._fd, data)
             if self.settings.sync_data:
                 self.files.fdatasync(self._fd)
                 self._drop_cache(end)
+        return started_ns, time.time_ns()
 
     def _drop_cache(self, end: int) -> None:
         """Hand back the synced pages of the current file but its last

@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nats.micro.request import Request
+from opentelemetry.trace import Span, get_current_span
 
 from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
@@ -60,6 +61,7 @@ from shared.models import NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
+from shared.telemetry import recording
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,12 @@ UNREGISTER_TIMEOUT_S = 1.0
 
 
 DiskUsage = Callable[[Path], tuple[int, int]]  # a directory -> (used, total) bytes
+
+
+def _traced_request() -> Span | None:
+    """The request's SERVER span when it is traced (the endpoint opened it from a sampled
+    `traceparent`): its records' group commit links to it (`Journal.submit`)."""
+    return get_current_span() if recording() else None
 
 
 def os_disk_usage(path: Path) -> tuple[int, int]:
@@ -95,7 +103,10 @@ class JournalService:
         self._announce_timer: asyncio.TimerHandle | None = None
         self._announcing: set[asyncio.Task[None]] = set()
         self.journal = Journal(
-            rt.settings.bookie_dir / "journal", rt.settings.journal, on_commit=self._on_commit
+            rt.settings.bookie_dir / "journal",
+            rt.settings.journal,
+            on_commit=self._on_commit,
+            bookie_id=self.bookie_id,
         )
 
     def _on_commit(self, position: JournalPosition) -> None:
@@ -129,7 +140,7 @@ class JournalService:
         """Queue admitted records and apply them to the live state; None if the queue is
         full (nothing queued then). The future: all of them are durable."""
         try:
-            future = self.journal.submit(records, time.monotonic() * 1000)
+            future = self.journal.submit(records, time.monotonic() * 1000, _traced_request())
         except QueueFull:
             return None
         for record in records:
@@ -170,7 +181,7 @@ class JournalService:
         if not admission.records:
             return admission.results, None
         # room_for checked the whole batch: this cannot be refused.
-        durable = self.journal.submit(admission.records, time.monotonic() * 1000)
+        durable = self.journal.submit(admission.records, time.monotonic() * 1000, _traced_request())
         return admission.results, durable
 
     def _admit_read_only(

@@ -68,6 +68,7 @@ from shared.protocol.messages import FragmentReplicated
 from shared.protocol.replication import ReplicationSettings, fragments_on, open_fragment_on
 from shared.service import ServiceRuntime
 from shared.status import QuireError
+from shared.telemetry import background_span
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +231,15 @@ class ReplicationWorker:
 
     async def _rereplicate(self, claim: UnderreplicatedLedger) -> Verdict:
         """BookKeeper's `rereplicate(ledgerId)`: what became of the claimed ledger. Errors
-        of the copy are failures of this ledger (backoff), never of the worker."""
+        of the copy are failures of this ledger (backoff), never of the worker. Traced as
+        background work: the recovery and the copy (`ledger.rereplicate`) are its children."""
         try:
-            return await self._replicate_ledger(claim)
+            attributes = {
+                "quire.ledger_id": claim.ledger_id,
+                "quire.bad_bookies": claim.missing_bookies,
+            }
+            with background_span("replicator.rereplicate", attributes=attributes):
+                return await self._replicate_ledger(claim)
         # ValidationError: an answer of the metadata service that does not parse.
         except (QuireError, MetadataError, ValidationError) as exc:
             return Verdict(Outcome.DEFER_FAILED, Reason.FAILED, error=str(exc))
