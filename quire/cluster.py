@@ -34,7 +34,7 @@ from quire.infra import (
     PG_USER,
     InfraError,
     ManagedProcess,
-    die_with_parent,
+    ended_with_parent,
     free_port,
     start_nats,
     start_postgres,
@@ -209,13 +209,12 @@ class Cluster:
             env["QUIRE_METRICS_HOST"] = self.config.host
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{kind}"],
+                **ended_with_parent([sys.executable, "-m", f"services.{kind}"]),
                 env=env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
             )
         self.services.append(
             ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
