@@ -26,6 +26,7 @@ from grafana_foundation_sdk.models.common import (
     LegendDisplayMode,
     LegendPlacement,
     SortOrder,
+    StackingMode,
     TooltipDisplayMode,
 )
 from grafana_foundation_sdk.models.dashboard import (
@@ -49,7 +50,7 @@ RATE = "$__rate_interval"
 # Selectors of the bookie dashboard's variables ($bookie_id, $instance are regexes: "All"
 # is ".*").
 BOOKIE = 'bookie_id=~"$bookie_id", instance=~"$instance"'
-GATEWAY = 'instance=~"$instance"'
+INSTANCE = 'instance=~"$instance"'
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def graph(
         .targets(_targets(queries))
     )
     if stacked:
-        panel = panel.stacking(common.StackingConfig().mode(common.StackingMode.NORMAL))
+        panel = panel.stacking(common.StackingConfig().mode(StackingMode.NORMAL))
     return panel
 
 
@@ -114,6 +115,21 @@ def single(title: str, description: str, unit: str, query: Query) -> stat.Panel:
     )
 
 
+def rate_sum(metric: str, selector: str, by: str = "") -> str:
+    """Per-second rate of a counter over the selected targets, summed (by `by` when given)."""
+    grouping = f" by ({by})" if by else ""
+    matchers = f"{{{selector}}}" if selector else ""
+    return f"sum{grouping} (rate({metric}{matchers}[{RATE}]))"
+
+
+def mean(metric: str, selector: str, by: str = "bookie_id") -> str:
+    """The mean value over the rate interval of a summary or histogram (`metric` without
+    `_sum`/`_count`), per `by`."""
+    return (
+        f"{rate_sum(metric + '_sum', selector, by)} / {rate_sum(metric + '_count', selector, by)}"
+    )
+
+
 def histogram_quantiles(
     metric: str, selector: str, by: str = "", quantiles: Iterable[float] = (0.5, 0.99)
 ) -> list[Query]:
@@ -124,8 +140,7 @@ def histogram_quantiles(
     matchers = f"{{{selector}}}" if selector else ""
     return [
         Query(
-            f"histogram_quantile({q}, sum by ({group}) "
-            f"(rate({metric}_bucket{matchers}[{RATE}])))",
+            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{matchers}[{RATE}])))",
             f"{legend_by}p{q * 100:g}",
         )
         for q in quantiles
@@ -185,12 +200,15 @@ def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard
 
 
 def overview() -> dashboard.Dashboard:
+    # The elected auditor's view (a standby auditor keeps its last one).
+    leader = "and on (instance) quire_auditor_leader == 1"
     return (
         new_dashboard(
             "quire-overview",
             "Quire: cluster overview",
-            "The whole cluster at a glance: what is up, what the gateway appends and reads, "
-            "how long an append takes, and what the auditor finds under-replicated.",
+            "The whole cluster at a glance: what is up, what the gateways append and read and "
+            "how fast, how long the bookies take to make an entry durable, what the auditor "
+            "sees lost or marks under-replicated, and what garbage collection reclaims.",
         )
         .with_panel(
             single(
@@ -205,7 +223,15 @@ def overview() -> dashboard.Dashboard:
                 "Appends/s",
                 "Entries acknowledged per second, every gateway.",
                 "ops",
-                Query(f'sum(rate(quire_gateway_add_entries_total{{result="ok"}}[{RATE}]))'),
+                Query(rate_sum("quire_gateway_add_entries_total", 'result="ok"')),
+            )
+        )
+        .with_panel(
+            single(
+                "Reads/s",
+                "Entries read per second, every gateway.",
+                "ops",
+                Query(rate_sum("quire_gateway_read_entries_total", 'result="ok"')),
             )
         )
         .with_panel(
@@ -213,7 +239,31 @@ def overview() -> dashboard.Dashboard:
                 "Append p99",
                 "99th percentile of the time from an append request to its acknowledgement.",
                 "s",
-                histogram_quantiles("quire_gateway_add_latency_seconds", "", quantiles=[0.99])[0],
+                *histogram_quantiles("quire_gateway_add_latency_seconds", "", quantiles=[0.99]),
+            )
+        )
+        .with_panel(
+            single(
+                "Lost bookies",
+                "Bookies the elected auditor sees lost.",
+                "none",
+                Query(f'max(quire_auditor_bookies{{state="lost"}} {leader})'),
+            )
+        )
+        .with_panel(
+            single(
+                "Read-only bookies",
+                "Bookies refusing adds because their disk is past its usage threshold.",
+                "none",
+                Query("sum(quire_journal_read_only)"),
+            )
+        )
+        .with_panel(
+            single(
+                "Marked under-replicated (1h)",
+                "Ledgers the auditor marked under-replicated in the last hour.",
+                "none",
+                Query("sum(increase(quire_auditor_ledgers_marked_total[1h]))"),
             )
         )
         .with_panel(
@@ -230,11 +280,11 @@ def overview() -> dashboard.Dashboard:
                 "Entries per second by outcome, every gateway.",
                 "ops",
                 Query(
-                    f"sum by (result) (rate(quire_gateway_add_entries_total[{RATE}]))",
+                    rate_sum("quire_gateway_add_entries_total", "", by="result"),
                     "append {{result}}",
                 ),
                 Query(
-                    f"sum by (result) (rate(quire_gateway_read_entries_total[{RATE}]))",
+                    rate_sum("quire_gateway_read_entries_total", "", by="result"),
                     "read {{result}}",
                 ),
             )
@@ -251,6 +301,52 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(
             graph(
+                "Journal group commit p99",
+                "Per bookie: writing a group commit and its fdatasync, 99th percentile.",
+                "s",
+                *histogram_quantiles(
+                    "quire_journal_sync_latency_seconds",
+                    'service="journal"',
+                    by="bookie_id",
+                    quantiles=[0.99],
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Bookie read request p99",
+                "Per bookie: from a read request's arrival to its reply, 99th percentile.",
+                "s",
+                *histogram_quantiles(
+                    "quire_ledgerstore_read_request_latency_seconds",
+                    'service="ledgerstore"',
+                    by="bookie_id",
+                    quantiles=[0.99],
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Bookies by state",
+                "Writable, read-only and lost bookies, as the elected auditor last saw them.",
+                "none",
+                Query(f"max by (state) (quire_auditor_bookies {leader})", "{{state}}"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Ensemble changes and recoveries",
+                "Segments added because a bookie failed, and ledger recoveries by outcome.",
+                "ops",
+                Query(rate_sum("quire_gateway_ensemble_changes_total", ""), "ensemble changes"),
+                Query(
+                    rate_sum("quire_gateway_ledger_recoveries_total", "", by="result"),
+                    "recoveries {{result}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
                 "Processes up",
                 "1 when the target answered its last scrape: one series per process of "
                 "targets.json.",
@@ -260,15 +356,13 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(
             graph(
-                "Ensemble changes and recoveries",
-                "Segments added because a bookie failed, and ledger recoveries by outcome.",
-                "ops",
+                "Space reclaimed by garbage collection",
+                "Bytes per second freed on every bookie, by deleting whole entry logs and by "
+                "compacting them.",
+                "Bps",
                 Query(
-                    f"sum(rate(quire_gateway_ensemble_changes_total[{RATE}]))", "ensemble changes"
-                ),
-                Query(
-                    f"sum by (result) (rate(quire_gateway_ledger_recoveries_total[{RATE}]))",
-                    "recoveries {{result}}",
+                    rate_sum("quire_ledgerstore_gc_reclaimed_bytes_total", "", by="by"),
+                    "{{by}}",
                 ),
             )
         )
@@ -291,8 +385,7 @@ def gateway() -> dashboard.Dashboard:
                 "Requests per second by route and status.",
                 "reqps",
                 Query(
-                    f"sum by (route, status) "
-                    f"(rate(quire_gateway_http_requests_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_http_requests_total", INSTANCE, by="route, status"),
                     "{{route}} {{status}}",
                 ),
             )
@@ -303,8 +396,11 @@ def gateway() -> dashboard.Dashboard:
                 "Requests per second answered 4xx (the caller's error) and 5xx (ours).",
                 "reqps",
                 Query(
-                    f"sum by (route, status) (rate(quire_gateway_http_requests_total"
-                    f'{{{GATEWAY}, status=~"[45].."}}[{RATE}]))',
+                    rate_sum(
+                        "quire_gateway_http_requests_total",
+                        f'{INSTANCE}, status=~"[45].."',
+                        by="route, status",
+                    ),
                     "{{route}} {{status}}",
                 ),
             )
@@ -316,7 +412,7 @@ def gateway() -> dashboard.Dashboard:
                 "Entries per second by outcome.",
                 "ops",
                 Query(
-                    f"sum by (result) (rate(quire_gateway_add_entries_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_add_entries_total", INSTANCE, by="result"),
                     "{{result}}",
                 ),
             )
@@ -327,7 +423,7 @@ def gateway() -> dashboard.Dashboard:
                 "From the append request to its acknowledgement (ack quorum, in order).",
                 "s",
                 *histogram_quantiles(
-                    "quire_gateway_add_latency_seconds", GATEWAY, quantiles=[0.5, 0.9, 0.99, 0.999]
+                    "quire_gateway_add_latency_seconds", INSTANCE, quantiles=[0.5, 0.9, 0.99, 0.999]
                 ),
             )
         )
@@ -336,8 +432,8 @@ def gateway() -> dashboard.Dashboard:
                 "Pending adds and writer handles",
                 "Adds sent and not yet acknowledged; ledgers this gateway writes.",
                 "none",
-                Query(f"sum(quire_gateway_pending_adds{{{GATEWAY}}})", "pending adds"),
-                Query(f"sum(quire_gateway_writer_handles{{{GATEWAY}}})", "writer handles"),
+                Query(f"sum(quire_gateway_pending_adds{{{INSTANCE}}})", "pending adds"),
+                Query(f"sum(quire_gateway_writer_handles{{{INSTANCE}}})", "writer handles"),
             )
         )
         .with_panel(
@@ -347,12 +443,12 @@ def gateway() -> dashboard.Dashboard:
                 "and sends held back while a bookie had max_add_requests_per_bookie unanswered.",
                 "ops",
                 Query(
-                    f"sum(rate(quire_gateway_add_requests_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_add_requests_total", INSTANCE),
                     "requests",
                 ),
-                Query(f"sum(rate(quire_gateway_add_sends_total{{{GATEWAY}}}[{RATE}]))", "sends"),
+                Query(rate_sum("quire_gateway_add_sends_total", INSTANCE), "sends"),
                 Query(
-                    f"sum(rate(quire_gateway_add_sends_held_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_add_sends_held_total", INSTANCE),
                     "sends held",
                 ),
             )
@@ -363,7 +459,7 @@ def gateway() -> dashboard.Dashboard:
                 "Segments added per second because a bookie of the ensemble failed.",
                 "ops",
                 Query(
-                    f"sum(rate(quire_gateway_ensemble_changes_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_ensemble_changes_total", INSTANCE),
                     "ensemble changes",
                 ),
             )
@@ -374,8 +470,7 @@ def gateway() -> dashboard.Dashboard:
                 "Ledger recoveries (fence and close) per second by outcome.",
                 "ops",
                 Query(
-                    f"sum by (result) "
-                    f"(rate(quire_gateway_ledger_recoveries_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_ledger_recoveries_total", INSTANCE, by="result"),
                     "{{result}}",
                 ),
             )
@@ -387,8 +482,7 @@ def gateway() -> dashboard.Dashboard:
                 "Entries per second by outcome.",
                 "ops",
                 Query(
-                    f"sum by (result) "
-                    f"(rate(quire_gateway_read_entries_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_read_entries_total", INSTANCE, by="result"),
                     "{{result}}",
                 ),
             )
@@ -400,21 +494,481 @@ def gateway() -> dashboard.Dashboard:
                 "overloaded bookie, and replicas whose frame failed its digest.",
                 "ops",
                 Query(
-                    f"sum(rate(quire_gateway_speculative_reads_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_speculative_reads_total", INSTANCE),
                     "speculative",
                 ),
                 Query(
-                    f"sum(rate(quire_gateway_read_retries_refused_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_read_retries_refused_total", INSTANCE),
                     "retries refused",
                 ),
                 Query(
-                    f"sum(rate(quire_gateway_read_backoffs_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_read_backoffs_total", INSTANCE),
                     "back-offs",
                 ),
                 Query(
-                    f"sum(rate(quire_gateway_corrupt_replicas_total{{{GATEWAY}}}[{RATE}]))",
+                    rate_sum("quire_gateway_corrupt_replicas_total", INSTANCE),
                     "corrupt replicas",
                 ),
+            )
+        )
+    )
+
+
+def bookie() -> dashboard.Dashboard:
+    read_cache_hits = rate_sum("bookie_read_cache_hits", BOOKIE, by="bookie_id")
+    read_cache_misses = rate_sum("bookie_read_cache_misses", BOOKIE, by="bookie_id")
+    return (
+        new_dashboard(
+            "quire-bookie",
+            "Quire: bookie",
+            "The bookies under BookKeeper's metric names: the journal (adds, group commits "
+            "and their fdatasync, its queue), the ledger storage (caches, flushes, reads) and "
+            "garbage collection. Summaries are per process (a quantile cannot be summed).",
+        )
+        .with_variable(label_variable("bookie_id", "Bookie", 'up{service=~"journal|ledgerstore"}'))
+        .with_variable(label_variable("instance", "Process", 'up{bookie_id=~"$bookie_id"}'))
+        .with_row(dashboard.Row("Journal"))
+        .with_panel(
+            graph(
+                "Journal adds",
+                "Entries journaled per second (durable), and entries refused by status.",
+                "ops",
+                Query(
+                    rate_sum(
+                        "bookie_journal_JOURNAL_ADD_ENTRY_count",
+                        f'{BOOKIE}, success="true"',
+                        by="bookie_id",
+                    ),
+                    "{{bookie_id}}",
+                ),
+                Query(
+                    rate_sum("quire_journal_add_rejected_total", BOOKIE, by="bookie_id, status"),
+                    "{{bookie_id}} refused {{status}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Journal add latency (JOURNAL_ADD_ENTRY)",
+                "Per entry, from queueing in the journal to its group commit's fdatasync.",
+                "ms",
+                *summary_quantiles("bookie_journal_JOURNAL_ADD_ENTRY", BOOKIE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Group commit latency (JOURNAL_SYNC)",
+                "Per group commit: writing it and its fdatasync.",
+                "ms",
+                *summary_quantiles("bookie_journal_JOURNAL_SYNC", BOOKIE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Add request latency (ADD_ENTRY_REQUEST)",
+                "Per entry of an add request, from its arrival at the journal to the reply.",
+                "ms",
+                *summary_quantiles("bookkeeper_server_ADD_ENTRY_REQUEST", BOOKIE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Group commits",
+                "Group commits (one fdatasync each) per second.",
+                "ops",
+                Query(
+                    rate_sum(
+                        "bookie_journal_JOURNAL_SYNC_count",
+                        f'{BOOKIE}, success="true"',
+                        by="bookie_id",
+                    ),
+                    "{{bookie_id}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Group commit batch size (records)",
+                "Mean records per group commit: how many adds one fdatasync made durable.",
+                "none",
+                Query(
+                    mean("bookie_journal_JOURNAL_FORCE_WRITE_BATCH_ENTRIES", BOOKIE),
+                    "{{bookie_id}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Group commit batch size (bytes)",
+                "Mean bytes per group commit.",
+                "bytes",
+                Query(
+                    mean("bookie_journal_JOURNAL_FORCE_WRITE_BATCH_BYTES", BOOKIE), "{{bookie_id}}"
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Journal queue",
+                "Entries queued in the journal and not yet committed.",
+                "none",
+                Query(f"bookie_journal_JOURNAL_QUEUE_SIZE{{{BOOKIE}}}", "{{bookie_id}}"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Journal bytes written",
+                "Bytes written to the journal per second.",
+                "Bps",
+                Query(
+                    rate_sum("bookie_journal_JOURNAL_WRITE_BYTES", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Disk usage and read-only",
+                "Used fraction of the fullest bookie disk; a bookie turns read-only past "
+                "its threshold.",
+                "percentunit",
+                Query(f"quire_journal_disk_usage_ratio{{{BOOKIE}}}", "{{bookie_id}} used"),
+                Query(f"quire_journal_read_only{{{BOOKIE}}}", "{{bookie_id}} read-only"),
+            )
+        )
+        .with_row(dashboard.Row("Ledger storage"))
+        .with_panel(
+            graph(
+                "Read cache hit ratio",
+                "Of the entries read that the write cache did not hold, the share the read "
+                "cache served (the rest came from the entry logs).",
+                "percentunit",
+                Query(
+                    f"{read_cache_hits} / ({read_cache_hits} + {read_cache_misses})",
+                    "{{bookie_id}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Cache sizes",
+                "Bytes in the write cache (entries from the journal not yet flushed) and in "
+                "the read cache.",
+                "bytes",
+                Query(f"bookie_write_cache_size{{{BOOKIE}}}", "{{bookie_id}} write"),
+                Query(f"bookie_read_cache_size{{{BOOKIE}}}", "{{bookie_id}} read"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Flush latency",
+                "Per flush of the write cache to the entry logs and the index.",
+                "ms",
+                *summary_quantiles("bookie_flush", BOOKIE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Entries read",
+                "Entries asked for by reads, and those not stored here or failing their check.",
+                "ops",
+                Query(
+                    rate_sum("quire_ledgerstore_read_entries_total", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}}",
+                ),
+                Query(
+                    rate_sum("quire_ledgerstore_read_entries_absent_total", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} absent",
+                ),
+                Query(
+                    rate_sum(
+                        "quire_ledgerstore_read_entries_corrupt_total", BOOKIE, by="bookie_id"
+                    ),
+                    "{{bookie_id}} corrupt",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Read request latency (READ_ENTRY_REQUEST)",
+                "Per read request, from its arrival to its reply.",
+                "ms",
+                *summary_quantiles("bookkeeper_server_READ_ENTRY_REQUEST", BOOKIE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Read queue",
+                "Read requests waiting for a worker and being served; requests refused at "
+                "once (queue full) and dropped unread (past their sender's timeout) per "
+                "second.",
+                "none",
+                Query(f"quire_ledgerstore_read_queue_requests{{{BOOKIE}}}", "{{bookie_id}} queued"),
+                Query(
+                    f"bookkeeper_server_READ_ENTRY_IN_PROGRESS{{{BOOKIE}}}",
+                    "{{bookie_id}} in progress",
+                ),
+                Query(
+                    rate_sum(
+                        "quire_ledgerstore_read_requests_rejected_total", BOOKIE, by="bookie_id"
+                    ),
+                    "{{bookie_id}} refused/s",
+                ),
+                Query(
+                    rate_sum(
+                        "quire_ledgerstore_read_requests_expired_total", BOOKIE, by="bookie_id"
+                    ),
+                    "{{bookie_id}} expired/s",
+                ),
+            )
+        )
+        .with_row(dashboard.Row("Garbage collection"))
+        .with_panel(
+            graph(
+                "Reclaimed space",
+                "Bytes per second freed by deleting whole entry logs and by compacting them.",
+                "Bps",
+                Query(
+                    rate_sum("bookie_RECLAIMED_DELETION_SPACE_BYTES", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} deletion",
+                ),
+                Query(
+                    rate_sum("bookie_RECLAIMED_COMPACTION_SPACE_BYTES", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} compaction",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Compactions and GC runs",
+                "Major and minor compactions, garbage-collection runs and failed runs, per second.",
+                "ops",
+                Query(
+                    rate_sum("bookie_MAJOR_COMPACTION_TOTAL", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} major",
+                ),
+                Query(
+                    rate_sum("bookie_MINOR_COMPACTION_TOTAL", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} minor",
+                ),
+                Query(
+                    rate_sum("quire_ledgerstore_gc_runs_total", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} runs",
+                ),
+                Query(
+                    rate_sum("quire_ledgerstore_gc_failures_total", BOOKIE, by="bookie_id"),
+                    "{{bookie_id}} failed runs",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Entry logs",
+                "Sealed entry logs, as of each bookie's last GC run.",
+                "none",
+                Query(f"bookie_ACTIVE_ENTRY_LOG_TOTAL{{{BOOKIE}}}", "{{bookie_id}}"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Entry log live bytes",
+                "Live bytes in the sealed entry logs, as of each bookie's last GC run.",
+                "bytes",
+                Query(f"bookie_ACTIVE_ENTRY_LOG_SPACE_BYTES{{{BOOKIE}}}", "{{bookie_id}}"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Entry logs by usage",
+                "Sealed logs in each tenth of live usage, all selected bookies: what a "
+                "compaction at each threshold would take on.",
+                "none",
+                Query(
+                    f"sum by (usage_le) (quire_ledgerstore_gc_entry_logs_by_usage{{{BOOKIE}}})",
+                    "usage <= {{usage_le}}",
+                ),
+                stacked=True,
+            )
+        )
+        .with_panel(
+            graph(
+                "Compaction time per entry log",
+                "BookKeeper's COMPACT_RUNTIME: per entry log compacted.",
+                "ms",
+                *summary_quantiles("bookie_COMPACT_RUNTIME", BOOKIE),
+            )
+        )
+    )
+
+
+def autorecovery() -> dashboard.Dashboard:
+    return (
+        new_dashboard(
+            "quire-autorecovery",
+            "Quire: autorecovery",
+            "The auditor (bookies it sees lost, ledgers it marks under-replicated, its "
+            "checks) and the replication workers (ledgers, entries and bytes re-replicated, "
+            "failures).",
+        )
+        .with_variable(label_variable("instance", "Process", 'up{service=~"auditor|replicator"}'))
+        .with_row(dashboard.Row("Auditor"))
+        .with_panel(
+            single(
+                "Elected auditors",
+                "Auditors holding the lease now: 1 when autorecovery is running.",
+                "none",
+                Query(f"sum(quire_auditor_leader{{{INSTANCE}}})"),
+            )
+        )
+        .with_panel(
+            single(
+                "Lost bookies",
+                "Bookies the elected auditor sees lost.",
+                "none",
+                Query(
+                    f'max(quire_auditor_bookies{{{INSTANCE}, state="lost"}} '
+                    f"and on (instance) quire_auditor_leader == 1)"
+                ),
+            )
+        )
+        .with_panel(
+            single(
+                "Lost bookies waiting",
+                "Lost bookies within lostBookieRecoveryDelay: not yet audited.",
+                "none",
+                Query(
+                    f"max(quire_auditor_lost_bookies_waiting{{{INSTANCE}}} "
+                    f"and on (instance) quire_auditor_leader == 1)"
+                ),
+            )
+        )
+        .with_panel(
+            single(
+                "Cookie removals pending",
+                "Decommissioned bookies whose cookie goes once their ledgers are repaired.",
+                "none",
+                Query(
+                    f"max(quire_auditor_pending_cookie_removals{{{INSTANCE}}} "
+                    f"and on (instance) quire_auditor_leader == 1)"
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Bookies by state",
+                "Writable, read-only and lost bookies, as the elected auditor last saw them.",
+                "none",
+                Query(
+                    f"max by (state) (quire_auditor_bookies{{{INSTANCE}}} "
+                    f"and on (instance) quire_auditor_leader == 1)",
+                    "{{state}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Ledgers marked under-replicated",
+                "Ledgers the auditor marked under-replicated per second, by reason.",
+                "ops",
+                Query(
+                    rate_sum("quire_auditor_ledgers_marked_total", INSTANCE, by="reason"),
+                    "{{reason}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Auditor checks",
+                "Duration of the periodic checks, by check.",
+                "s",
+                *histogram_quantiles(
+                    "quire_auditor_check_duration_seconds",
+                    f'{INSTANCE}, success="true"',
+                    by="check",
+                    quantiles=[0.5, 1],
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Ledgers checked",
+                "Ledgers read per second by the check-all-ledgers and replicas checks.",
+                "ops",
+                Query(rate_sum("auditor_NUM_LEDGERS_CHECKED", INSTANCE), "ledgers"),
+            )
+        )
+        .with_row(dashboard.Row("Replication workers"))
+        .with_panel(
+            graph(
+                "Ledgers re-replicated",
+                "Claims per second by how they ended: replicated (the ledger whole again), "
+                "failed, deferred or released.",
+                "ops",
+                Query(
+                    rate_sum("quire_replicator_claims_ended_total", INSTANCE, by="outcome"),
+                    "{{outcome}}",
+                ),
+                Query(
+                    rate_sum("replication_worker_NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED", INSTANCE),
+                    "ledgers whole (BookKeeper)",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Entries re-replicated",
+                "Entries copied to new bookies per second.",
+                "ops",
+                Query(
+                    rate_sum("replication_worker_NUM_ENTRIES_WRITTEN", INSTANCE),
+                    "entries",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Bytes re-replicated",
+                "Entry bytes copied to new bookies per second.",
+                "Bps",
+                Query(
+                    rate_sum("replication_worker_NUM_BYTES_WRITTEN", INSTANCE),
+                    "bytes",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Re-replication failures",
+                "Claims that ended in a failure back-off, and claims the queue failed to "
+                "hand out, per second.",
+                "ops",
+                Query(
+                    rate_sum(
+                        "replication_worker_NUM_DEFER_LEDGER_LOCK_RELEASE_OF_FAILED_LEDGER",
+                        INSTANCE,
+                    ),
+                    "failed claims",
+                ),
+                Query(
+                    rate_sum("quire_replicator_claim_errors_total", INSTANCE),
+                    "claim errors",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Re-replication time",
+                "Per claim, from claiming the ledger to the end of its copy.",
+                "ms",
+                *summary_quantiles("replication_worker_rereplicate", INSTANCE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Workers busy",
+                "Replication workers holding a claim now.",
+                "none",
+                Query(f"sum(quire_replicator_workers_busy{{{INSTANCE}}})", "busy"),
             )
         )
     )
@@ -492,6 +1046,8 @@ def traces() -> dashboard.Dashboard:
 DASHBOARDS: dict[str, Callable[[], dashboard.Dashboard]] = {
     "quire-overview": overview,
     "quire-gateway": gateway,
+    "quire-bookie": bookie,
+    "quire-autorecovery": autorecovery,
     "quire-traces": traces,
 }
 

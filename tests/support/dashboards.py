@@ -14,6 +14,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import promql_parser
@@ -64,7 +65,9 @@ class PromQuery:
 
     def promql(self) -> str:
         """The query as Prometheus receives it once Grafana has filled in its variables."""
-        expr = _INTERVALS.sub("5m", self.expr)
+        # A trace-to-metrics link's label matchers, from the span's tags.
+        expr = self.expr.replace("$__tags", 'bookie_id="bookie-1"')
+        expr = _INTERVALS.sub("5m", expr)
         return _VARIABLE.sub(".*", expr)
 
 
@@ -119,3 +122,36 @@ def selected_names(promql: str) -> set[str]:
 def sample_names(family: str, metric_type: str) -> set[str]:
     """The names a family's samples carry in the text exposition."""
     return {family + suffix for suffix in EXPOSITION_SUFFIXES[metric_type]}
+
+
+def trace_to_metrics_queries(datasources: dict) -> list[PromQuery]:
+    """The PromQL of the Tempo datasource's span-to-metrics links."""
+    return [
+        PromQuery(source["uid"], f"tracesToMetrics {query['name']}", query["query"])
+        for source in datasources["datasources"]
+        if source["type"] == "tempo"
+        for query in source["jsonData"]["tracesToMetrics"]["queries"]
+    ]
+
+
+_CATALOG_ROW = re.compile(r"^\| `([a-zA-Z_:][\w:]*)`(?: \*\*BK\*\*)? \| ([^|]+?) \|", re.M)
+
+
+def catalog(path: Path = ROOT / "docs" / "metrics.md") -> dict[str, str]:
+    """The sample names docs/metrics.md's tables promise, each with its family: a counter
+    row names its `_total` sample; "counter (untyped)" is BookKeeper's bare name, exposed
+    untyped; a "summary (count/sum only)" has no quantile samples."""
+    samples: dict[str, str] = {}
+    for name, kind in _CATALOG_ROW.findall(path.read_text()):
+        if kind.startswith("counter (untyped)"):
+            names = sample_names(name, "unknown")
+        elif kind.startswith("counter"):
+            assert name.endswith("_total"), f"docs/metrics.md: counter {name} without _total"
+            name = name.removesuffix("_total")
+            names = sample_names(name, "counter")
+        elif kind.startswith("summary (count/sum only)"):
+            names = sample_names(name, "summary") - {name}
+        else:
+            names = sample_names(name, kind.split()[0])
+        samples.update(dict.fromkeys(names, name))
+    return samples
