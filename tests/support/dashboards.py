@@ -24,6 +24,9 @@ from tests.support.layout import ROOT
 GENERATOR = ROOT / "deploy" / "grafana" / "generate.py"
 DASHBOARDS_DIR = ROOT / "deploy" / "grafana" / "dashboards"
 
+# The labels Prometheus puts on every series of a target (targets.json's, and the job's).
+TARGET_LABELS = {"service", "bookie_id", "instance", "job"}
+
 # Series Prometheus writes itself for every target (never exported by a Quire process).
 SCRAPE_SERIES = {"up"}
 
@@ -105,6 +108,10 @@ def prometheus_queries(dashboards: dict[str, dict]) -> list[PromQuery]:
 
 def selected_names(promql: str) -> set[str]:
     """The metric names a parsed query selects (vector selectors, also inside a range)."""
+    return _names(promql_parser.parse(promql))
+
+
+def _names(expr: object) -> set[str]:
     names: set[str] = set()
 
     def visit(node: object) -> None:
@@ -115,8 +122,35 @@ def selected_names(promql: str) -> set[str]:
             assert name, f"a selector without a metric name: {node}"
             names.add(name)
 
-    promql_parser.walk(promql_parser.parse(promql), visit)
+    promql_parser.walk(expr, visit)
     return names
+
+
+def matched_labels(promql: str) -> list[tuple[str, set[str]]]:
+    """Each selector of a parsed query: its metric name and the labels its matchers name."""
+    found = []
+
+    def visit(node: object) -> None:
+        if isinstance(node, promql_parser.VectorSelector) and node.name:
+            found.append((node.name, {m.name for m in node.matchers.matchers}))
+
+    promql_parser.walk(promql_parser.parse(promql), visit)
+    return found
+
+
+def grouping_labels(promql: str) -> list[tuple[set[str], set[str]]]:
+    """Each `sum by (...)`-style aggregation of a parsed query: its labels, and the metric
+    names selected inside it."""
+    found = []
+
+    def visit(node: object) -> None:
+        modifier = getattr(node, "modifier", None)
+        if isinstance(node, promql_parser.AggregateExpr) and modifier is not None:
+            if modifier.type == promql_parser.AggModifierType.By:
+                found.append((set(modifier.labels), _names(node.expr)))
+
+    promql_parser.walk(promql_parser.parse(promql), visit)
+    return found
 
 
 def sample_names(family: str, metric_type: str) -> set[str]:
@@ -134,15 +168,35 @@ def trace_to_metrics_queries(datasources: dict) -> list[PromQuery]:
     ]
 
 
-_CATALOG_ROW = re.compile(r"^\| `([a-zA-Z_:][\w:]*)`(?: \*\*BK\*\*)? \| ([^|]+?) \|", re.M)
+# | `name` [**BK**] | type | labels | unit | meaning |
+_CATALOG_ROW = re.compile(
+    r"^\| `([a-zA-Z_:][\w:]*)`(?: \*\*BK\*\*)? \| ([^|]+?) \|([^|]*)\|", re.M
+)
 
 
-def catalog(path: Path = ROOT / "docs" / "metrics.md") -> dict[str, str]:
-    """The sample names docs/metrics.md's tables promise, each with its family: a counter
-    row names its `_total` sample; "counter (untyped)" is BookKeeper's bare name, exposed
-    untyped; a "summary (count/sum only)" has no quantile samples."""
+@dataclass(frozen=True)
+class Catalog:
+    """What docs/metrics.md's tables promise: each sample name with its family, and each
+    family's labels (besides the target labels Prometheus adds)."""
+
+    samples: dict[str, str]
+    labels: dict[str, set[str]]
+
+    def sample_labels(self, sample: str) -> set[str]:
+        """The labels a sample may carry: its family's, a bucket's `le`, the targets'."""
+        family = self.samples[sample]
+        extra = {"le"} if sample == f"{family}_bucket" else set()
+        return self.labels[family] | extra | TARGET_LABELS
+
+
+def catalog(path: Path = ROOT / "docs" / "metrics.md") -> Catalog:
+    """docs/metrics.md's tables read: a counter row names its `_total` sample; "counter
+    (untyped)" is BookKeeper's bare name, exposed untyped; a "summary (count/sum only)" has
+    no quantile samples. The labels column lists names, each maybe followed by its values
+    in parentheses."""
     samples: dict[str, str] = {}
-    for name, kind in _CATALOG_ROW.findall(path.read_text()):
+    labels: dict[str, set[str]] = {}
+    for name, kind, label_text in _CATALOG_ROW.findall(path.read_text()):
         if kind.startswith("counter (untyped)"):
             names = sample_names(name, "unknown")
         elif kind.startswith("counter"):
@@ -154,4 +208,6 @@ def catalog(path: Path = ROOT / "docs" / "metrics.md") -> dict[str, str]:
         else:
             names = sample_names(name, kind.split()[0])
         samples.update(dict.fromkeys(names, name))
-    return samples
+        bare = re.sub(r"\([^)]*\)", "", label_text)
+        labels[name] = {label.strip() for label in bare.split(",") if label.strip()}
+    return Catalog(samples, labels)

@@ -15,7 +15,9 @@ from tests.support.dashboards import (
     SCRAPE_SERIES,
     catalog,
     committed_dashboards,
+    grouping_labels,
     load_generator,
+    matched_labels,
     prometheus_queries,
     selected_names,
     trace_to_metrics_queries,
@@ -72,7 +74,7 @@ def test_every_metric_the_dashboards_query_is_in_the_catalog() -> None:
     """Each selected name must be a sample name docs/metrics.md promises in its exposition
     form: a counter's `_total`, a histogram's `_bucket`/`_sum`/`_count`, a summary's quantile
     samples (bare name) and `_sum`/`_count`."""
-    exported = catalog()
+    exported = catalog().samples
     rows = re.findall(r"^\| `", (ROOT / "docs" / "metrics.md").read_text(), re.M)
     assert len(set(exported.values())) == len(rows) > 100, "a row of docs/metrics.md not read"
     missing = sorted(
@@ -84,8 +86,30 @@ def test_every_metric_the_dashboards_query_is_in_the_catalog() -> None:
     assert not missing, "not in docs/metrics.md:\n" + "\n".join(missing)
 
 
+def test_every_label_the_dashboards_match_or_group_by_is_in_the_catalog() -> None:
+    """A matcher or a `by (...)` on a label the metric does not have selects nothing, or
+    lumps everything into one series, without any error: each label must be the metric's
+    (docs/metrics.md's labels column), a bucket's `le` or a target label."""
+    known = catalog()
+    wrong = []
+    for query in all_queries():
+        promql = query.promql()
+        for name, labels in matched_labels(promql):
+            if name in SCRAPE_SERIES:
+                continue
+            unknown = labels - known.sample_labels(name)
+            if unknown:
+                wrong.append(f"{query.dashboard} / {query.where}: {name} has no {unknown}")
+        for labels, names in grouping_labels(promql):
+            allowed = set().union(*(known.sample_labels(n) for n in names - SCRAPE_SERIES))
+            if labels - allowed:
+                wrong.append(f"{query.dashboard} / {query.where}: by {labels - allowed}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_catalog_reader_knows_each_exposition_form() -> None:
-    exported = catalog()
+    known = catalog()
+    exported = known.samples
     assert exported["quire_gateway_add_entries_total"] == "quire_gateway_add_entries"
     assert "quire_gateway_add_entries" not in exported
     assert exported["quire_journal_sync_latency_seconds_bucket"] == (
@@ -96,6 +120,10 @@ def test_the_catalog_reader_knows_each_exposition_form() -> None:
     assert "bookie_journal_JOURNAL_FORCE_WRITE_BATCH_ENTRIES_sum" in exported
     assert "bookie_read_cache_hits" in exported  # BookKeeper's counter, untyped
     assert "bookie_read_cache_hits_total" not in exported
+    assert known.labels["quire_ledgerstore_cache_hits"] == {"cache"}
+    assert known.labels["quire_auditor_check_duration_seconds"] == {"check", "success"}
+    assert "le" in known.sample_labels("quire_journal_sync_latency_seconds_bucket")
+    assert "le" not in known.sample_labels("quire_journal_sync_latency_seconds_count")
 
 
 def test_panels_name_only_the_provisioned_datasources() -> None:
