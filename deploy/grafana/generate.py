@@ -47,8 +47,8 @@ STAT_WIDTH, STAT_HEIGHT = 6, 4
 GRAPH_WIDTH, GRAPH_HEIGHT = 12, 8
 
 RATE = "$__rate_interval"
-# Selectors of the bookie dashboard's variables ($bookie_id, $instance are regexes: "All"
-# is ".*").
+# Selectors by the dashboards' variables: $instance (every dashboard but the overview and
+# the traces) and $bookie_id (the bookie's), multi-valued regexes ("All" is ".*").
 BOOKIE = 'bookie_id=~"$bookie_id", instance=~"$instance"'
 INSTANCE = 'instance=~"$instance"'
 
@@ -168,7 +168,7 @@ def label_variable(name: str, label: str, selector: str) -> dashboard.QueryVaria
         dashboard.QueryVariable(name)
         .label(label)
         .datasource(PROMETHEUS)
-        .query({"query": f"label_values({selector}, {name})", "refId": "PrometheusVariableQuery"})
+        .query(f"label_values({selector}, {name})")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(VariableSort.ALPHABETICAL_ASC)
         .multi(True)

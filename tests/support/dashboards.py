@@ -99,7 +99,7 @@ def prometheus_queries(dashboards: dict[str, dict]) -> list[PromQuery]:
         for variable in model.get("templating", {}).get("list", []):
             if variable.get("type") != "query":
                 continue
-            text = variable["query"]["query"]
+            text = variable["query"]
             match = _LABEL_VALUES.match(text)
             assert match, f"{name}: variable {variable['name']}: not label_values(...): {text}"
             queries.append(PromQuery(name, f"variable {variable['name']}", match.group(1)))
