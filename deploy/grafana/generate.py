@@ -531,7 +531,8 @@ def bookie() -> dashboard.Dashboard:
         .with_panel(
             graph(
                 "Journal adds",
-                "Entries journaled per second (durable), and entries refused by status.",
+                "Journal records made durable per second (entries, and the rare fence and "
+                "LAC records), and entries refused by status.",
                 "ops",
                 Query(
                     rate_sum(

@@ -99,6 +99,8 @@ class ClusterAccess:
     gateway_pid: int | None = None
     data_dir: Path | None = None  # the `quire up` data dir, when known (not with --gateway)
     bookie_ids: list[str] = field(default_factory=list)  # from cluster.json, when known
+    # bookie id -> its ledgerstore's metrics URL, from cluster.json, when known
+    ledgerstore_metrics: dict[str, str] = field(default_factory=dict)
 
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
@@ -109,6 +111,11 @@ def _processes(rows: list[dict[str, Any]]) -> list[Process]:
 def _bookie_ids(rows: list[dict[str, Any]]) -> list[str]:
     """The bookies cluster.json lists (one ledgerstore each)."""
     return [row["bookie_id"] for row in rows if row["kind"] == "ledgerstore"]
+
+
+def _ledgerstore_metrics(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Each bookie's ledgerstore metrics URL, as cluster.json lists them."""
+    return {row["bookie_id"]: row["metrics"] for row in rows if row["kind"] == "ledgerstore"}
 
 
 def _fail(message: str) -> None:
@@ -165,6 +172,7 @@ def cluster_access(
             info["gateway"]["pid"],
             config.data_dir,
             _bookie_ids(info["services"]),
+            _ledgerstore_metrics(info["services"]),
         )
     finally:
         cluster.stop()
@@ -201,6 +209,7 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
         info.get("gateway", {}).get("pid"),
         data_dir,
         _bookie_ids(info.get("services", [])),
+        _ledgerstore_metrics(info.get("services", [])),
     )
 
 
@@ -703,20 +712,16 @@ async def _catch_up(via: Via, access: ClusterAccess, quorum: Quorum, spec) -> di
         side = reads.ClientReads(via.value, _gateway_address(via, access), quorum, spec.batch)
     # Each bookie's files (entry logs, index, journal) are in <data dir>/<bookie id>.
     directories = [access.data_dir / bookie_id for bookie_id in access.bookie_ids]
-    stats = reads.LedgerstoreStats(access.settings, access.bookie_ids)
-    await stats.open()
-    try:
-        # Every entry goes to write_quorum bookies: applied by all of them, it is flushed
-        # once their write caches are empty.
-        expected = await stats.applied_entries() + spec.entries * quorum.write_quorum
+    stats = reads.LedgerstoreStats(access.ledgerstore_metrics)
+    # Every entry goes to write_quorum bookies: applied by all of them, it is flushed once
+    # their write caches are empty.
+    expected = await stats.applied_entries() + spec.entries * quorum.write_quorum
 
-        async def forget() -> None:
-            await stats.wait_flushed(expected)
+    async def forget() -> None:
+        await stats.wait_flushed(expected)
 
-        label = f"quire ({via.value})"
-        return await _reads(side, spec, directories, forget, stats, label)
-    finally:
-        await stats.aclose()
+    label = f"quire ({via.value})"
+    return await _reads(side, spec, directories, forget, stats, label)
 
 
 async def _reads(side, spec, directories, forget, stats, label: str) -> dict[str, Any]:
@@ -910,7 +915,15 @@ def gc(
         machine = machine_info(access.fsync)
         bookie_dirs = {b: access.data_dir / b for b in access.bookie_ids}
         figures = _run(
-            run_gc(access.settings, access.http, bookie_dirs, quorum, spec, err_console.print)
+            run_gc(
+                access.settings,
+                access.http,
+                bookie_dirs,
+                access.ledgerstore_metrics,
+                quorum,
+                spec,
+                err_console.print,
+            )
         )
     machine["load_average_at_end"] = load_average()
     report = {

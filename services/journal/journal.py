@@ -22,7 +22,6 @@ add of it is answered. A write or fsync error is fatal: the process exits at onc
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import logging
 import queue
@@ -66,6 +65,7 @@ from shared.bookie.journal_format import (
 from shared.bookie.rules import BookieLedgerState
 from shared.config import MIB, JournalSettings
 from shared.disk import fail_stop
+from shared.metrics import OpStats
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,6 @@ PAGE_CACHE_DROP_STEP_BYTES = MIB
 # more rows than this many a ledger: a rewrite of N ledgers then comes after at least N
 # rows of changes, so its cost is paid by data, not by the ledgers ever seen.
 SNAPSHOT_ROWS_PER_LEDGER_MAX = 2
-_SYNC_LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
 
 
 class JournalStartupError(RuntimeError):
@@ -94,23 +93,20 @@ def die(reason: str) -> None:
 
 @dataclass
 class JournalStats:
-    """BookKeeper's journal metric names; served as JSON now, Prometheus later."""
+    """The journal's counters, plain numbers bumped without a lock; the journal service's
+    metrics builder reads them at scrape time (docs/metrics.md: journal)."""
 
     journal_add_entry: int = 0
     # JOURNAL_ADD_ENTRY: from queueing to fsync done, per entry.
-    journal_add_entry_latency_ms_sum: float = 0.0
-    journal_add_entry_latency_ms_max: float = 0.0
-    journal_add_entry_latency_ms_buckets: list[int] = field(
-        default_factory=lambda: [0] * (len(_SYNC_LATENCY_BUCKETS_MS) + 1)
-    )
+    add_entry_latency: OpStats = field(default_factory=OpStats)
+    # ADD_ENTRY_REQUEST: from an add request's arrival to its reply, per entry (success:
+    # admitted and durable; not: refused).
+    add_entry_request: OpStats = field(default_factory=OpStats)
     journal_add_entry_rejected: dict[str, int] = field(default_factory=dict)
     journal_records: int = 0
     journal_sync: int = 0
-    journal_sync_latency_ms_sum: float = 0.0
-    journal_sync_latency_ms_max: float = 0.0
-    journal_sync_latency_ms_buckets: list[int] = field(
-        default_factory=lambda: [0] * (len(_SYNC_LATENCY_BUCKETS_MS) + 1)
-    )
+    # JOURNAL_SYNC: writing one group commit and its fdatasync.
+    sync_latency: OpStats = field(default_factory=OpStats)
     journal_flush_batch_records_sum: int = 0
     journal_flush_batch_records_max: int = 0
     journal_flush_batch_bytes_sum: int = 0
@@ -131,36 +127,16 @@ class JournalStats:
         )
 
     def added(self, latency_ms: float) -> None:
-        self.journal_add_entry_latency_ms_sum += latency_ms
-        self.journal_add_entry_latency_ms_max = max(
-            self.journal_add_entry_latency_ms_max, latency_ms
-        )
-        # The number of bounds below the latency (called for every record: no loop).
-        bucket = bisect.bisect_left(_SYNC_LATENCY_BUCKETS_MS, latency_ms)
-        self.journal_add_entry_latency_ms_buckets[bucket] += 1
+        self.add_entry_latency.record(latency_ms)
 
     def synced(self, records: int, size: int, latency_ms: float) -> None:
         self.journal_sync += 1
         self.journal_records += records
-        self.journal_sync_latency_ms_sum += latency_ms
-        self.journal_sync_latency_ms_max = max(self.journal_sync_latency_ms_max, latency_ms)
-        bucket = bisect.bisect_left(_SYNC_LATENCY_BUCKETS_MS, latency_ms)
-        self.journal_sync_latency_ms_buckets[bucket] += 1
+        self.sync_latency.record(latency_ms)
         self.journal_flush_batch_records_sum += records
         self.journal_flush_batch_records_max = max(self.journal_flush_batch_records_max, records)
         self.journal_flush_batch_bytes_sum += size
         self.journal_flush_batch_bytes_max = max(self.journal_flush_batch_bytes_max, size)
-
-    def as_json(self) -> dict:
-        data = dict(vars(self))
-        data["journal_sync_latency_ms_bucket_bounds"] = list(_SYNC_LATENCY_BUCKETS_MS)
-        # BookKeeper's names for the same figures (JournalStats), for dashboards.
-        data["JOURNAL_FORCE_WRITE_BATCH_ENTRIES"] = self.journal_flush_batch_records_sum
-        data["JOURNAL_FORCE_WRITE_BATCH_BYTES"] = self.journal_flush_batch_bytes_sum
-        data["JOURNAL_QUEUE_SIZE"] = self.journal_queue_size
-        data["JOURNAL_SYNC"] = self.journal_sync
-        data["JOURNAL_ADD_ENTRY"] = self.journal_add_entry
-        return data
 
 
 @dataclass
