@@ -138,6 +138,22 @@ def matched_labels(promql: str) -> list[tuple[str, set[str]]]:
     return found
 
 
+def quantile_matchers(promql: str) -> list[tuple[str, str]]:
+    """Each `NAME{quantile="Q"}` of a parsed query, as (NAME, Q)."""
+    found = []
+
+    def visit(node: object) -> None:
+        if isinstance(node, promql_parser.VectorSelector) and node.name:
+            found.extend(
+                (node.name, m.value)
+                for m in node.matchers.matchers
+                if m.name == "quantile" and m.op == promql_parser.MatchOp.Equal
+            )
+
+    promql_parser.walk(promql_parser.parse(promql), visit)
+    return found
+
+
 def grouping_labels(promql: str) -> list[tuple[set[str], set[str]]]:
     """Each `sum by (...)`-style aggregation of a parsed query: its labels, and the metric
     names selected inside it."""
@@ -169,9 +185,7 @@ def trace_to_metrics_queries(datasources: dict) -> list[PromQuery]:
 
 
 # | `name` [**BK**] | type | labels | unit | meaning |
-_CATALOG_ROW = re.compile(
-    r"^\| `([a-zA-Z_:][\w:]*)`(?: \*\*BK\*\*)? \| ([^|]+?) \|([^|]*)\|", re.M
-)
+_CATALOG_ROW = re.compile(r"^\| `([a-zA-Z_:][\w:]*)`(?: \*\*BK\*\*)? \| ([^|]+?) \|([^|]*)\|", re.M)
 
 
 @dataclass(frozen=True)
