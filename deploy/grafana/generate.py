@@ -366,6 +366,56 @@ def overview() -> dashboard.Dashboard:
                 ),
             )
         )
+        .with_row(dashboard.Row("Metadata (PostgreSQL)"))
+        .with_panel(
+            graph(
+                "Metadata requests",
+                "Requests the metadata service answered per second, by operation and outcome "
+                "(OK or the error code).",
+                "reqps",
+                Query(
+                    rate_sum("quire_metadata_requests_total", "", by="op, code"),
+                    "{{op}} {{code}}",
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Metadata request latency p99",
+                "From decoding a request to its reply, by operation, 99th percentile.",
+                "s",
+                *histogram_quantiles(
+                    "quire_metadata_request_latency_seconds", "", by="op", quantiles=[0.99]
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Compare-and-set conflicts",
+                "Metadata updates refused per second because the ledger or cookie changed "
+                "under the writer (BAD_VERSION).",
+                "ops",
+                Query(rate_sum("quire_metadata_cas_conflicts_total", "", by="op"), "{{op}}"),
+            )
+        )
+        .with_row(dashboard.Row("Processes"))
+        .with_panel(
+            graph(
+                "CPU",
+                "CPU seconds per second of each process (every process but the gateway, "
+                "which has no process collector).",
+                "percentunit",
+                Query(f"rate(process_cpu_seconds_total[{RATE}])", "{{instance}}"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Resident memory",
+                "Resident set size of each process (every process but the gateway).",
+                "bytes",
+                Query("process_resident_memory_bytes", "{{instance}}"),
+            )
+        )
     )
 
 
@@ -637,6 +687,16 @@ def bookie() -> dashboard.Dashboard:
                 Query(f"quire_journal_read_only{{{BOOKIE}}}", "{{bookie_id}} read-only"),
             )
         )
+        .with_panel(
+            graph(
+                "Ledgers",
+                "Ledgers the journal holds durable state of (fenced flag, LAC, master key), "
+                "and ledgers the ledger storage holds entries of.",
+                "none",
+                Query(f"quire_journal_ledgers{{{BOOKIE}}}", "{{bookie_id}} journal"),
+                Query(f"quire_ledgerstore_ledgers{{{BOOKIE}}}", "{{bookie_id}} storage"),
+            )
+        )
         .with_row(dashboard.Row("Ledger storage"))
         .with_panel(
             graph(
@@ -695,6 +755,14 @@ def bookie() -> dashboard.Dashboard:
                 "Per read request, from its arrival to its reply.",
                 "ms",
                 *summary_quantiles("bookkeeper_server_READ_ENTRY_REQUEST", BOOKIE),
+            )
+        )
+        .with_panel(
+            graph(
+                "Read scheduling delay (READ_ENTRY_SCHEDULING_DELAY)",
+                "Time a served read request waited in the read queue for a worker.",
+                "ms",
+                *summary_quantiles("bookkeeper_server_READ_ENTRY_SCHEDULING_DELAY", BOOKIE),
             )
         )
         .with_panel(

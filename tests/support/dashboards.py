@@ -204,13 +204,17 @@ class Catalog:
 
 
 def catalog(path: Path = ROOT / "docs" / "metrics.md") -> Catalog:
-    """docs/metrics.md's tables read: a counter row names its `_total` sample; "counter
+    """docs/metrics.md read: in its tables, a counter row names its `_total` sample; "counter
     (untyped)" is BookKeeper's bare name, exposed untyped; a "summary (count/sum only)" has
     no quantile samples. The labels column lists names, each maybe followed by its values
     in parentheses."""
-    samples: dict[str, str] = {}
-    labels: dict[str, set[str]] = {}
-    for name, kind, label_text in _CATALOG_ROW.findall(path.read_text()):
+    text = path.read_text()
+    # prometheus_client's standard collectors, listed in prose by their sample names (the
+    # gateway has none of them); no labels are relied on.
+    standard = text.split("## Every process but the gateway", 1)[1].split("\n## ", 1)[0]
+    samples = {name: name for name in re.findall(r"`((?:process|python)_\w+)`", standard)}
+    labels: dict[str, set[str]] = {name: set() for name in samples}
+    for name, kind, label_text in _CATALOG_ROW.findall(text):
         if kind.startswith("counter (untyped)"):
             names = sample_names(name, "unknown")
         elif kind.startswith("counter"):
