@@ -1043,35 +1043,31 @@ def autorecovery() -> dashboard.Dashboard:
     )
 
 
+def tempo_query(traceql: str) -> tempo.TempoQuery:
+    return tempo.TempoQuery().datasource(TEMPO).ref_id("A").query_type("traceql").query(traceql)
+
+
+def trace_search(title: str, description: str, traceql: str) -> dashboard.Panel:
+    """A table of the most recent traces a TraceQL query finds (each links to its trace)."""
+    return (
+        dashboard.Panel()
+        .type("table")
+        .title(title)
+        .description(description)
+        .datasource(TEMPO)
+        .span(8)
+        .height(GRAPH_HEIGHT)
+        .with_target(tempo_query(traceql).limit(20))
+    )
+
+
 def traces() -> dashboard.Dashboard:
-    search = (
-        tempo.TempoQuery()
-        .datasource(TEMPO)
-        .ref_id("A")
-        .query_type("traceql")
-        .query('{resource.service.name = "quire-gateway" && name = "ledger.add"}')
-        .limit(20)
-    )
-    slow = (
-        tempo.TempoQuery()
-        .datasource(TEMPO)
-        .ref_id("A")
-        .query_type("traceql")
-        .query(
-            '{resource.service.name = "quire-journal" && name = "journal.fdatasync"'
-            " && duration > 10ms}"
-        )
-        .limit(20)
-    )
-    trace = (
-        tempo.TempoQuery().datasource(TEMPO).ref_id("A").query_type("traceql").query("$trace_id")
-    )
     return (
         new_dashboard(
             "quire-traces",
             "Quire: traces",
-            "Sampled appends and slow fsyncs from Tempo, and one trace by id (the id of any "
-            "HTTP or gRPC answer's traceresponse).",
+            "Sampled appends, slow fsyncs and background operations from Tempo, and one "
+            "trace by id (the id of any HTTP or gRPC answer's traceresponse).",
         )
         .with_variable(
             dashboard.TextBoxVariable("trace_id")
@@ -1079,24 +1075,27 @@ def traces() -> dashboard.Dashboard:
             .description("A trace id, e.g. from a traceresponse header")
         )
         .with_panel(
-            dashboard.Panel()
-            .type("table")
-            .title("Recent appends")
-            .description("Traces with a gateway ledger.add span (sampled requests only).")
-            .datasource(TEMPO)
-            .span(GRAPH_WIDTH)
-            .height(GRAPH_HEIGHT)
-            .with_target(search)
+            trace_search(
+                "Recent appends",
+                "Traces with a gateway ledger.add span (sampled requests only).",
+                '{resource.service.name = "quire-gateway" && name = "ledger.add"}',
+            )
         )
         .with_panel(
-            dashboard.Panel()
-            .type("table")
-            .title("Slow fsyncs")
-            .description("Journal fdatasyncs over 10 ms, and the group commits they served.")
-            .datasource(TEMPO)
-            .span(GRAPH_WIDTH)
-            .height(GRAPH_HEIGHT)
-            .with_target(slow)
+            trace_search(
+                "Slow fsyncs",
+                "Journal fdatasyncs over 10 ms, each in its group commit's trace (linked to "
+                "the traced adds it served).",
+                '{resource.service.name = "quire-journal" && name = "journal.fdatasync"'
+                " && duration > 10ms}",
+            )
+        )
+        .with_panel(
+            trace_search(
+                "Background operations",
+                "Garbage-collection runs and re-replications, always traced unless tracing is off.",
+                '{name = "gc.run" || name = "replicator.rereplicate"}',
+            )
         )
         .with_panel(
             dashboard.Panel()
@@ -1106,7 +1105,7 @@ def traces() -> dashboard.Dashboard:
             .datasource(TEMPO)
             .span(24)
             .height(16)
-            .with_target(trace)
+            .with_target(tempo_query("$trace_id"))
         )
     )
 
