@@ -5,6 +5,7 @@ other and with the README."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -126,6 +127,18 @@ def test_the_catalog_reader_knows_each_exposition_form() -> None:
     assert known.labels["quire_auditor_check_duration_seconds"] == {"check", "success"}
     assert "le" in known.sample_labels("quire_journal_sync_latency_seconds_bucket")
     assert "le" not in known.sample_labels("quire_journal_sync_latency_seconds_count")
+
+
+def test_every_variable_a_dashboard_uses_it_defines() -> None:
+    """An undefined $variable stays literal in the query, which then selects nothing."""
+    wrong = []
+    for name, model in committed_dashboards().items():
+        defined = {variable["name"] for variable in model["templating"].get("list", [])}
+        text = json.dumps([model["panels"], model["templating"]])
+        used = set(re.findall(r"\$\{?(\w+)", text)) - {"__rate_interval"}
+        if used - defined:
+            wrong.append(f"{name}: {sorted(used - defined)}")
+    assert not wrong, wrong
 
 
 def test_panels_name_only_the_provisioned_datasources() -> None:
