@@ -25,7 +25,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -119,6 +119,9 @@ class _Window:
     current: list[list[int]]
 
 
+M = TypeVar("M", bound=Metric)
+
+
 @dataclass
 class Exposition:
     """The families of one scrape, built by the registry's builders. A name added twice
@@ -128,11 +131,11 @@ class Exposition:
     windows: dict[int, _Window] = field(default_factory=dict)
     families: dict[str, Metric] = field(default_factory=dict)
 
-    def _family(self, name: str, make: Callable[[], Metric]) -> Metric:
+    def _family(self, name: str, make: Callable[[], M]) -> M:
         family = self.families.get(name)
         if family is None:
             family = self.families[name] = make()
-        return family
+        return family  # type: ignore[return-value]  # made by `make` under this name
 
     def counter(self, name: str, doc: str, value: float, **labels: str) -> None:
         """A Quire counter: `name` without `_total` (the exposition adds it)."""
@@ -262,9 +265,10 @@ def serve_metrics(rt: ServiceRuntime, *builders: Builder) -> MetricsRegistry:
     server, thread = start_http_server(
         settings.metrics_port, settings.metrics_host, registry=metrics.registry
     )
-    host, port = server.server_address[:2]
-    rt.metrics_url = f"http://{host}:{port}/metrics"  # type: ignore[attr-defined]
-    log.info("metrics served", extra={"url": rt.metrics_url})
+    port = server.server_address[1]
+    url = f"http://{settings.metrics_host}:{port}/metrics"
+    rt.metrics_url = url  # type: ignore[attr-defined]
+    log.info("metrics served", extra={"url": url})
 
     async def stop() -> None:
         await asyncio.to_thread(server.shutdown)

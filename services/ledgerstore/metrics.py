@@ -104,6 +104,16 @@ def _storage(e: Exposition, service: LedgerstoreService) -> None:
         s.read_cache_misses,
     )
     e.gauge("quire_ledgerstore_ledgers", "Ledgers stored here", len(service.store.ledgers))
+    e.gauge(
+        "quire_ledgerstore_damaged",
+        "1 once journal records it needs were found gone or bad (it stops applying)",
+        int(service.store.damaged is not None),
+    )
+    e.gauge(
+        "quire_ledgerstore_unsure",
+        "1 once records were skipped: absence is never claimed again",
+        int(service.store.unsure is not None),
+    )
 
 
 def _reads(e: Exposition, service: LedgerstoreService) -> None:

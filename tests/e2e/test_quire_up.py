@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import nats
@@ -22,6 +21,7 @@ import pytest
 
 from shared.metrics import Scrape, scrape
 from tests.support.cluster import QuireUp, pid_alive, wait_gone
+from tests.support.metrics_catalog import catalog, missing_and_unlisted
 from tests.support.natsproto import nats_handshake
 from tests.support.wait import until
 
@@ -248,24 +248,6 @@ def test_thousand_appends_read_back_byte_exact_then_close(cluster: QuireUp) -> N
         STATE["closed"] = lid
 
 
-def catalog() -> dict[str, list[str]]:
-    """docs/metrics.md: service -> every name its table lists (as a sample or family)."""
-    names: dict[str, list[str]] = {}
-    service = None
-    for line in (Path(__file__).parents[2] / "docs" / "metrics.md").read_text().splitlines():
-        if line.startswith("## "):
-            words = line.split()
-            service = words[1] if len(words) > 2 and words[2].startswith("(`service=") else None
-        elif service and line.startswith("| `"):
-            names.setdefault(service, []).append(line.split("`")[1])
-    return names
-
-
-def exported(scrape: Scrape, name: str) -> bool:
-    """A sample name, or a family's (a counter with no sample yet has only its family)."""
-    return name in scrape or name in scrape.types or name.removesuffix("_total") in scrape.types
-
-
 def test_every_target_serves_prometheus_with_bookkeepers_names(cluster: QuireUp) -> None:
     """After the appends and reads above: every process of targets.json answers with
     Prometheus text, the names of docs/metrics.md are there, and the counters of the work
@@ -306,17 +288,8 @@ def test_every_target_serves_prometheus_with_bookkeepers_names(cluster: QuireUp)
     assert set(listed) == set(by_kind)
     for kind, names in listed.items():
         for one in by_kind[kind]:
-            missing = [n for n in names if not exported(one, n)]
+            missing, unlisted = missing_and_unlisted(one, names)
             assert not missing, f"{kind} does not export {missing}"
-            # And the catalog is whole: every family of ours is in it.
-            unlisted = [
-                family
-                for family in one.types
-                if not family.startswith(("process_", "python_"))
-                and not family.endswith("_created")  # prometheus_client's, see the catalog
-                and family not in names
-                and f"{family}_total" not in names
-            ]
             assert not unlisted, f"docs/metrics.md does not list {kind}'s {unlisted}"
 
     journals, ledgerstores = by_kind["journal"], by_kind["ledgerstore"]
