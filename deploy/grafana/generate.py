@@ -42,8 +42,8 @@ DASHBOARDS_DIR = Path(__file__).resolve().parent / "dashboards"
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="prometheus")
 TEMPO = DataSourceRef(type_val="tempo", uid="tempo")
 
-# Grid: 24 columns; a stat is a quarter of a row, a graph half of one.
-STAT_WIDTH, STAT_HEIGHT = 6, 4
+# Grid: 24 columns; a stat is a sixth of a row, a graph half of one.
+STAT_WIDTH, STAT_HEIGHT = 4, 4
 GRAPH_WIDTH, GRAPH_HEIGHT = 12, 8
 
 RATE = "$__rate_interval"
@@ -210,6 +210,7 @@ def overview() -> dashboard.Dashboard:
             "how fast, how long the bookies take to make an entry durable, what the auditor "
             "sees lost or marks under-replicated, and what garbage collection reclaims.",
         )
+        # The gateways' side, then the bookies' and the auditor's.
         .with_panel(
             single(
                 "Processes up",
@@ -244,6 +245,22 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(
             single(
+                "Pending adds",
+                "Adds sent to bookies and not yet acknowledged, every gateway.",
+                "none",
+                Query("sum(quire_gateway_pending_adds)"),
+            )
+        )
+        .with_panel(
+            single(
+                "HTTP 5xx/s",
+                "Requests per second the gateways answered with a server error.",
+                "reqps",
+                Query(rate_sum("quire_gateway_http_requests_total", 'status=~"5.."')),
+            )
+        )
+        .with_panel(
+            single(
                 "Lost bookies",
                 "Bookies the elected auditor sees lost.",
                 "none",
@@ -260,6 +277,24 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(
             single(
+                "Damaged ledger stores",
+                "Ledger stores that found journal records they need gone or bad: they stop "
+                "applying the journal and answer UNKNOWN_LEDGER_STATE for what they lack.",
+                "none",
+                Query("sum(quire_ledgerstore_damaged)"),
+            )
+        )
+        .with_panel(
+            single(
+                "Unsure ledger stores",
+                "Ledger stores that skipped journal records (the operator allowed it): they "
+                "never claim an entry absent again.",
+                "none",
+                Query("sum(quire_ledgerstore_unsure)"),
+            )
+        )
+        .with_panel(
+            single(
                 "Marked under-replicated (1h)",
                 "Ledgers the auditor marked under-replicated in the last hour.",
                 "none",
@@ -268,10 +303,10 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(
             single(
-                "Pending adds",
-                "Adds sent to bookies and not yet acknowledged, every gateway.",
+                "Elected auditors",
+                "Auditors holding the lease now: 1 when autorecovery is running.",
                 "none",
-                Query("sum(quire_gateway_pending_adds)"),
+                Query("sum(quire_auditor_leader)"),
             )
         )
         .with_panel(
@@ -791,6 +826,17 @@ def bookie() -> dashboard.Dashboard:
                 ),
             )
         )
+        .with_panel(
+            graph(
+                "Damaged and unsure",
+                "1 once the ledger storage found journal records it needs gone or bad "
+                "(damaged: it stops applying the journal), or skipped some (unsure: it never "
+                "claims an entry absent again).",
+                "none",
+                Query(f"quire_ledgerstore_damaged{{{BOOKIE}}}", "{{bookie_id}} damaged"),
+                Query(f"quire_ledgerstore_unsure{{{BOOKIE}}}", "{{bookie_id}} unsure"),
+            )
+        )
         .with_row(dashboard.Row("Garbage collection"))
         .with_panel(
             graph(
@@ -880,7 +926,6 @@ def autorecovery() -> dashboard.Dashboard:
             "failures).",
         )
         .with_variable(label_variable("instance", "Process", 'up{service=~"auditor|replicator"}'))
-        .with_row(dashboard.Row("Auditor"))
         .with_panel(
             single(
                 "Elected auditors",
@@ -922,6 +967,26 @@ def autorecovery() -> dashboard.Dashboard:
                 ),
             )
         )
+        .with_panel(
+            single(
+                "Re-replicated (1h)",
+                "Ledgers the replication workers made whole again in the last hour.",
+                "none",
+                Query(
+                    "sum(increase(quire_replicator_claims_ended_total"
+                    f'{{{INSTANCE}, outcome="replicated"}}[1h]))'
+                ),
+            )
+        )
+        .with_panel(
+            single(
+                "Workers busy",
+                "Replication workers holding a claim now.",
+                "none",
+                Query(f"sum(quire_replicator_workers_busy{{{INSTANCE}}})"),
+            )
+        )
+        .with_row(dashboard.Row("Auditor"))
         .with_panel(
             graph(
                 "Bookies by state",
@@ -1035,9 +1100,9 @@ def autorecovery() -> dashboard.Dashboard:
         .with_panel(
             graph(
                 "Workers busy",
-                "Replication workers holding a claim now.",
+                "Replication workers holding a claim now, per replicator.",
                 "none",
-                Query(f"sum(quire_replicator_workers_busy{{{INSTANCE}}})", "busy"),
+                Query(f"quire_replicator_workers_busy{{{INSTANCE}}}", "{{instance}}"),
             )
         )
     )
