@@ -43,7 +43,8 @@ EXPOSITION_SUFFIXES = {
 
 # Grafana's built-in interval variables, as a duration the parser accepts.
 _INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b|\$\{__(rate_interval|interval)\}")
-# A dashboard variable: only ever the value of a regex matcher, so any regex will do.
+# A dashboard variable: only ever at the start of a regex matcher's value (checked), so any
+# regex will do in its place.
 _VARIABLE = re.compile(r"\$\{?\w+\}?")
 _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*(\w+)\)$", re.S)
 
@@ -71,6 +72,9 @@ class PromQuery:
         # A trace-to-metrics link's label matchers, from the span's tags.
         expr = self.expr.replace("$__tags", 'bookie_id="bookie-1"')
         expr = _INTERVALS.sub("5m", expr)
+        # Multi-valued: Grafana writes "(a|b)", which only a regex matcher reads as meant.
+        for match in _VARIABLE.finditer(expr):
+            assert expr[: match.start()].endswith('=~"'), f"{match[0]} outside =~: {expr}"
         return _VARIABLE.sub(".*", expr)
 
 
