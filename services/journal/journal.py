@@ -110,7 +110,6 @@ class JournalStats:
     journal_flush_batch_records_sum: int = 0
     journal_flush_batch_records_max: int = 0
     journal_flush_batch_bytes_sum: int = 0
-    journal_flush_batch_bytes_max: int = 0
     journal_queue_size: int = 0
     journal_queue_max_size: int = 0
     journal_rolls: int = 0
@@ -136,7 +135,6 @@ class JournalStats:
         self.journal_flush_batch_records_sum += records
         self.journal_flush_batch_records_max = max(self.journal_flush_batch_records_max, records)
         self.journal_flush_batch_bytes_sum += size
-        self.journal_flush_batch_bytes_max = max(self.journal_flush_batch_bytes_max, size)
 
 
 @dataclass

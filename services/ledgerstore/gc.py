@@ -124,8 +124,6 @@ class GcStats:
     major_compaction_count: int = 0
     minor_compaction_count: int = 0
     compacted_entry_log_count: int = 0
-    compaction_duration_ms_sum: int = 0
-    compaction_duration_ms_max: int = 0
     # COMPACT_RUNTIME: per entry log compacted.
     compact_runtime: OpStats = field(default_factory=lambda: OpStats(SLOW_BOUNDS_MS))
     active_entry_log_count: int = 0  # sealed logs, as of the last run
@@ -491,8 +489,6 @@ class GarbageCollector:
         stats = self.stats
         stats.compacted_entry_log_count += 1
         stats.reclaimed_compaction_space_bytes += result.bytes_reclaimed
-        stats.compaction_duration_ms_sum += duration_ms
-        stats.compaction_duration_ms_max = max(stats.compaction_duration_ms_max, duration_ms)
         stats.compact_runtime.record(duration_ms)
         self.emit(
             "gc.compacted",

@@ -56,8 +56,6 @@ class ReadQueueStats:
     read_entry_expired: int = 0  # dropped unread: waited past their sender's timeout
     read_entry_queue_size: int = 0  # waiting for a worker now
     read_entry_in_progress: int = 0  # being served now
-    read_entry_scheduling_delay_ms_sum: float = 0.0  # time in the queue, of those served
-    read_entry_scheduling_delay_ms_max: float = 0.0
     # READ_ENTRY_SCHEDULING_DELAY, of those served.
     scheduling_delay: OpStats = field(default_factory=OpStats)
     # READ_ENTRY_REQUEST: from arrival to the reply (not success: refused, expired, failed).
@@ -123,10 +121,6 @@ class ReadQueue:
             stats.read_entry_expired += 1
             stats.request_latency.record(delay_ms, success=False)
             return
-        stats.read_entry_scheduling_delay_ms_sum += delay_ms
-        stats.read_entry_scheduling_delay_ms_max = max(
-            stats.read_entry_scheduling_delay_ms_max, delay_ms
-        )
         stats.scheduling_delay.record(delay_ms)
         stats.read_entry_in_progress += 1
         served = False
