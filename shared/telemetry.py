@@ -1,7 +1,7 @@
 """OpenTelemetry tracing for every Quire process, with W3C trace context in NATS headers.
 
 The sampling decision is made once, at the edge: the gateway's HTTP or gRPC request (a
-trace-id ratio, 0.01 by default) or a background operation (always recorded: GC runs and
+trace-id ratio, 0.001 by default) or a background operation (always recorded: GC runs and
 compactions are rare). Everything downstream follows the parent: a NATS request carries
 `traceparent` only when the sender's span is sampled, and an endpoint opens a SERVER span
 only when a sampled `traceparent` arrives. An unsampled append therefore costs no header
@@ -49,7 +49,7 @@ from shared.tracestore import SpanStoreExporter
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SAMPLE_RATIO = 0.01
+DEFAULT_SAMPLE_RATIO = 0.001
 # The attribute by which the sampler recognises a background operation's root span
 # (it sees a span's initial attributes, not the helper that opened it).
 BACKGROUND_ATTRIBUTE = "quire.background"
@@ -121,7 +121,7 @@ def _ratio(arg: str | None) -> float:
 
 def sampler_from_env(environ: Mapping[str, str] = os.environ) -> Sampler:
     """The sampler `OTEL_TRACES_SAMPLER` names; unset means `parentbased_traceidratio`.
-    A ratio (`OTEL_TRACES_SAMPLER_ARG`, default 0.01 for every ratio sampler) keeps
+    A ratio (`OTEL_TRACES_SAMPLER_ARG`, default 0.001 for every ratio sampler) keeps
     Quire's link and background rules; `always_off` turns off background spans too, and
     `parentbased_always_off` keeps only the link rule (a commit serving a traced add).
     `traceidratio` follows the parent too: on its own it would drop the children of a

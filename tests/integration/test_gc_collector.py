@@ -429,7 +429,7 @@ async def test_a_run_is_a_background_trace_with_its_listing_deletion_and_compact
     from shared import telemetry
 
     exporter = InMemorySpanExporter()
-    # The default sampler (a 1 % ratio): a GC run is recorded all the same.
+    # The default sampler (a 0.1 % ratio): a GC run is recorded all the same.
     provider = telemetry.build_provider("ledgerstore", bookie_id="bookie-1", environ={})
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry.install_provider(provider)
