@@ -437,8 +437,7 @@ def overview() -> dashboard.Dashboard:
         .with_panel(
             graph(
                 "CPU",
-                "CPU seconds per second of each process (every process but the gateway, "
-                "which has no process collector).",
+                "CPU seconds per second of each process.",
                 "percentunit",
                 Query(f"rate(process_cpu_seconds_total[{RATE}])", "{{instance}}"),
             )
@@ -446,7 +445,7 @@ def overview() -> dashboard.Dashboard:
         .with_panel(
             graph(
                 "Resident memory",
-                "Resident set size of each process (every process but the gateway).",
+                "Resident set size of each process.",
                 "bytes",
                 Query("process_resident_memory_bytes", "{{instance}}"),
             )

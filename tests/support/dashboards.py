@@ -214,8 +214,8 @@ def catalog(path: Path = ROOT / "docs" / "metrics.md") -> Catalog:
     in parentheses."""
     text = path.read_text()
     # prometheus_client's standard collectors, listed in prose by their sample names (the
-    # gateway has none of them); no labels are relied on.
-    standard = text.split("## Every process but the gateway", 1)[1].split("\n## ", 1)[0]
+    # gateway serves them too); no labels are relied on.
+    standard = text.split("## Every process\n", 1)[1].split("\n## ", 1)[0]
     samples = {name: name for name in re.findall(r"`((?:process|python)_\w+)`", standard)}
     labels: dict[str, set[str]] = {name: set() for name in samples}
     for name, kind, label_text in _CATALOG_ROW.findall(text):
