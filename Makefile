@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint lock proto clean
+.PHONY: run test lint lock proto dashboards clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "Quire needs Python 3.11 or newer" >&2; exit 1; }
@@ -37,6 +37,11 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
 		proto/quire/v1/ledgers.proto
+
+# Regenerate the Grafana dashboards (deploy/grafana/dashboards/*.json) from
+# deploy/grafana/generate.py; tests/unit/test_dashboards.py fails until the JSON is current.
+dashboards: $(STAMP)
+	$(BIN)/python deploy/grafana/generate.py
 
 # Re-pin every dependency to what resolves today.
 lock:

@@ -13,6 +13,7 @@ from quire.commands import autorecovery as autorecovery_commands
 from quire.commands import bookie as bookie_commands
 from quire.commands import ledger as ledger_commands
 from quire.commands import shell as shell_commands
+from quire.commands import trace as trace_commands
 
 app = typer.Typer(
     name="quire",
@@ -61,6 +62,7 @@ app.add_typer(bookie_commands.app, name="bookie")
 app.add_typer(autorecovery_commands.app, name="autorecovery")
 app.add_typer(shell_commands.app, name="shell")
 app.add_typer(bench_commands.app, name="bench")
+app.add_typer(trace_commands.app, name="trace")
 
 
 def main() -> None:

@@ -6,6 +6,10 @@ auditor, the replicator and the gateway, each as its own process. It prints the 
 line once the gateway answers /readyz, keeps DIR/cluster.json up to date, reports a
 process that dies (the rest keeps serving), and on SIGINT or SIGTERM stops everything
 in order: gateway first, PostgreSQL and NATS last.
+
+Every service process serves Prometheus metrics on a port of its own (the gateway on its
+HTTP port, /metrics); DIR/prometheus/targets.json lists them all for Prometheus's
+file-based service discovery (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from quire.infra import (
     PG_USER,
     InfraError,
     ManagedProcess,
-    die_with_parent,
+    ended_with_parent,
+    free_port,
     start_nats,
     start_postgres,
     write_private,
@@ -64,6 +69,7 @@ class ServiceProcess:
     bookie_id: str | None = None
     log_path: Path | None = None
     reported_dead: bool = False
+    metrics_port: int | None = None  # its Prometheus metrics server (the gateway: HTTP port)
 
 
 AUTH_FILE = "auth.json"
@@ -147,6 +153,7 @@ class Cluster:
             self._spawn("replicator", "replicator")
             self._spawn("gateway", "gateway")
             self.write_cluster_json()
+            self.write_targets_json()
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -180,6 +187,10 @@ class Cluster:
                 "QUIRE_GATEWAY__READY_MIN_WRITABLE_BOOKIES": str(min(3, self.config.bookies)),
             }
         )
+        # Every process keeps its spans in the cluster's span store (`quire trace show`),
+        # exported within half a second rather than the SDK's 5 s.
+        env["QUIRE_TRACES_DIR"] = str(self.data_dir / "traces")
+        env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "500")
         env.update(self.config.extra_env)
         if bookie_id:
             env["QUIRE_BOOKIE_ID"] = bookie_id
@@ -187,17 +198,27 @@ class Cluster:
 
     def _spawn(self, name: str, kind: str, bookie_id: str | None = None) -> None:
         log_path = self.data_dir / "logs" / f"{name}.log"
+        env = self._env(bookie_id)
+        metrics_port = self.config.http_port
+        if kind != "gateway":  # the gateway serves /metrics on its HTTP port
+            # A port free now, closed before the process binds it: another program could
+            # take it in between, which on a developer's machine is rare enough; the
+            # process would then fail to start, reported like any other that dies.
+            metrics_port = free_port(self.config.host)
+            env["QUIRE_METRICS_PORT"] = str(metrics_port)
+            env["QUIRE_METRICS_HOST"] = self.config.host
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{kind}"],
-                env=self._env(bookie_id),
+                **ended_with_parent([sys.executable, "-m", f"services.{kind}"]),
+                env=env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
             )
-        self.services.append(ServiceProcess(name, kind, proc, bookie_id, log_path))
+        self.services.append(
+            ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
+        )
 
     @property
     def http_url(self) -> str:
@@ -271,6 +292,7 @@ class Cluster:
                 "bookie_id": s.bookie_id,
                 "pid": s.proc.pid,
                 "log": str(s.log_path),
+                "metrics": self.metrics_url(s),
             }
             for s in self.services
         )
@@ -288,10 +310,38 @@ class Cluster:
         }
 
     def write_cluster_json(self) -> None:
-        path = self.data_dir / "cluster.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.cluster_info(), indent=2) + "\n")
-        os.replace(tmp, path)
+        _write_json(self.data_dir / "cluster.json", self.cluster_info())
+
+    # -- prometheus/targets.json ---------------------------------------------------------
+
+    def metrics_url(self, svc: ServiceProcess) -> str | None:
+        if svc.metrics_port is None:
+            return None
+        if svc.kind == "gateway":
+            return f"{self.http_url}/metrics"
+        return f"http://{self.config.host}:{svc.metrics_port}/metrics"
+
+    def scrape_targets(self) -> list[dict]:
+        """Prometheus file-based service discovery: one target a process, labelled with
+        its service, bookie and instance name."""
+        targets = []
+        for svc in self.services:
+            if svc.metrics_port is None:
+                continue
+            labels = {"service": svc.kind, "instance": svc.name}
+            if svc.bookie_id is not None:
+                labels["bookie_id"] = svc.bookie_id
+            targets.append(
+                {"targets": [f"{self.config.host}:{svc.metrics_port}"], "labels": labels}
+            )
+        return targets
+
+    def write_targets_json(self, targets: list[dict] | None = None) -> None:
+        """DIR/prometheus/targets.json: written once the processes are started (their set
+        and ports do not change while the cluster is up), emptied when it stops."""
+        path = self.data_dir / "prometheus" / "targets.json"
+        path.parent.mkdir(exist_ok=True)
+        _write_json(path, self.scrape_targets() if targets is None else targets)
 
     # -- running ------------------------------------------------------------------------
 
@@ -352,9 +402,18 @@ class Cluster:
             if managed is not None:
                 managed.stop()
         (self.data_dir / "cluster.json").unlink(missing_ok=True)
+        if (self.data_dir / "prometheus" / "targets.json").exists():
+            self.write_targets_json([])  # nothing to scrape any more
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Replace `path` at once: a reader (Prometheus, a CLI) never sees half a file."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def run_up(config: ClusterConfig) -> int:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # room for a 5 MiB entry plus its batch framing
@@ -43,13 +44,33 @@ PR_SET_PDEATHSIG = 1
 
 def die_with_parent(signum: int = signal.SIGTERM):
     """A preexec_fn: the child gets `signum` when the process that started it dies, so a
-    killed `quire up` or test run leaves no server behind holding ports and data dirs."""
+    killed `quire up` or test run leaves no server behind holding ports and data dirs.
+    Only where util-linux's setpriv is missing: see `ended_with_parent`."""
 
     def preexec() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signum)
 
     return preexec
+
+
+SETPRIV = shutil.which("setpriv")
+
+
+def ended_with_parent(args: list[str], signum: int = signal.SIGTERM) -> dict[str, Any]:
+    """Popen's `args` (and `preexec_fn`) that run `args` so that it gets `signum` when the
+    process that started it dies (PR_SET_PDEATHSIG, kept across exec).
+
+    Through util-linux's `setpriv --pdeathsig` wherever it exists: a preexec_fn does the
+    same, but with one subprocess runs, in the child between fork and exec, every at-fork
+    handler the parent registered, and OpenTelemetry's tracer providers and batch span
+    processors register handlers that take locks and start threads. A child forked while
+    another thread held such a lock hung before its exec (seen: test runs that never
+    ended). The preexec_fn stays the fallback for a system without setpriv."""
+    if SETPRIV:
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        return {"args": [SETPRIV, "--pdeathsig", name, "--", *args]}
+    return {"args": args, "preexec_fn": die_with_parent(signum)}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -214,12 +235,11 @@ def _launch_nats(config: Path, name: str, url: str) -> ManagedProcess:
     log_path = config.parent / "nats.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
-            [str(nats_server_binary()), "-c", str(config)],
+            **ended_with_parent([str(nats_server_binary()), "-c", str(config)]),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
         )
     return ManagedProcess(name, "nats", proc, url=url, log_path=log_path)
 
@@ -527,18 +547,22 @@ def _launch_postgres(
     settings = [f"listen_addresses={host}", "unix_socket_directories="]
     settings += ["fsync=on", "max_connections=200"]
     with open(log_path, "ab") as log_file:
-        proc = _spawn(
-            subprocess.Popen,
+        launch = ended_with_parent(
             [str(binaries / "postgres"), "-D", pgdir.data, "-p", str(port)]
             + [arg for setting in settings for arg in ("-c", setting)],
+            signal.SIGINT,
+        )
+        proc = _spawn(
+            subprocess.Popen,
+            launch.pop("args"),
             user,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=directory,
             start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGINT),
             pass_fds=pgdir.pass_fds,
+            **launch,
         )
     return ManagedProcess(
         name,

@@ -3,16 +3,23 @@ the binary wire codec: the `shared.protocol.transport.BookieTransport` over NATS
 
 A thin transport: every failure to get a decodable answer (timeout, no responder, a micro
 error, a malformed reply) is a `BookieUnreachable`, which the cores treat as "this replica
-did not answer"."""
+did not answer".
+
+A request made for a traced operation is a CLIENT span `send <subject>` whose `traceparent`
+travels in the NATS headers: any request while the current span records (a recovery's
+fences and reads: `shared.requests.request` opens it), and an add request carrying traced
+appends (`add(traced=...)`: child of the first, linked to the others), which a batch of
+several ledgers' adds sends in no span of its own. Any other request carries no header."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
+from opentelemetry.trace import NonRecordingSpan, SpanContext, use_span
 
 from shared import wire
 from shared.models import REGISTERED_AT, BookieInfo
@@ -20,7 +27,7 @@ from shared.protocol.transport import BookieUnreachable
 from shared.requests import request
 from shared.status import BookieStatus
 from shared.subjects import Subjects
-from shared.telemetry import inject_headers
+from shared.telemetry import inject_headers, nats_client_span
 
 # Room for the wire framing around the items of one request.
 REQUEST_OVERHEAD_BYTES = 4096
@@ -125,15 +132,49 @@ class BookieClient:
         """The most item bytes one request may carry: under the server's max_payload."""
         return max(self._nc.max_payload - REQUEST_OVERHEAD_BYTES, 1024)
 
-    async def _request(self, bookie_id: str, op: str, body: bytes, timeout_s: float) -> bytes:
+    async def _request(
+        self,
+        bookie_id: str,
+        op: str,
+        body: bytes,
+        timeout_s: float,
+        traced: Sequence[SpanContext] = (),
+    ) -> bytes:
+        """One request; in a CLIENT span of its own when `traced` names traced operations
+        (the first is its parent; else `request` traces it if the current span records)."""
         subject = self._subjects.bookie(bookie_id, op)
+        if not traced:
+            return await self._send(bookie_id, op, subject, body, timeout_s, None)
+        with nats_client_span(
+            subject,
+            parent=traced[0],
+            links=traced[1:],
+            attributes={"quire.bookie_id": bookie_id},
+        ) as span:
+            headers = inject_headers()
+            if span is None:
+                return await self._send(bookie_id, op, subject, body, timeout_s, headers)
+            # `request` would open a second CLIENT span under this one: it sees this span
+            # as not recording, and sends the headers that carry it.
+            with use_span(NonRecordingSpan(span.get_span_context())):
+                return await self._send(bookie_id, op, subject, body, timeout_s, headers)
+
+    async def _send(
+        self,
+        bookie_id: str,
+        op: str,
+        subject: str,
+        body: bytes,
+        timeout_s: float,
+        headers: dict[str, str] | None,
+    ) -> bytes:
         try:
             msg = await request(
                 self._nc,
                 subject,
                 body,
                 timeout_s=timeout_s,
-                headers=inject_headers(),
+                headers=headers,
                 retries=self._no_responders_retries(bookie_id),
             )
         except TimeoutError as exc:  # nats.errors.TimeoutError is one
@@ -147,10 +188,12 @@ class BookieClient:
         return msg.data
 
     async def add(
-        self, bookie_id: str, items: list[wire.AddItem]
+        self, bookie_id: str, items: list[wire.AddItem], traced: Sequence[SpanContext] = ()
     ) -> tuple[BookieStatus, list[wire.AddResult]]:
+        """`traced`: the span contexts of the traced appends whose entries are among
+        `items` (see the module docstring)."""
         data = await self._request(
-            bookie_id, "add", wire.encode_add_request(items), self._add_timeout_s
+            bookie_id, "add", wire.encode_add_request(items), self._add_timeout_s, traced
         )
         try:
             return wire.decode_add_reply(data)

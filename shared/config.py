@@ -366,6 +366,11 @@ class QuireSettings(BaseSettings):
     api_tokens: str = ""
     # NATS request timeout for service-to-service calls.
     request_timeout_ms: int = Field(default=5_000, ge=1)
+    # The process's Prometheus metrics server (shared/metrics.py; docs/metrics.md): None
+    # serves none, 0 an ephemeral port (logged). The gateway serves /metrics on its HTTP
+    # port instead.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     journal: JournalSettings = JournalSettings()
     ledgerstore: LedgerstoreSettings = LedgerstoreSettings()

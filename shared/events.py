@@ -2,7 +2,9 @@
 
 Every event has a schema version, a timestamp, its kind, its source and its ids. The
 publisher queues events (bounded) and publishes them in the background, so that a slow
-or restarting NATS never stalls the data path; what it had to drop it counts.
+or restarting NATS never stalls the data path; what it had to drop it counts. An event
+emitted in a sampled span is published in a PRODUCER span of that trace, and carries its
+`traceparent` to the consumers (who link to it: see `telemetry.nats_consumer_span`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
+from opentelemetry.trace import SpanContext
 from pydantic import BaseModel, Field
 
 from shared.subjects import Subjects
+from shared.telemetry import current_span_context, inject_headers, nats_client_span
 
 SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
@@ -60,7 +64,10 @@ class EventPublisher:
         self._js = js
         self._subjects = subjects
         self._source = source
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=queue_size)
+        # Each event with the span it was emitted in: it is published later, elsewhere.
+        self._queue: asyncio.Queue[tuple[Event, SpanContext | None]] = asyncio.Queue(
+            maxsize=queue_size
+        )
         self._task: asyncio.Task[None] | None = None
         self.published = 0
         self.dropped = 0
@@ -83,14 +90,19 @@ class EventPublisher:
             kind=kind, source=self._source, ledger_id=ledger_id, bookie_id=bookie_id, data=data
         )
         try:
-            self._queue.put_nowait(event)
+            self._queue.put_nowait((event, current_span_context()))
         except asyncio.QueueFull:
             self.dropped += 1
 
     async def _run(self) -> None:
         while True:
-            event = await self._queue.get()
-            await self._publish(event)
+            event, emitted_in = await self._queue.get()
+            if emitted_in is None:
+                await self._publish(event)
+            else:
+                subject = self._subjects.event(event.kind)
+                with nats_client_span(subject, operation="publish", parent=emitted_in):
+                    await self._publish(event)
             self._queue.task_done()
 
     async def _publish(self, event: Event) -> None:
@@ -100,7 +112,7 @@ class EventPublisher:
                 await self._js.publish(
                     self._subjects.event(event.kind),
                     payload,
-                    headers={"Nats-Msg-Id": event.event_id},
+                    headers=inject_headers({"Nats-Msg-Id": event.event_id}),
                     timeout=5,
                 )
                 self.published += 1

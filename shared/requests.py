@@ -3,7 +3,9 @@
 "No responders" means nobody took the request, so nothing happened: asking again a few
 times, briefly, is safe. It happens for real while a service starts or restarts (its
 subscription is moments away), and now and then right after a subscription was flushed
-(seen on this NATS server). Timeouts are not retried: the outcome is unknown."""
+(seen on this NATS server). Timeouts are not retried: the outcome is unknown.
+
+A request made in a sampled span runs in a CLIENT span whose `traceparent` it carries."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import asyncio
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
+
+from shared.telemetry import inject_headers, nats_client_span, recording
 
 NO_RESPONDERS_RETRIES = 5
 NO_RESPONDERS_BACKOFF_S = 0.02
@@ -25,6 +29,20 @@ async def request(
     timeout_s: float,
     headers: dict[str, str] | None = None,
     retries: int = NO_RESPONDERS_RETRIES,
+) -> Msg:
+    if not recording():
+        return await _request(nc, subject, data, timeout_s, headers, retries)
+    with nats_client_span(subject):
+        return await _request(nc, subject, data, timeout_s, inject_headers(headers), retries)
+
+
+async def _request(
+    nc: NatsClient,
+    subject: str,
+    data: bytes,
+    timeout_s: float,
+    headers: dict[str, str] | None,
+    retries: int,
 ) -> Msg:
     for attempt in range(retries + 1):
         try:

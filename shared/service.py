@@ -35,7 +35,7 @@ from shared.events import EventPublisher, ensure_event_stream
 from shared.gc_tuning import tune_gc
 from shared.logs import setup_logging
 from shared.subjects import Subjects
-from shared.telemetry import setup_tracing
+from shared.telemetry import nats_server_span, setup_tracing, shutdown_tracing
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +97,16 @@ def redact_url(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def _guarded(name: str, handler: Handler) -> Handler:
+def _guarded(name: str, subject: str, handler: Handler) -> Handler:
     """`handler` that never lets an exception reach the NATS subscription: it is logged and
-    answered with a micro error (a malformed message never takes the service down)."""
+    answered with a micro error (a malformed message never takes the service down). It runs
+    in a SERVER span when the request carries a sampled `traceparent` (the span records the
+    exception); a request without headers costs one attribute read."""
 
     async def guarded(request: Request) -> None:
         try:
-            await handler(request)
+            with nats_server_span(subject, request.headers):
+                await handler(request)
         except Exception:
             log.exception("handler failed", extra={"endpoint": name})
             with contextlib.suppress(Exception):
@@ -160,7 +163,7 @@ class ServiceRuntime:
         in arrival order (a handler's synchronous prefix runs in that order)."""
         slots = asyncio.Semaphore(max_in_flight)
 
-        guarded = _guarded(name, handler)
+        guarded = _guarded(name, subject, handler)
 
         async def serve(request: Request) -> None:
             try:
@@ -193,7 +196,7 @@ class ServiceRuntime:
             EndpointConfig(
                 name=name,
                 subject=subject,
-                handler=_guarded(name, handler),
+                handler=_guarded(name, subject, handler),
                 queue_group=f"q-{subject}",
             )
         )
@@ -259,7 +262,7 @@ def run_service(
     name = instance(settings) if instance else kind
     static = {"bookie_id": settings.bookie_id} if kind in ("journal", "ledgerstore") else {}
     setup_logging(name, settings.log_level, **static)
-    setup_tracing(kind)
+    setup_tracing(kind, instance=name, bookie_id=static.get("bookie_id"))
 
     async def amain() -> None:
         rt = ServiceRuntime(kind, settings, name, metadata(settings) if metadata else None)
@@ -282,4 +285,6 @@ def run_service(
     except Exception:
         logging.getLogger(kind).exception("service failed")
         return 1
+    finally:
+        shutdown_tracing()
     return 0

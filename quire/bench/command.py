@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -48,9 +49,11 @@ from quire.bench.targets import (
     Quorum,
     Target,
 )
+from shared import telemetry
 from shared.config import QuireSettings
 from shared.gc_tuning import tune_gc
 from shared.status import ApiCodes
+from shared.tracestore import SpanStoreExporter
 
 console = Console()
 err_console = Console(stderr=True)
@@ -79,6 +82,7 @@ class Compare(StrEnum):
     NONE = "none"
     JETSTREAM = "jetstream"
     ONE_LEDGER = "one-ledger"  # the same total rate from one writer on one ledger
+    TRACING_OFF = "tracing-off"  # the same load on a second fresh cluster, tracing off
 
 
 class ReadCompare(StrEnum):
@@ -99,6 +103,8 @@ class ClusterAccess:
     gateway_pid: int | None = None
     data_dir: Path | None = None  # the `quire up` data dir, when known (not with --gateway)
     bookie_ids: list[str] = field(default_factory=list)  # from cluster.json, when known
+    # bookie id -> its ledgerstore's metrics URL, from cluster.json, when known
+    ledgerstore_metrics: dict[str, str] = field(default_factory=dict)
 
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
@@ -109,6 +115,11 @@ def _processes(rows: list[dict[str, Any]]) -> list[Process]:
 def _bookie_ids(rows: list[dict[str, Any]]) -> list[str]:
     """The bookies cluster.json lists (one ledgerstore each)."""
     return [row["bookie_id"] for row in rows if row["kind"] == "ledgerstore"]
+
+
+def _ledgerstore_metrics(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Each bookie's ledgerstore metrics URL, as cluster.json lists them."""
+    return {row["bookie_id"]: row["metrics"] for row in rows if row["kind"] == "ledgerstore"}
 
 
 def _fail(message: str) -> None:
@@ -165,6 +176,7 @@ def cluster_access(
             info["gateway"]["pid"],
             config.data_dir,
             _bookie_ids(info["services"]),
+            _ledgerstore_metrics(info["services"]),
         )
     finally:
         cluster.stop()
@@ -201,12 +213,14 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
         info.get("gateway", {}).get("pid"),
         data_dir,
         _bookie_ids(info.get("services", [])),
+        _ledgerstore_metrics(info.get("services", [])),
     )
 
 
-def make_target(via: Via, access: ClusterAccess, quorum: Quorum) -> Target:
+def make_target(via: Via, access: ClusterAccess, quorum: Quorum, edge_ratio: float = 0.0) -> Target:
+    """`edge_ratio`: the share of in-process appends traced (the bench as the edge)."""
     if via is Via.INPROCESS:
-        return InProcessTarget(access.settings, quorum)
+        return InProcessTarget(access.settings, quorum, edge_ratio)
     if via is Via.HTTP:
         if not access.http:
             _fail("--via http needs the gateway: --gateway URL or --data-dir")
@@ -249,6 +263,39 @@ async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
                 err_console.print(
                     f"[red]{label}: {target.close_errors} of its ledgers failed to close[/red]"
                 )
+
+
+def edge_ratio() -> float:
+    """The share of appends the bench traces as the edge: OTEL_TRACES_SAMPLER_ARG, as a
+    gateway's default sampler reads it, else its default."""
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    try:
+        ratio = float(arg) if arg else telemetry.DEFAULT_SAMPLE_RATIO
+    except ValueError:
+        _fail(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio")
+    if not 0.0 <= ratio <= 1.0:
+        _fail(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio in [0, 1]")
+    return ratio
+
+
+@contextlib.contextmanager
+def _bench_edge(access: ClusterAccess | None) -> Iterator[None]:
+    """With `access` (tracing on, in-process): this process traces the appends it samples
+    (`InProcessTarget`: the decision is its own, so its provider records every span it
+    is given) into the cluster's span store, until the measurement is over."""
+    if access is None or access.data_dir is None or telemetry.tracing_disabled():
+        yield
+        return
+    always = {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+    provider = telemetry.build_provider("bench", instance="bench", environ=always)
+    exporter = SpanStoreExporter(access.data_dir / "traces", "bench")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    telemetry.install_provider(provider)
+    try:
+        yield
+    finally:
+        telemetry.install_provider(None)
+        provider.shutdown()
 
 
 def _run(coro):
@@ -294,7 +341,8 @@ def bench(
         Compare,
         typer.Option(
             help="Also measure a 3-node JetStream cluster, same load; or one writer on one "
-            "ledger at the same total rate (one-ledger)."
+            "ledger at the same total rate (one-ledger); or (tracing-off) run the load on two "
+            "fresh clusters, tracing at the default sampling, then OTEL_SDK_DISABLED=true."
         ),
     ] = Compare.NONE,
     create_concurrency: Annotated[
@@ -344,7 +392,21 @@ def bench(
         create_concurrency=create_concurrency,
     )
     quorum = Quorum(ensemble, write_quorum, ack_quorum)
-    with cluster_access(gateway, data_dir, bookies, grpc_address) as access:
+    if compare is Compare.TRACING_OFF and (gateway or data_dir):
+        _fail("--compare tracing-off starts two clusters of its own: no --gateway/--data-dir")
+    tracing_on = compare is Compare.TRACING_OFF
+    tracing_off_result = None
+    if tracing_on:
+        # First, before this process holds a tracer provider: a fork with a preexec function
+        # (starting the cluster's servers) runs the provider's at-fork hook in the child.
+        off = {"OTEL_SDK_DISABLED": "true"}
+        with cluster_access(None, None, bookies, None, extra_env=off) as access:
+            target = make_target(via, access, quorum)
+            tracing_off_result = _run(_measure(target, spec, "quire, tracing off"))
+    with (
+        cluster_access(gateway, data_dir, bookies, grpc_address) as access,
+        _bench_edge(access if tracing_on and via is Via.INPROCESS else None),
+    ):
         settings = {
             "entry_size": entry_size,
             "ledgers": ledgers,
@@ -362,7 +424,7 @@ def bench(
             "cluster": access.description,
         }
         machine = machine_info(access.fsync)
-        target = make_target(via, access, quorum)
+        target = make_target(via, access, quorum, edge_ratio() if tracing_on else 0.0)
         quire_result = _run(_measure(target, spec, f"quire ({via.value})"))
         compared = None
         if compare is Compare.JETSTREAM:
@@ -377,8 +439,20 @@ def bench(
             compared = _run(_measure(make_target(via, access, quorum), one, "quire, 1 ledger"))
             quire_result.target = f"{ledgers:,} ledgers"
             compared.target = "1 ledger"
+        elif tracing_on:
+            settings["tracing"] = (
+                f"on: {edge_ratio():g} of the requests traced (the gateway's parent-based "
+                "trace-id ratio; in-process, the bench draws them), spans stored under the "
+                "data dir; off: OTEL_SDK_DISABLED=true; each on a fresh cluster, off first"
+            )
+    if tracing_off_result is not None:
+        compared = tracing_off_result
+        quire_result.target = "tracing on"
+        compared.target = "tracing off"
     machine["load_average_at_end"] = load_average()
-    compared_as = "one_ledger" if compare is Compare.ONE_LEDGER else "jetstream"
+    compared_as = {Compare.ONE_LEDGER: "one_ledger", Compare.TRACING_OFF: "tracing_off"}.get(
+        compare, "jetstream"
+    )
     report = report_json(settings, machine, quire_result, compared, compared_as)
     print_summary(console, report)
     if json_path is not None:
@@ -703,20 +777,16 @@ async def _catch_up(via: Via, access: ClusterAccess, quorum: Quorum, spec) -> di
         side = reads.ClientReads(via.value, _gateway_address(via, access), quorum, spec.batch)
     # Each bookie's files (entry logs, index, journal) are in <data dir>/<bookie id>.
     directories = [access.data_dir / bookie_id for bookie_id in access.bookie_ids]
-    stats = reads.LedgerstoreStats(access.settings, access.bookie_ids)
-    await stats.open()
-    try:
-        # Every entry goes to write_quorum bookies: applied by all of them, it is flushed
-        # once their write caches are empty.
-        expected = await stats.applied_entries() + spec.entries * quorum.write_quorum
+    stats = reads.LedgerstoreStats(access.ledgerstore_metrics)
+    # Every entry goes to write_quorum bookies: applied by all of them, it is flushed once
+    # their write caches are empty.
+    expected = await stats.applied_entries() + spec.entries * quorum.write_quorum
 
-        async def forget() -> None:
-            await stats.wait_flushed(expected)
+    async def forget() -> None:
+        await stats.wait_flushed(expected)
 
-        label = f"quire ({via.value})"
-        return await _reads(side, spec, directories, forget, stats, label)
-    finally:
-        await stats.aclose()
+    label = f"quire ({via.value})"
+    return await _reads(side, spec, directories, forget, stats, label)
 
 
 async def _reads(side, spec, directories, forget, stats, label: str) -> dict[str, Any]:
@@ -910,7 +980,15 @@ def gc(
         machine = machine_info(access.fsync)
         bookie_dirs = {b: access.data_dir / b for b in access.bookie_ids}
         figures = _run(
-            run_gc(access.settings, access.http, bookie_dirs, quorum, spec, err_console.print)
+            run_gc(
+                access.settings,
+                access.http,
+                bookie_dirs,
+                access.ledgerstore_metrics,
+                quorum,
+                spec,
+                err_console.print,
+            )
         )
     machine["load_average_at_end"] = load_average()
     report = {

@@ -295,6 +295,7 @@ async def run_gc(
     settings: QuireSettings,
     http_url: str,
     bookie_dirs: dict[str, Path],
+    ledgerstore_metrics: dict[str, str],
     quorum: Quorum,
     spec: GcSpec,
     progress: Callable[[str], None],
@@ -302,9 +303,8 @@ async def run_gc(
     bookie_ids = sorted(bookie_dirs)
     target = InProcessTarget(settings, quorum)
     api = AdminApi(http_url)
-    stats = LedgerstoreStats(settings, bookie_ids)
+    stats = LedgerstoreStats(ledgerstore_metrics)
     await target.open()
-    await stats.open()
     try:
         assert target.client is not None
         await every_bookie_writable(target, bookie_ids)
@@ -323,7 +323,6 @@ async def run_gc(
     finally:
         with contextlib.suppress(Exception):
             await target.aclose()
-        await stats.aclose()
         await api.aclose()
     return {"reclaim": reclaim, "cost": cost}
 

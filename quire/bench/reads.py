@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,17 +34,17 @@ from quire.bench.targets import (
     Quorum,
 )
 from shared.config import QuireSettings
-from shared.service import connect_nats
-from shared.subjects import Subjects
+from shared.metrics import Scrape, scrape
 
-# The ledgerstore counters (ledgerstore.stats) that say where each pass's entries came from.
-CACHE_COUNTERS = (
-    "ledgerstore_read_entry",
-    "write_cache_hits",
-    "read_cache_hits",
-    "read_cache_misses",
-    "readahead_batch_count",
-)
+# The ledgerstore counters that say where each pass's entries came from: the report's
+# name -> the metric (docs/metrics.md).
+CACHE_COUNTERS = {
+    "ledgerstore_read_entry": "quire_ledgerstore_read_entries_total",
+    "write_cache_hits": "bookie_write_cache_hits",
+    "read_cache_hits": "bookie_read_cache_hits",
+    "read_cache_misses": "bookie_read_cache_misses",
+    "readahead_batch_count": "bookie_readahead_batch_count_count",
+}
 FLUSH_TIMEOUT_S = 60.0  # for every bookie's write cache to be flushed before the cold read
 STATS_TIMEOUT_S = 5.0
 # An in-process tail reader asks the bookies for the LAC this often once it has caught up
@@ -136,40 +135,30 @@ async def read_pass(batches: AsyncIterator[Batch], first: int, last: int) -> Rea
 
 
 class LedgerstoreStats:
-    """The bookies' ledgerstore.stats over NATS."""
+    """The bookies' ledgerstore counters, scraped from their metrics (`urls`: bookie id ->
+    the ledgerstore's metrics URL, from cluster.json)."""
 
-    def __init__(self, settings: QuireSettings, bookie_ids: list[str]) -> None:
-        self.settings = settings
-        self.bookie_ids = bookie_ids
-        self.subjects = Subjects(settings.subject_prefix)
-        self._nc = None
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
 
-    async def open(self) -> None:
-        self._nc = await connect_nats(self.settings, name="quire-bench-stats")
-
-    async def aclose(self) -> None:
-        if self._nc is not None:
-            await self._nc.close()
-
-    async def read(self) -> dict[str, dict[str, Any]]:
-        assert self._nc is not None
-        nc = self._nc
-
-        async def one(bookie_id: str) -> dict[str, Any]:
-            subject = self.subjects.bookie(bookie_id, "ledgerstore.stats")
-            return json.loads((await nc.request(subject, b"", timeout=STATS_TIMEOUT_S)).data)
-
-        replies = await asyncio.gather(*(one(b) for b in self.bookie_ids))
-        return dict(zip(self.bookie_ids, replies, strict=True))
+    async def read(self) -> dict[str, Scrape]:
+        scrapes = await asyncio.gather(
+            *(scrape(url, STATS_TIMEOUT_S) for url in self.urls.values())
+        )
+        return dict(zip(self.urls, scrapes, strict=True))
 
     async def counters(self) -> dict[str, int]:
         """CACHE_COUNTERS summed over the bookies."""
         stats = await self.read()
-        return {name: sum(s[name] for s in stats.values()) for name in CACHE_COUNTERS}
+        return {
+            name: int(sum(s.value(metric) for s in stats.values()))
+            for name, metric in CACHE_COUNTERS.items()
+        }
 
     async def applied_entries(self) -> int:
         """Entries the ledgerstores have applied from their journals, summed."""
-        return sum(s["ledgerstore_add_entry"] for s in (await self.read()).values())
+        stats = await self.read()
+        return int(sum(s.value("quire_ledgerstore_add_entries_total") for s in stats.values()))
 
     async def wait_flushed(self, applied_at_least: int) -> None:
         """Until the ledgerstores applied at least `applied_at_least` entries from their
@@ -179,8 +168,8 @@ class LedgerstoreStats:
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
         while True:
             stats = await self.read()
-            applied = sum(s["ledgerstore_add_entry"] for s in stats.values())
-            holding = [b for b, s in stats.items() if s["write_cache_count"]]
+            applied = sum(s.value("quire_ledgerstore_add_entries_total") for s in stats.values())
+            holding = [b for b, s in stats.items() if s.value("bookie_write_cache_count")]
             if applied >= applied_at_least and not holding:
                 return
             if time.monotonic() > deadline:

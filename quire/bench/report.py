@@ -47,6 +47,7 @@ def machine_info(fsync_mode: str) -> dict[str, Any]:
 COMPARED_AS = {
     "jetstream": "quire / jetstream",
     "one_ledger": "many ledgers / one ledger (aim: throughput >= 0.8, p99 <= 1.5)",
+    "tracing_off": "tracing on / tracing off (aim: throughput >= 0.95)",
 }
 
 

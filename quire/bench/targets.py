@@ -27,6 +27,7 @@ from shared.protocol.driver import ProtocolClient, WriterHandle
 from shared.service import connect_nats
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
+from shared.telemetry import tracer, tracer_provider
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +60,24 @@ class Target(abc.ABC):
 
 class InProcessTarget(Target):
     """The protocol library's driver (`shared.protocol.driver`) in this process, against
-    the cluster's bookies and metadata service over NATS: no HTTP, no gateway in the path."""
+    the cluster's bookies and metadata service over NATS: no HTTP, no gateway in the path.
 
-    name = "quire"
+    With a tracer provider installed in this process (`quire bench --compare tracing-off`)
+    the bench is the edge where the sampling decision is made: `edge_ratio` of the appends,
+    drawn at random, are each a root span `bench.append` with the driver's spans and the
+    bookies' under it; the others run in no span at all, as the unsampled requests behind
+    a gateway do (the bench, unlike a gateway, answers no `traceresponse`, so it makes no
+    span to name an unsampled one)."""
 
-    def __init__(self, settings: QuireSettings, quorum: Quorum) -> None:
+    def __init__(self, settings: QuireSettings, quorum: Quorum, edge_ratio: float = 0.0) -> None:
         self.settings = settings
         self.quorum = quorum
+        self.edge_ratio = edge_ratio
         self.client: ProtocolClient | None = None
         self.writers: dict[int, WriterHandle] = {}
         self._nc = None
+
+    name = "quire"
 
     async def open(self) -> None:
         settings = self.settings
@@ -108,6 +117,17 @@ class InProcessTarget(Target):
 
     async def ledger(self, index: int) -> Append:
         handle = self.writers[await self.create()]
+        if tracer_provider() is not None and self.edge_ratio > 0:
+            edge, ratio, draw = tracer(__name__), self.edge_ratio, random.random
+
+            async def sampled_append(payloads: Sequence[bytes]) -> None:
+                if draw() >= ratio:
+                    await handle.append(payloads)
+                    return
+                with edge.start_as_current_span("bench.append"):
+                    await handle.append(payloads)
+
+            return sampled_append
 
         async def append(payloads: Sequence[bytes]) -> None:
             await handle.append(payloads)

@@ -27,6 +27,7 @@ from shared.autorecovery import (
 from shared.config import AuditorSettings
 from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
+from shared.metrics import SLOW_BOUNDS_MS, OpStats
 from shared.models import BookieState, LedgerMetadata
 from shared.status import QuireError
 
@@ -87,6 +88,10 @@ class PeriodicChecks:
             ),
         }
         self._due: dict[str, float | None] = {}  # monotonic; None: off
+        # Metrics (services.auditor.metrics): each check's run times, and the ledgers the
+        # read checks read, over every run.
+        self.durations = {name: OpStats(SLOW_BOUNDS_MS) for name in self.status}
+        self.ledgers_checked = 0
 
     def schedule_for_new_term(self, now: float) -> None:
         """The bookie check runs at once (as BookKeeper's on election), the others after
@@ -127,15 +132,19 @@ class PeriodicChecks:
         status.running = True
         status.last_started_at = int(time.time() * 1000)
         started = time.monotonic()
+        succeeded = False
         try:
             findings = await runners[name]()
+            succeeded = True
         except (MetadataError, QuireError) as exc:
             status.last_error = str(exc)
             raise
         finally:
             status.running = False
             status.runs += 1
-            status.last_duration_ms = round((time.monotonic() - started) * 1000, 3)
+            duration_ms = (time.monotonic() - started) * 1000
+            status.last_duration_ms = round(duration_ms, 3)
+            self.durations[name].record(duration_ms, succeeded)
         status.last_findings = findings
         status.last_error = None
         log.info("audit check done", extra={"check": name, **findings})
@@ -187,6 +196,7 @@ class PeriodicChecks:
             async with self._ledger_slots:
                 result = await self._checker.check(metadata, plan(metadata), alive)
             findings["ledgers_checked"] += 1
+            self.ledgers_checked += 1
             findings["entries_read"] += result.entries_read
             findings["unreachable"] += sum(
                 1 for _, outcome in result.outcomes if outcome is ReadOutcome.UNREACHABLE

@@ -59,6 +59,7 @@ from pydantic import BaseModel, ValidationError
 from services.auditor.checks import LedgerChecker
 from services.auditor.core import bookie_transitions
 from services.auditor.marking import Marker
+from services.auditor.metrics import auditor_metrics
 from services.auditor.periodic import CheckStatus, PeriodicChecks
 from shared.auditor_client import (
     DECOMMISSION,
@@ -72,9 +73,11 @@ from shared.auditor_client import (
 from shared.autorecovery import LostBookieAudit, MarkReason, corrupt_entry_mark
 from shared.bookie_client import BookieClient
 from shared.metaclient import MetadataClient, MetadataError
+from shared.metrics import serve_metrics
 from shared.models import BookieInfo, BookieState, Leadership, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import ApiCodes, QuireError
+from shared.telemetry import nats_consumer_span
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,7 @@ class Auditor:
         self.audits = 0
         self.autorecovery_enabled = True  # the stored switch, as last read
         self.commands = 0  # operator commands this auditor carried out
+        self.election_attempts = 0  # BookKeeper's ELECTION_ATTEMPTS (renewals not counted)
         self.corrupt_events = 0  # entry.corrupt events consumed
         self.malformed_events = 0
 
@@ -145,6 +149,7 @@ class Auditor:
         if self.is_leader:
             result = await self._meta.renew_auditor(self.candidate_id, self.lease_ms)
         else:
+            self.election_attempts += 1
             result = await self._meta.elect_auditor(self.candidate_id, self.lease_ms)
         was_leader = self.is_leader
         self.leadership = result
@@ -377,7 +382,8 @@ class Auditor:
             try:
                 msgs = await sub.fetch(CORRUPT_FETCH_BATCH, timeout=poll_s)
                 for msg in msgs:
-                    await self._on_corrupt_event(msg)
+                    with nats_consumer_span(msg.subject, msg.headers):
+                        await self._on_corrupt_event(msg)
             except TimeoutError:
                 continue  # nothing to fetch
             except NatsError as exc:  # NATS reconnecting: unacked events come again
@@ -499,6 +505,7 @@ class Auditor:
 async def main(rt: ServiceRuntime) -> None:
     auditor = Auditor(rt)
     rt.auditor = auditor  # type: ignore[attr-defined]  # for tests
+    serve_metrics(rt, auditor_metrics(auditor))
     await rt.add_endpoint("status", rt.subjects.service("auditor", "status"), auditor.status)
     commands = (
         (TRIGGER_AUDIT, TriggerAuditCommand, auditor.trigger_audit),

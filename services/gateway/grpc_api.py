@@ -27,6 +27,7 @@ from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.auth import TokenAuth
 from services.gateway.ledgers import Ledgers, Page
 from services.gateway.limits import check_entry_size, check_payloads
+from services.gateway.tracing import grpc_interceptors
 from shared.config import GatewaySettings
 from shared.digest import DigestType
 from shared.models import MAX_LEDGER_ID, LedgerMetadata, LedgerState
@@ -484,8 +485,13 @@ async def start_grpc_server(
 ) -> tuple[grpc.aio.Server, int]:
     """Serve `quire.v1.Ledgers`, health checking and reflection on the configured port;
     the server and the port it bound."""
+    # Tracing outermost: a call refused for its token is traced and answered with
+    # `traceresponse` too.
+    interceptors = grpc_interceptors(SERVICE_NAME)
+    if auth is not None and auth.enabled:
+        interceptors.append(TokenInterceptor(auth))
     server = grpc.aio.server(
-        interceptors=[TokenInterceptor(auth)] if auth is not None and auth.enabled else [],
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", settings.max_batch_bytes),
             ("grpc.max_send_message_length", settings.max_batch_bytes),

@@ -37,6 +37,7 @@ from services.gateway.problems import (
     error_responses,
     problem,
 )
+from services.gateway.tracing import instrument_http
 from shared import __version__
 from shared.config import GatewaySettings
 from shared.digest import DigestType
@@ -325,6 +326,7 @@ def create_app(
     app.add_middleware(ProblemsAndMetrics, metrics=metrics)
     install_error_handlers(app)
     install_problem_schema(app)
+    instrument_http(app)
     app.include_router(create_admin_router(ledgers))
 
     @app.post("/v1/ledgers", status_code=201, responses=ERROR_RESPONSES, tags=["ledgers"])

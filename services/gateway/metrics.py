@@ -3,7 +3,15 @@ gateways in one process, as in tests, do not collide)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 BATCH_ENTRIES_BUCKETS = (1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 100_000)
@@ -12,6 +20,9 @@ BATCH_ENTRIES_BUCKETS = (1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 100_000)
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # The process's CPU, memory and Python figures, as every other process serves them.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.add_latency = Histogram(
             "quire_gateway_add_latency_seconds",
             "Time from an append request to its acknowledgement (ack quorum, in order)",

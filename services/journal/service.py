@@ -8,10 +8,10 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     journal.delete      (from the ledgerstore's garbage collector) JSON {"ledgers": [id, ...]}:
                         journal a DELETED record for each, forget them, answer once fsynced
                         with the position after them
-    journal.stats       JSON counters (BookKeeper's journal metric names)
 After group commits it publishes `journal.committed` ({"file", "offset"}, core NATS), at
 most once per `ledgerstore.journal_apply_interval_ms`, so that the ledgerstore applies them
-together. It also keeps the bookie registered in metadata.
+together. It also keeps the bookie registered in metadata. Its counters are Prometheus
+metrics (`services.journal.metrics`; docs/metrics.md), on `metrics_port`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from nats.micro.request import Request
+from opentelemetry.trace import Span, get_current_span
 
 from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
+from services.journal.metrics import count_add_request, journal_metrics
 from shared import wire
 from shared.aio import wait_event
 from shared.bookie.cookie import (
@@ -54,10 +56,12 @@ from shared.bookie.journal_format import (
 from shared.bookie.rules import admit_adds, disk_read_only, meta_records, refuse_adds
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
+from shared.metrics import serve_metrics
 from shared.models import NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
+from shared.telemetry import recording
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,12 @@ UNREGISTER_TIMEOUT_S = 1.0
 
 
 DiskUsage = Callable[[Path], tuple[int, int]]  # a directory -> (used, total) bytes
+
+
+def _traced_request() -> Span | None:
+    """The request's SERVER span when it is traced (the endpoint opened it from a sampled
+    `traceparent`): its records' group commit links to it (`Journal.submit`)."""
+    return get_current_span() if recording() else None
 
 
 def os_disk_usage(path: Path) -> tuple[int, int]:
@@ -93,7 +103,10 @@ class JournalService:
         self._announce_timer: asyncio.TimerHandle | None = None
         self._announcing: set[asyncio.Task[None]] = set()
         self.journal = Journal(
-            rt.settings.bookie_dir / "journal", rt.settings.journal, on_commit=self._on_commit
+            rt.settings.bookie_dir / "journal",
+            rt.settings.journal,
+            on_commit=self._on_commit,
+            bookie_id=self.bookie_id,
         )
 
     def _on_commit(self, position: JournalPosition) -> None:
@@ -127,7 +140,7 @@ class JournalService:
         """Queue admitted records and apply them to the live state; None if the queue is
         full (nothing queued then). The future: all of them are durable."""
         try:
-            future = self.journal.submit(records, time.monotonic() * 1000)
+            future = self.journal.submit(records, time.monotonic() * 1000, _traced_request())
         except QueueFull:
             return None
         for record in records:
@@ -137,6 +150,7 @@ class JournalService:
     # -- add ------------------------------------------------------------------------------
 
     async def handle_add(self, request: Request) -> None:
+        arrived = time.perf_counter()
         try:
             items = wire.decode_add_request(request.data)
         except wire.WireError as exc:
@@ -150,6 +164,7 @@ class JournalService:
         if durable is not None:
             await durable
         await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
+        count_add_request(self.journal.stats, results, (time.perf_counter() - arrived) * 1000)
 
     def _admit_adds(
         self, items: list[wire.AddItem]
@@ -166,7 +181,7 @@ class JournalService:
         if not admission.records:
             return admission.results, None
         # room_for checked the whole batch: this cannot be refused.
-        durable = self.journal.submit(admission.records, time.monotonic() * 1000)
+        durable = self.journal.submit(admission.records, time.monotonic() * 1000, _traced_request())
         return admission.results, durable
 
     def _admit_read_only(
@@ -362,15 +377,6 @@ class JournalService:
         log.info("ledgers deleted", extra={"ledgers": len(ledger_ids), "at": position.to_json()})
         await request.respond(json.dumps({"ok": True, "position": position.to_json()}).encode())
 
-    async def handle_stats(self, request: Request) -> None:
-        data = self.journal.stats.as_json()
-        data["durable"] = self.journal.durable_position.to_json()
-        data["mark"] = self.journal.mark.to_json() if self.journal.mark else None
-        data["ledgers"] = len(self.journal.durable)
-        data["read_only"] = self.read_only
-        data["disk_usage"] = self.disk_usage_fraction
-        await request.respond(json.dumps(data).encode())
-
     def bookie_info(self) -> dict:
         """What the bookie says of itself (blocking: it lists and sizes files)."""
         settings = self.rt.settings
@@ -521,6 +527,7 @@ class JournalService:
 async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> None:
     """`disk_usage` is the disk usage source (tests pass their own)."""
     service = JournalService(rt, disk_usage)
+    serve_metrics(rt, journal_metrics(service))
     # Identity first: a disk that is not this bookie's is never replayed or served.
     client = MetadataClient(rt.nc, rt.subjects, timeout_s=rt.settings.request_timeout_ms / 1000)
     service.identity_checked = await service.establish_identity(client)
@@ -536,7 +543,6 @@ async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> Non
         ("write_lac", "write_lac", service.handle_write_lac, 256),
         ("journal-checkpoint", JOURNAL_CHECKPOINT, service.handle_checkpoint, 4),
         ("journal-delete", JOURNAL_DELETE, service.handle_delete, 4),
-        ("journal-stats", "journal.stats", service.handle_stats, 16),
         ("info", "info", service.handle_info, 16),
         ("clear_limbo", "clear_limbo", service.handle_clear_limbo, 1),
     ]

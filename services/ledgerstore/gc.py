@@ -25,7 +25,7 @@ import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,7 +55,9 @@ from shared.bookie.journal_format import JournalPosition
 from shared.bookie.rules import disk_read_only
 from shared.config import LedgerstoreSettings
 from shared.metaclient import MetadataError
+from shared.metrics import SLOW_BOUNDS_MS, OpStats
 from shared.models import LedgerRangesReply
+from shared.telemetry import background_span, internal_span
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +113,8 @@ class GcError(Exception):
 
 @dataclass(slots=True)
 class GcStats:
-    """BookKeeper's garbage-collector metrics (GarbageCollectorStats), snake case; merged
-    into `ledgerstore.stats`."""
+    """BookKeeper's garbage-collector metrics (GarbageCollectorStats), snake case; served
+    by `services.ledgerstore.metrics` at scrape time."""
 
     gc_runs: int = 0
     gc_failures: int = 0  # runs that ended in an error (retried at the next wait)
@@ -123,8 +125,8 @@ class GcStats:
     major_compaction_count: int = 0
     minor_compaction_count: int = 0
     compacted_entry_log_count: int = 0
-    compaction_duration_ms_sum: int = 0
-    compaction_duration_ms_max: int = 0
+    # COMPACT_RUNTIME: per entry log compacted.
+    compact_runtime: OpStats = field(default_factory=lambda: OpStats(SLOW_BOUNDS_MS))
     active_entry_log_count: int = 0  # sealed logs, as of the last run
     active_entry_log_space_bytes: int = 0  # their live bytes
     entry_log_usage_buckets: list[int] = field(default_factory=lambda: usage_buckets([]))
@@ -276,24 +278,28 @@ class GarbageCollector:
     ) -> GcRun:
         """One run (GarbageCollectorThread.runWithFlags): ledgers, entry logs, compaction."""
         run = GcRun(started_ms=self.clock_ms())
-        self.running, self.forced = True, forced
-        try:
-            await self.check_disks()
-            flags = self.run_flags(forced, force_major, force_minor)
-            await self._gc_ledgers(run)
-            await self._gc_entry_logs(run)
-            kind = compaction_kind(
-                self.policy, flags, self.clock_ms(), self.major_clock_ms, self.minor_clock_ms
-            )
-            if kind:
-                await self._compact(kind, flags, run)
-            self._measure_logs()
-        finally:
-            self.running = self.forced = False
-            run.duration_ms = self.clock_ms() - run.started_ms
-            self.last_gc_ms = run.started_ms
-            self.last_skipped = run.skipped
-            self.stats.gc_runs += 1
+        attributes = {"quire.bookie_id": self.bookie_id, "quire.gc.forced": forced}
+        with background_span("gc.run", attributes=attributes) as span:
+            self.running, self.forced = True, forced
+            try:
+                await self.check_disks()
+                flags = self.run_flags(forced, force_major, force_minor)
+                await self._gc_ledgers(run)
+                await self._gc_entry_logs(run)
+                kind = compaction_kind(
+                    self.policy, flags, self.clock_ms(), self.major_clock_ms, self.minor_clock_ms
+                )
+                if kind:
+                    await self._compact(kind, flags, run)
+                self._measure_logs()
+            finally:
+                self.running = self.forced = False
+                run.duration_ms = self.clock_ms() - run.started_ms
+                self.last_gc_ms = run.started_ms
+                self.last_skipped = run.skipped
+                self.stats.gc_runs += 1
+            if span is not None:
+                span.set_attributes({f"quire.gc.{k}": v for k, v in run.to_json().items()})
         log.info("garbage collection run", extra={"run": run.to_json(), "forced": forced})
         return run
 
@@ -330,24 +336,33 @@ class GarbageCollector:
         await self.store.catch_up()
         # Taken before the listing starts (see RangeScan for why this order is safe).
         scan = RangeScan(self.store.ledgers)
-        while not scan.done and not scan.failed:
-            try:
-                page = await self.metadata.ledger_ranges(scan.after, RANGES_PAGE_SIZE)
-            except Exception as exc:  # unreachable, slow, refused: the listing is partial
-                scan.fail(f"metadata listing failed: {exc}")
-                break
-            scan.page(page.ranges, page.next_after)
+        with internal_span("gc.list_ledgers"):
+            while not scan.done and not scan.failed:
+                try:
+                    page = await self.metadata.ledger_ranges(scan.after, RANGES_PAGE_SIZE)
+                except Exception as exc:  # unreachable, slow, refused: the listing is partial
+                    scan.fail(f"metadata listing failed: {exc}")
+                    break
+                scan.page(page.ranges, page.next_after)
         if scan.failed:
             run.skipped = scan.failed
             log.warning("gc: no ledger deleted", extra={"reason": scan.failed})
             return
         candidates = scan.candidates()
         if self.settings.verify_metadata_on_gc and candidates:
-            candidates, unsure = await self._verify(candidates)
+            with internal_span("gc.verify_ledgers", attributes={"quire.ledgers": len(candidates)}):
+                candidates, unsure = await self._verify(candidates)
             if unsure:
                 run.skipped = f"metadata did not confirm {unsure} deletions: kept"
         if not candidates:
             return
+        with internal_span("gc.delete_ledgers", attributes={"quire.ledgers": len(candidates)}):
+            await self._delete_ledgers(candidates, run)
+        log.info("gc: ledgers deleted", extra={"ledgers": len(candidates)})
+        # Their index rows and entry-log usage go with this checkpoint's transaction.
+        await self.checkpoint()
+
+    async def _delete_ledgers(self, candidates: list[int], run: GcRun) -> None:
         for start in range(0, len(candidates), JOURNAL_DELETE_MAX_LEDGERS):
             batch = candidates[start : start + JOURNAL_DELETE_MAX_LEDGERS]
             position = await self.journal_delete(batch)
@@ -358,9 +373,6 @@ class GarbageCollector:
                 self.emit("gc.ledger_deleted", ledger_id=ledger_id, bookie_id=self.bookie_id)
             if not await self.store.apply_through(position):
                 raise GcError(f"ledgerstore could not apply the journal up to {position}")
-        log.info("gc: ledgers deleted", extra={"ledgers": len(candidates)})
-        # Their index rows and entry-log usage go with this checkpoint's transaction.
-        await self.checkpoint()
 
     async def _same_cluster(self, run: GcRun) -> bool:
         """Whether metadata is the cluster instance the bookie's cookie names. A metadata
@@ -415,7 +427,9 @@ class GarbageCollector:
     # -- 2. entry logs --------------------------------------------------------------------
 
     async def _gc_entry_logs(self, run: GcRun) -> None:
-        for meta in await self.store.delete_dead_entry_logs():
+        with internal_span("gc.delete_entry_logs"):
+            deleted = await self.store.delete_dead_entry_logs()
+        for meta in deleted:
             run.entry_logs_deleted += 1
             run.reclaimed_by_deletion_bytes += meta.size_bytes
             self.stats.deleted_entry_log_count += 1
@@ -458,7 +472,23 @@ class GarbageCollector:
                 if should_stop():
                     break
                 began_ms = self.clock_ms()
-                result = await self.store.compact_entry_log(meta.dir, meta.log_id, should_stop)
+                attributes = {
+                    "quire.compaction.kind": kind,
+                    "quire.dir": meta.dir,
+                    "quire.log_id": meta.log_id,
+                    "quire.usage": meta.usage,
+                    "quire.bytes": meta.size_bytes,
+                }
+                with internal_span("compaction.run", attributes=attributes) as span:
+                    result = await self.store.compact_entry_log(meta.dir, meta.log_id, should_stop)
+                    if span is not None:
+                        span.set_attributes(
+                            {
+                                "quire.entries": result.entries,
+                                "quire.compaction.bytes_reclaimed": result.bytes_reclaimed,
+                                "quire.compaction.aborted": result.aborted,
+                            }
+                        )
                 if result.aborted:
                     break
                 self._compacted(kind, meta, result, self.clock_ms() - began_ms, run)
@@ -488,8 +518,7 @@ class GarbageCollector:
         stats = self.stats
         stats.compacted_entry_log_count += 1
         stats.reclaimed_compaction_space_bytes += result.bytes_reclaimed
-        stats.compaction_duration_ms_sum += duration_ms
-        stats.compaction_duration_ms_max = max(stats.compaction_duration_ms_max, duration_ms)
+        stats.compact_runtime.record(duration_ms)
         self.emit(
             "gc.compacted",
             bookie_id=self.bookie_id,
@@ -574,9 +603,6 @@ class GarbageCollector:
             "suspendMajor": self.suspend_major,
             "suspendMinor": self.suspend_minor,
         }
-
-    def stats_json(self) -> dict:
-        return asdict(self.stats)
 
 
 def _fail(waiters: list[asyncio.Future[GcRun]], error: GcError) -> None:

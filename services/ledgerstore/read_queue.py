@@ -20,11 +20,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.ledgerstore.store import LedgerStore
 from shared import wire
+from shared.metrics import OpStats
 from shared.status import BookieStatus
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,10 @@ class ReadQueueStats:
     read_entry_expired: int = 0  # dropped unread: waited past their sender's timeout
     read_entry_queue_size: int = 0  # waiting for a worker now
     read_entry_in_progress: int = 0  # being served now
-    read_entry_scheduling_delay_ms_sum: float = 0.0  # time in the queue, of those served
-    read_entry_scheduling_delay_ms_max: float = 0.0
+    # READ_ENTRY_SCHEDULING_DELAY, of those served.
+    scheduling_delay: OpStats = field(default_factory=OpStats)
+    # READ_ENTRY_REQUEST: from arrival to the reply (not success: refused, expired, failed).
+    request_latency: OpStats = field(default_factory=OpStats)
 
 
 class ReadQueue:
@@ -88,6 +91,7 @@ class ReadQueue:
         if self._queue.full():  # first: a refused request costs no decoding
             self.stats.read_entry_rejected += 1
             await request.respond(wire.encode_read_reply(BookieStatus.TOO_MANY_REQUESTS, []))
+            self.stats.request_latency.record(0.0, success=False)
             return
         try:
             timeout_ms = wire.read_request_timeout_ms(data)
@@ -111,27 +115,28 @@ class ReadQueue:
 
     async def _serve(self, queued: QueuedRead) -> None:
         now_s = self._clock()
-        if now_s >= queued.deadline_s:
-            self.stats.read_entry_expired += 1
-            return
         stats = self.stats
         delay_ms = (now_s - queued.arrived_s) * 1000
-        stats.read_entry_scheduling_delay_ms_sum += delay_ms
-        stats.read_entry_scheduling_delay_ms_max = max(
-            stats.read_entry_scheduling_delay_ms_max, delay_ms
-        )
+        if now_s >= queued.deadline_s:
+            stats.read_entry_expired += 1
+            stats.request_latency.record(delay_ms, success=False)
+            return
+        stats.scheduling_delay.record(delay_ms)
         stats.read_entry_in_progress += 1
+        served = False
         try:
             # Checked when it was offered: a failure here is a bug, answered as one.
             items = wire.decode_read_request(queued.data).items
             results = await self.store.read(items)
             await queued.request.respond(wire.encode_read_reply(BookieStatus.OK, results))
+            served = True
         except Exception:
             log.exception("read failed")
             with contextlib.suppress(Exception):
                 await queued.request.respond_error("500", "internal error")
         finally:
             stats.read_entry_in_progress -= 1
+            stats.request_latency.record((self._clock() - queued.arrived_s) * 1000, served)
 
     async def drain(self) -> None:
         """Serve what is queued (the endpoint has stopped taking requests), then stop the

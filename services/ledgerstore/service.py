@@ -8,7 +8,6 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
                        unanswered once it waited past its sender's timeout
     read_lac           a ledger's LAC and last stored entry (an unknown ledger: NO_LEDGER
                        with authority, else UNKNOWN_LEDGER_STATE)
-    ledgerstore.stats  JSON counters (the garbage collector's among them)
     gc                 {"force_major", "force_minor", "wait"}: a garbage collection run now
                        (forceGC); with `wait`, answered with what that run did
     gc.details         the collector's state (BookKeeper's GarbageCollectionStatus and more)
@@ -21,7 +20,9 @@ once per `journal_apply_interval_ms`) or every `journal_poll_interval_ms`; check
 every `flush_interval_ms` or once `flush_threshold_bytes` are cached, and hand the
 position to the journal (`journal.checkpoint`) as its LastLogMark at most once per
 `flush_interval_ms`. The garbage collector (`services.ledgerstore.gc`) runs every
-`gc_wait_time_ms` or when forced.
+`gc_wait_time_ms` or when forced. Its counters (the store's, the read queue's, the
+collector's) are Prometheus metrics (`services.ledgerstore.metrics`; docs/metrics.md), on
+`metrics_port`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import asdict
 
 from nats.micro.request import Request
 
 from services.ledgerstore.gc import GarbageCollector, GcError, decode_delete_reply
+from services.ledgerstore.metrics import ledgerstore_metrics
 from services.ledgerstore.read_queue import ReadQueue
 from services.ledgerstore.store import LedgerStore
 from shared import wire
@@ -42,6 +43,7 @@ from shared.bookie.cookie import Cookie, read_disk_cookie
 from shared.bookie.gc import BadRequest, GcRun, parse_flags
 from shared.bookie.journal_format import JournalFormatError, JournalPosition
 from shared.metaclient import MetadataClient
+from shared.metrics import serve_metrics
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
@@ -102,21 +104,6 @@ class LedgerstoreService:
             await request.respond(wire.encode_lac_reply(wire.LacReply(BookieStatus.BAD_REQUEST)))
             return
         await request.respond(wire.encode_lac_reply(await self.store.read_lac(ledger_id)))
-
-    async def handle_stats(self, request: Request) -> None:
-        data = asdict(self.store.stats)
-        data.update(asdict(self.reads.stats))
-        data.update(self.gc.stats_json())
-        data.update(
-            applied=self.store.applied.to_json(),
-            checkpointed=self.store.checkpointed.to_json() if self.store.checkpointed else None,
-            ledgers=len(self.store.ledgers),
-            damaged=self.store.damaged,
-            unsure=self.store.unsure,
-            entry_log=self.store.logger.log_id,
-            entry_logs=[logger.log_id for logger in self.store.loggers],
-        )
-        await request.respond(json.dumps(data).encode())
 
     async def on_committed(self, msg) -> None:
         try:
@@ -289,6 +276,7 @@ async def wait_for_cookie(rt: ServiceRuntime) -> Cookie:
 
 async def main(rt: ServiceRuntime) -> None:
     service = LedgerstoreService(rt)
+    serve_metrics(rt, ledgerstore_metrics(service))
     cookie = await wait_for_cookie(rt)
     service.store.limbo = cookie.limbo
     service.gc.instance_id = cookie.instance_id
@@ -309,9 +297,6 @@ async def main(rt: ServiceRuntime) -> None:
     await rt.add_inline_endpoint("read", rt.subjects.bookie(bookie, "read"), service.handle_read)
     await rt.add_endpoint(
         "read_lac", rt.subjects.bookie(bookie, "read_lac"), service.handle_read_lac
-    )
-    await rt.add_endpoint(
-        "ledgerstore-stats", rt.subjects.bookie(bookie, "ledgerstore.stats"), service.handle_stats
     )
     gc_endpoints = [
         ("gc", "gc", service.handle_gc),

@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -74,6 +74,7 @@ from shared.bookie.journal_format import (
 from shared.bookie.rules import absent_entry_status, absent_status, has_authority
 from shared.config import LedgerstoreSettings
 from shared.disk import fail_stop
+from shared.metrics import OpStats
 from shared.status import BookieStatus
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ def die(reason: str) -> None:
 
 @dataclass
 class LedgerstoreStats:
-    """Counters under DbLedgerStorage's metric names (bookie_ prefix dropped)."""
+    """Counters under DbLedgerStorage's metric names (bookie_ prefix dropped), served by
+    `services.ledgerstore.metrics` at scrape time."""
 
     ledgerstore_add_entry: int = 0
     ledgerstore_read_entry: int = 0
@@ -116,8 +118,8 @@ class LedgerstoreStats:
     flush: int = 0
     flush_size_bytes: int = 0
     flush_entries: int = 0
-    flush_latency_ms_sum: float = 0.0
-    flush_latency_ms_max: float = 0.0
+    # DbLedgerStorage's flush: the write cache to the entry logs and index.
+    flush_latency: OpStats = field(default_factory=OpStats)
     # Catch-ups that had to flush first because the write cache was full (back-pressure).
     throttled_write_requests: int = 0
     # preads of entry logs by reads (one per run of frames) and the bytes they read.
@@ -600,8 +602,7 @@ class LedgerStore:
         stats.flush += 1
         stats.flush_entries += len(flushing)
         stats.flush_size_bytes += flushing.size_bytes
-        stats.flush_latency_ms_sum += latency_ms
-        stats.flush_latency_ms_max = max(stats.flush_latency_ms_max, latency_ms)
+        stats.flush_latency.record(latency_ms)
         stats.write_cache_size_bytes = self._write_cache.size_bytes
         stats.write_cache_count = len(self._write_cache)
 

@@ -1,7 +1,9 @@
 """Bring the schema to the newest Alembic migration, one instance at a time.
 
 Every metadata instance runs this at start; a PostgreSQL advisory lock, held for the
-migration's transaction, makes the others wait and then find nothing left to do.
+migration's transaction, makes the others wait and then find nothing left to do. A
+migration is a background operation: traced (`metadata.migrate`, with SQLAlchemy's
+instrumentation for its statements) whenever this process traces.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared.telemetry import background_span, tracer_provider
 
 ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
 # Any constant all instances agree on; this one spells "quiremig" in ASCII.
@@ -22,10 +27,29 @@ def alembic_config() -> Config:
     return Config(str(ALEMBIC_INI))
 
 
+def traced_engine(engine: AsyncEngine) -> AsyncEngine:
+    """`engine` with SQLAlchemy's instrumentation when this process traces. The
+    instrumentor is a process-wide singleton that instruments once: the first engine
+    (a process migrates once, at start) gets it. Its dependency check stops at
+    SQLAlchemy < 2.1 while we pin 2.1: the event hooks it uses (before/after cursor
+    execute) are unchanged in 2.1, and tests/integration/test_tracing.py checks that its
+    spans really appear, so the check is skipped."""
+    provider = tracer_provider()
+    instrumentor = SQLAlchemyInstrumentor()
+    if provider is not None and not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(
+            engine=engine.sync_engine, tracer_provider=provider, skip_dep_check=True
+        )
+    return engine
+
+
 async def migrate(engine: AsyncEngine) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        await conn.run_sync(upgrade_to_head)
+    with background_span("metadata.migrate"):
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
+            await conn.run_sync(upgrade_to_head)
 
 
 def upgrade_to_head(connection: Connection) -> None:

@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
@@ -39,7 +40,7 @@ from sqlalchemy.pool import NullPool
 
 from services.metadata import core
 from services.metadata.core import LedgerChange, OutboxCursor, OutboxRecord
-from services.metadata.migrate import migrate
+from services.metadata.migrate import migrate, traced_engine
 from services.metadata.sql import (
     LEDGER_FIELDS,
     SQL_CAS_COOKIE,
@@ -109,6 +110,7 @@ from shared.models import (
     UnderreplicatedLedger,
     UpdateLedgerRequest,
 )
+from shared.telemetry import tracer_provider
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +138,18 @@ def connection_kwargs(timeout_s: float) -> dict[str, Any]:
     return {"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s))}
 
 
+async def trace_statements(conn: AsyncConnection[DictRow]) -> None:
+    """OpenTelemetry's psycopg instrumentation on one pool connection: each statement of
+    a traced request is a CLIENT span under the request's SERVER span (of an untraced
+    one, a non-recording span and nothing more)."""
+    PsycopgInstrumentor.instrument_connection(conn, tracer_provider=tracer_provider())
+
+
 def new_pool(database_url: str, size: int, timeout_s: float) -> MetadataPool:
     """The request path's pool, not yet open: `size` connections (the metadata service's
     `db_pool_size`), `timeout_s` (its request timeout) to wait for one, and as long to keep
-    trying to reconnect before a waiting operation has to start a new try."""
+    trying to reconnect before a waiting operation has to start a new try. Its connections
+    are instrumented when this process traces."""
     return AsyncConnectionPool(
         conninfo_from_url(database_url),
         connection_class=AsyncConnection[DictRow],
@@ -150,6 +160,7 @@ def new_pool(database_url: str, size: int, timeout_s: float) -> MetadataPool:
         reconnect_timeout=timeout_s,
         open=False,
         name="metadata",
+        configure=trace_statements if tracer_provider() is not None else None,
     )
 
 
@@ -632,7 +643,7 @@ class PostgresOutboxReader:
 async def migrate_when_reachable(database_url: str, deadline_s: float) -> None:
     """Run the migrations, waiting for PostgreSQL to accept connections (a cluster starts
     its parts at once)."""
-    engine = create_async_engine(database_url, poolclass=NullPool)
+    engine = traced_engine(create_async_engine(database_url, poolclass=NullPool))
     give_up_at = time.monotonic() + deadline_s
     try:
         while True:

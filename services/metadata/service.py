@@ -3,7 +3,8 @@
 Stateless: every instance serves `<prefix>.meta.<op>` in one queue group, and PostgreSQL
 (through `MetadataStore`) decides every race by compare-and-set. Every change writes its
 outbox record in its own transaction; the outbox publisher (one instance at a time)
-turns the records into events and watch notifications.
+turns the records into events and watch notifications. Requests are counted by operation
+and outcome (`services.metadata.metrics`; docs/metrics.md), served on `metrics_port`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from nats.micro.request import Request
 from pydantic import BaseModel, ValidationError
 
 from services.metadata import core
+from services.metadata.metrics import MetadataStats, metadata_metrics
 from services.metadata.outbox import OutboxPublisher
 from services.metadata.postgres import PostgresMetadataStore
 from services.metadata.store import BadVersion, CookieBadVersion, MetadataStore, StoreError
 from shared.metaclient import METADATA_OPS
+from shared.metrics import serve_metrics
 from shared.models import (
     BookieIdRequest,
     BookieInfo,
@@ -116,6 +119,7 @@ class MetadataService:
         }
         assert self._ops.keys() == METADATA_OPS.keys(), "serve exactly the METADATA_OPS"
         self._request_models = {op: request for op, (request, _) in METADATA_OPS.items()}
+        self.stats = MetadataStats()
 
     async def handle(self, op: str, data: bytes) -> bytes:
         """The reply's bytes. A success is written without a second round of
@@ -132,7 +136,15 @@ class MetadataService:
         return MetaReply(ok=True, result=outcome.model_dump(mode="json"))
 
     async def run(self, op: str, data: bytes) -> BaseModel | MetaReply:
-        """The operation's result model, or an error reply."""
+        """The operation's result model, or an error reply; counted in `stats`."""
+        started = time.perf_counter()
+        outcome = await self._run(op, data)
+        error = outcome.error if isinstance(outcome, MetaReply) else None
+        code = "OK" if error is None else error.code.value
+        self.stats.record(op, code, (time.perf_counter() - started) * 1000)
+        return outcome
+
+    async def _run(self, op: str, data: bytes) -> BaseModel | MetaReply:
         try:
             # An empty body is an empty object, so that `nats req <subject> ''` works.
             request = self._request_models[op].model_validate_json(data or b"{}")
@@ -303,6 +315,7 @@ async def main(rt: ServiceRuntime) -> None:
         store, bookie_lease_ms=settings.metadata.bookie_lease_ms, on_change=publisher.poke
     )
     rt.outbox_publisher = publisher  # type: ignore[attr-defined]  # for tests
+    serve_metrics(rt, metadata_metrics(service.stats, publisher))
     for op in METADATA_OPS:
         await rt.add_endpoint(
             op.replace(".", "_"),

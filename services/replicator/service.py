@@ -43,6 +43,7 @@ from typing import Any
 from nats.micro.request import Request
 from pydantic import ValidationError
 
+from services.replicator.metrics import replicator_metrics
 from shared.autorecovery_worker import (
     Action,
     ClaimFacts,
@@ -60,19 +61,22 @@ from shared.config import ReplicatorSettings
 from shared.digest import LedgerKeys
 from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
+from shared.metrics import SLOW_BOUNDS_MS, OpStats, serve_metrics
 from shared.models import LedgerMetadata, MetaErrorCode, UnderreplicatedLedger
 from shared.protocol.driver import ProtocolClient, monotonic_ms, wall_clock_ms
 from shared.protocol.messages import FragmentReplicated
 from shared.protocol.replication import ReplicationSettings, fragments_on, open_fragment_on
 from shared.service import ServiceRuntime
 from shared.status import QuireError
+from shared.telemetry import background_span
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ReplicatorStats:
-    """The process's counters, over all its workers (`replicator.status`)."""
+    """The process's counters, over all its workers (`replicator.status`, and the metrics:
+    `services.replicator.metrics`)."""
 
     claimed: int = 0  # claims obtained
     replicated: int = 0  # ledgers found whole at the end of a claim (`urq.replicated` done)
@@ -87,6 +91,8 @@ class ReplicatorStats:
     idle_polls: int = 0  # claims answered with nothing to do (or autorecovery disabled)
     # worker id -> (ledger id, when it was claimed, monotonic ms)
     in_progress: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # BookKeeper's rereplicate: each claim from its start to its end (success: replicated).
+    rereplicate: OpStats = field(default_factory=lambda: OpStats(SLOW_BOUNDS_MS))
 
 
 @dataclass(frozen=True)
@@ -225,9 +231,15 @@ class ReplicationWorker:
 
     async def _rereplicate(self, claim: UnderreplicatedLedger) -> Verdict:
         """BookKeeper's `rereplicate(ledgerId)`: what became of the claimed ledger. Errors
-        of the copy are failures of this ledger (backoff), never of the worker."""
+        of the copy are failures of this ledger (backoff), never of the worker. Traced as
+        background work: the recovery and the copy (`ledger.rereplicate`) are its children."""
         try:
-            return await self._replicate_ledger(claim)
+            attributes = {
+                "quire.ledger_id": claim.ledger_id,
+                "quire.bad_bookies": claim.missing_bookies,
+            }
+            with background_span("replicator.rereplicate", attributes=attributes):
+                return await self._replicate_ledger(claim)
         # ValidationError: an answer of the metadata service that does not parse.
         except (QuireError, MetadataError, ValidationError) as exc:
             return Verdict(Outcome.DEFER_FAILED, Reason.FAILED, error=str(exc))
@@ -329,11 +341,12 @@ class ReplicationWorker:
         """Tell the queue how the claim ended, count it and announce it."""
         ledger_id = claim.ledger_id
         stats = self._stats
+        duration_ms = monotonic_ms() - started_ms
         common = {
             "worker_id": self.worker_id,
             "missing_bookies": claim.missing_bookies,
             "mark_version": claim.mark_version,
-            "duration_ms": monotonic_ms() - started_ms,
+            "duration_ms": duration_ms,
             "recovered": verdict.recovered,
         }
         if verdict.outcome is None or verdict.outcome is Outcome.DONE:
@@ -342,6 +355,7 @@ class ReplicationWorker:
             # A deleted ledger's mark went with it (nothing can mark it again), done or not.
             if done or deleted:
                 stats.replicated += 1
+                stats.rereplicate.record(duration_ms, success=True)
                 self.failed_ledgers.forget(ledger_id)
                 log.info(
                     "ledger replicated",
@@ -356,12 +370,15 @@ class ReplicationWorker:
                 )
                 return
             stats.released += 1
+            stats.rereplicate.record(duration_ms, success=False)
             self._released(ledger_id, Reason.STILL_MARKED, 0, common)
             return
         if verdict.reason is Reason.CLAIM_LOST:
             stats.released += 1
+            stats.rereplicate.record(duration_ms, success=False)
             self._released(ledger_id, Reason.CLAIM_LOST, 0, common)
             return
+        stats.rereplicate.record(duration_ms, success=False)
         if verdict.outcome is Outcome.DEFER_OPEN:
             stats.deferred += 1
             wait_ms = verdict.wait_ms
@@ -521,6 +538,7 @@ class Replicator:
 async def main(rt: ServiceRuntime) -> None:
     replicator = Replicator(rt)
     rt.replicator = replicator  # type: ignore[attr-defined]  # for tests
+    serve_metrics(rt, replicator_metrics(replicator.stats))
     await rt.add_endpoint("status", rt.subjects.service("replicator", "status"), replicator.status)
     rt.on_shutdown(replicator.release_claims)
     for worker in replicator.workers:

@@ -5,11 +5,24 @@ gateway and the bench drive the cores through this one module.
 Everything here is IO and the bookkeeping of futures; every protocol decision is the
 cores'. What the caller wants to count or announce (metrics, events) reaches it through a
 `ProtocolObserver`; this module knows nothing of its callers.
+
+Spans (only for a traced operation: an unsampled append costs one `recording()` check):
+`ledger.add` for each traced append, from `WriterHandle.append` until its outcome (event
+`ack quorum reached`); its span context rides with the SendAdds that carry its entries to
+the `BookieAddBatcher`, whose request to a bookie is then a CLIENT span (child of the first
+traced append it carries, linked to the others; `BookieTransport.add(traced=...)`).
+`ledger.close`, `ledger.recover` and `ledger.rereplicate` around those operations, and
+`ledger.ensemble_change` (a background span, linked to the traced appends waiting) around
+an ensemble change. The writers' own work (pumps, deadlines, bookie requests) runs in a
+context of its own (`_DETACHED`), not in that of whichever request happened to schedule it:
+a bookie request or a CAS carries a trace only when a traced operation is given it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import heapq
@@ -21,6 +34,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, use_span
 
 from shared.config import GatewaySettings
 from shared.digest import DigestManager, LedgerKeys, mac_key, master_key
@@ -64,6 +80,15 @@ from shared.protocol.replication import LedgerReplication, ReplicationSettings
 from shared.protocol.transport import BookieTransport, BookieUnreachable, MetadataTransport
 from shared.protocol.writer import LedgerWriter
 from shared.status import ApiCode, ApiCodes, QuireError
+from shared.telemetry import (
+    BACKGROUND_ATTRIBUTE,
+    background_span,
+    current_span_context,
+    internal_span,
+    recording,
+    tracer,
+    tracer_provider,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +104,39 @@ SALT_BYTES = 16
 Clock = Callable[[], int]
 AddReply = BookieAddReply | AddSendFailed
 OnAddReply = Callable[[AddReply], None]
+# The span contexts of the traced appends a send carries (none: untraced, the usual case).
+Traced = tuple[SpanContext, ...]
+NOT_TRACED: Traced = ()
+
+# The context the writers' callbacks (pumps, deadlines, batch flushes) run in: none of the
+# request that scheduled them. Callbacks never nest and leave it as they found it, so one
+# does for all; a task gets a fresh one (`_detached_task`), as its spans come and go
+# across awaits.
+_DETACHED = contextvars.Context()
+
+
+def _detached_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    return asyncio.create_task(coro, context=contextvars.Context())
+
+
+def _start_background_span(
+    name: str, attributes: dict[str, Any], links: Sequence[SpanContext]
+) -> Span | None:
+    """A root span for rare background work that outlives one block of code (as
+    `background_span`, which is a `with`): recorded whenever tracing is on."""
+    if tracer_provider() is None:
+        return None
+    return tracer(__name__).start_span(
+        name,
+        context=Context(),
+        attributes={BACKGROUND_ATTRIBUTE: True, **attributes},
+        links=[Link(link) for link in links],
+    )
+
+
+def _end_failed(span: Span, detail: str) -> None:
+    span.set_status(Status(StatusCode.ERROR, detail))
+    span.end()
 
 
 def monotonic_ms() -> int:
@@ -217,6 +275,11 @@ class _AppendRequest:
     last_entry_id: int
     started_ms: int
     future: asyncio.Future[int]  # resolves with the LAC once every entry is acknowledged
+    span: Span | None = None  # `ledger.add`, when the append is traced
+
+    def carried_by(self, command: SendAdds) -> bool:
+        """Some entry of this append is in the send."""
+        return any(self.first_entry_id <= e <= self.last_entry_id for e in command.entry_ids)
 
 
 class WriterHandle:
@@ -240,6 +303,10 @@ class WriterHandle:
         self._add_requests_seen = 0
         self._add_sends_held_seen = 0
         self._pending_seen = 0
+        # The appends of _requests that are traced (few: the sampled ones), and the span of
+        # the ensemble change under way, if tracing is on.
+        self._traced: list[_AppendRequest] = []
+        self._change_span: Span | None = None
 
     @property
     def ledger_id(self) -> int:
@@ -250,13 +317,49 @@ class WriterHandle:
         # Back-pressure: wait while the pending adds would exceed the core's bound.
         while not self.core.fits(len(payloads)):
             await asyncio.shield(self._change_future())
+        span = self._start_add_span() if recording() else None
         now = self._client.clock()
-        first, last = self.core.add(payloads, now)
-        request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future())
+        try:
+            first, last = self.core.add(payloads, now)
+        except BaseException as exc:
+            if span is not None:
+                span.record_exception(exc)
+                _end_failed(span, repr(exc))
+            raise
+        request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future(), span)
+        if span is not None:
+            span.set_attributes(
+                {
+                    "quire.entry_id": first,
+                    "quire.last_entry_id": last,
+                    "quire.entries": last - first + 1,
+                }
+            )
+            self._traced.append(request)
         self._requests.append(request)
         self._schedule_pump()
         lac = await request.future
         return first, last, lac
+
+    def _start_add_span(self) -> Span:
+        quorum = self.core.quorum
+        return tracer(__name__).start_span(
+            "ledger.add",
+            attributes={
+                "quire.ledger_id": self.ledger_id,
+                "quire.ensemble_size": quorum.ensemble_size,
+                "quire.write_quorum": quorum.write_quorum,
+                "quire.ack_quorum": quorum.ack_quorum,
+            },
+        )
+
+    def _traced_in(self, command: SendAdds) -> Traced:
+        """The span contexts of the traced appends whose entries `command` carries."""
+        return tuple(
+            r.span.get_span_context()
+            for r in self._traced
+            if r.span is not None and r.carried_by(command)
+        )
 
     def _schedule_pump(self) -> None:
         """Pump once at the end of this turn of the event loop: the appends and bookie
@@ -277,7 +380,8 @@ class WriterHandle:
             match command:
                 case SendAdds():
                     self._sends_out += 1
-                    self._client.adds.submit(command, self._on_add_reply)
+                    traced = self._traced_in(command) if self._traced else NOT_TRACED
+                    self._client.adds.submit(command, self._on_add_reply, traced)
                 case CompleteAdds():
                     self._complete(command)
                 case FailAdds():
@@ -285,12 +389,14 @@ class WriterHandle:
                 case UpdateLedger():
                     self._spawn(self._update(command))
                 case ListWritableBookies():
+                    self._start_change_span()
                     self._spawn(self._list_writable())
                 case SendWriteLac():
                     self._client.lacs.submit(
                         command.bookie_id, self.ledger_id, self.core.master_key, command.lac
                     )
                 case EnsembleChanged():
+                    self._end_change_span(command)
                     self._client.observer.ensemble_changed(command)
                 case CloseDone():
                     if self._closed is not None and not self._closed.done():
@@ -298,8 +404,49 @@ class WriterHandle:
                 case CloseFailed():
                     if self._closed is not None and not self._closed.done():
                         self._closed.set_exception(QuireError(command.api, command.detail))
+        if self._change_span is not None and self.core.broken is not None:
+            self._fail_change_span(f"the writer broke: {self.core.broken}")
         self._report_counts()
         self._arm_timer()
+
+    # -- the ensemble change's span -------------------------------------------------------------
+
+    def _start_change_span(self) -> None:
+        """An ensemble change is rare and tells why appends were slow: recorded whenever
+        tracing is on, linked to the traced appends waiting for it. It lasts from the
+        bookie listing to the stored segment (a retry after finding no replacement
+        continues it)."""
+        if self._change_span is None:
+            self._change_span = _start_background_span(
+                "ledger.ensemble_change",
+                {"quire.ledger_id": self.ledger_id},
+                [r.span.get_span_context() for r in self._traced if r.span is not None],
+            )
+
+    def _in_change(self) -> contextlib.AbstractContextManager:
+        """The ensemble change's span as the current one (its requests are its children)."""
+        if self._change_span is None:
+            return contextlib.nullcontext()
+        return use_span(self._change_span, end_on_exit=False)
+
+    def _end_change_span(self, command: EnsembleChanged) -> None:
+        span, self._change_span = self._change_span, None
+        if span is None:
+            return
+        span.set_attributes(
+            {
+                "quire.first_entry_id": command.first_entry_id,
+                "quire.failed_bookies": [old for _, old, _ in command.replaced],
+                "quire.replacements": [new for _, _, new in command.replaced],
+                "quire.version": command.metadata.version,
+            }
+        )
+        span.end()
+
+    def _fail_change_span(self, detail: str) -> None:
+        span, self._change_span = self._change_span, None
+        if span is not None:
+            _end_failed(span, detail)
 
     def _arm_timer(self) -> None:
         """Keep the core's next deadline armed, moved as it moves: in the wheel a move is a
@@ -340,12 +487,15 @@ class WriterHandle:
         return task
 
     async def _update(self, command: UpdateLedger) -> None:
-        self.core.step(await self._client.cas(command), self._client.clock())
+        with self._in_change():
+            outcome = await self._client.cas(command)
+        self.core.step(outcome, self._client.clock())
         self.pump()
 
     async def _list_writable(self) -> None:
         try:
-            writable = await self._client.writable_bookies()
+            with self._in_change():
+                writable = await self._client.writable_bookies()
         except MetadataError as exc:
             log.warning("no bookie list for an ensemble change", extra={"err": exc.message})
             writable = []
@@ -365,6 +515,10 @@ class WriterHandle:
 
     async def close(self, timeout_s: float) -> LedgerMetadata:
         """CAS the ledger CLOSED once every add in flight is decided (the core's outcome)."""
+        with internal_span("ledger.close", attributes={"quire.ledger_id": self.ledger_id}):
+            return await self._close(timeout_s)
+
+    async def _close(self, timeout_s: float) -> LedgerMetadata:
         if self._closed is None or (self._closed.done() and self._closed.exception()):
             self._closed = asyncio.get_running_loop().create_future()
             self.core.start_close()
@@ -386,6 +540,10 @@ class WriterHandle:
                 request.last_entry_id,
                 now - request.started_ms,
             )
+            if request.span is not None:
+                request.span.add_event("ack quorum reached", {"quire.lac": command.lac})
+                request.span.end()
+                self._traced.remove(request)
             if not request.future.done():
                 request.future.set_result(command.lac)
         self._notify()
@@ -394,6 +552,9 @@ class WriterHandle:
         while self._requests and self._requests[0].first_entry_id <= command.last_entry_id:
             request = self._requests.popleft()
             self._client.observer.adds_failed(request.last_entry_id - request.first_entry_id + 1)
+            if request.span is not None:
+                _end_failed(request.span, f"{command.api.code}: {command.detail}")
+                self._traced.remove(request)
             if not request.future.done():
                 request.future.set_exception(QuireError(command.api, command.detail))
         self._notify()
@@ -445,12 +606,14 @@ class WriterHandle:
         self.core.abort(api, detail)
         self.pump()
         self._cancel_timer()
+        self._fail_change_span(detail)
         for task in self._sends:
             task.cancel()
 
     def release(self) -> None:
         """The handle is done with (closed, or dropped by its owner): cancel its timer."""
         self._cancel_timer()
+        self._fail_change_span("the writer was released")
 
 
 class DeadlineWheel:
@@ -513,7 +676,9 @@ class DeadlineWheel:
         # At least 1 ms: asyncio may fire a timer up to its clock resolution early, and a
         # slot not yet due is only armed again.
         delay_ms = max(slot * self.resolution_ms - self._clock(), 1)
-        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._fire)
+        self._timer = asyncio.get_running_loop().call_later(
+            delay_ms / 1000, self._fire, context=_DETACHED
+        )
         self._timer_slot = slot
 
     def _fire(self) -> None:
@@ -576,7 +741,8 @@ class BookieAddBatcher:
         self.max_requests_per_bookie = max_requests_per_bookie
         self._probe_after_s = probe_after_ms / 1000  # 0: no probe
         self._in_flight: dict[str, int] = {}
-        self._queued: dict[str, deque[tuple[SendAdds, OnAddReply]]] = {}
+        self._queued: dict[str, deque[tuple[SendAdds, OnAddReply, Traced]]] = {}
+        self._traced_queued = 0  # queued sends that carry traced appends (usually none)
         self._batches: set[asyncio.Task[None]] = set()
         self._flush_due: set[str] = set()  # bookies with a flush due at the end of the turn
         self._closed = False
@@ -584,21 +750,24 @@ class BookieAddBatcher:
         self._probing: set[str] = set()
         self._gone: set[asyncio.Task[None]] = set()  # cancelled: their bookie is gone
 
-    def submit(self, command: SendAdds, on_reply: OnAddReply) -> None:
+    def submit(self, command: SendAdds, on_reply: OnAddReply, traced: Traced = NOT_TRACED) -> None:
         """Send `command` (now, or merged with others once the bookie answers); its answer
-        goes to `on_reply`, never from inside this call."""
+        goes to `on_reply`, never from inside this call. `traced`: the span contexts of the
+        traced appends it carries, for the request's span."""
         if self._closed:
             failed = AddSendFailed(command.bookie_id, command.entry_ids, "the client is closed")
             asyncio.get_running_loop().call_soon(on_reply, failed)
             return
         bookie_id = command.bookie_id
-        self._queued.setdefault(bookie_id, deque()).append((command, on_reply))
+        self._queued.setdefault(bookie_id, deque()).append((command, on_reply, traced))
+        if traced:
+            self._traced_queued += 1
         if bookie_id not in self._flush_due:
             # At the end of this turn, not now: the sends of every writer pumped in the turn
             # then go to a free bookie as one request, not the first alone and the rest
             # merged behind it once it is answered.
             self._flush_due.add(bookie_id)
-            asyncio.get_running_loop().call_soon(self._flush_if_free, bookie_id)
+            asyncio.get_running_loop().call_soon(self._flush_if_free, bookie_id, context=_DETACHED)
 
     @property
     def quiet(self) -> bool:
@@ -606,14 +775,16 @@ class BookieAddBatcher:
         return not self._queued and not self._batches
 
     async def send(self, command: SendAdds) -> AddReply:
-        """`submit` for a caller that awaits the answer (a recovery's driver)."""
+        """`submit` for a caller that awaits the answer (a recovery's driver), traced as
+        the caller's current span is."""
         future: asyncio.Future[AddReply] = asyncio.get_running_loop().create_future()
 
         def answered(reply: AddReply) -> None:
             if not future.done():
                 future.set_result(reply)
 
-        self.submit(command, answered)
+        span_context = current_span_context()
+        self.submit(command, answered, NOT_TRACED if span_context is None else (span_context,))
         return await future
 
     def _flush_if_free(self, bookie_id: str) -> None:
@@ -626,7 +797,7 @@ class BookieAddBatcher:
         """Send what waits for the bookie as one request of at most max_send_bytes (a
         larger send goes alone)."""
         queued = self._queued.get(bookie_id)
-        batch: list[tuple[SendAdds, OnAddReply]] = []
+        batch: list[tuple[SendAdds, OnAddReply, Traced]] = []
         size, limit = 0, self._bookies.max_send_bytes
         while queued:
             command_size = send_size(queued[0][0])
@@ -639,7 +810,7 @@ class BookieAddBatcher:
         if not batch:
             return
         self._in_flight[bookie_id] = self._in_flight.get(bookie_id, 0) + 1
-        task = asyncio.create_task(self._send_batch(bookie_id, batch))
+        task = _detached_task(self._send_batch(bookie_id, batch))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
         if self._probe_after_s:
@@ -670,12 +841,19 @@ class BookieAddBatcher:
             self._gone.add(task)
             task.cancel()
 
-    async def _send_batch(self, bookie_id: str, batch: list[tuple[SendAdds, OnAddReply]]) -> None:
-        commands = [command for command, _ in batch]
+    async def _send_batch(
+        self, bookie_id: str, batch: list[tuple[SendAdds, OnAddReply, Traced]]
+    ) -> None:
+        commands = [command for command, _, _ in batch]
         self._observer.bookie_add_batch(len(commands))
         replies: Sequence[AddReply] = ()
         try:
-            status, results = await self._bookies.add(bookie_id, merge_sends(commands))
+            items = merge_sends(commands)
+            traced = self._take_traced(batch) if self._traced_queued else NOT_TRACED
+            if traced:
+                status, results = await self._bookies.add(bookie_id, items, traced=traced)
+            else:
+                status, results = await self._bookies.add(bookie_id, items)
             replies = split_add_reply(commands, status, results)
         except BookieUnreachable as exc:
             replies = [
@@ -692,8 +870,14 @@ class BookieAddBatcher:
             self._in_flight[bookie_id] -= 1
             if self._queued.get(bookie_id) and not self._closed:
                 self._flush(bookie_id)
-            for (_, on_reply), reply in zip(batch, replies, strict=True):
+            for (_, on_reply, _), reply in zip(batch, replies, strict=True):
                 on_reply(reply)
+
+    def _take_traced(self, batch: list[tuple[SendAdds, OnAddReply, Traced]]) -> Traced:
+        """The span contexts the batch's sends carry (they leave the queue)."""
+        traced = [t for _, _, t in batch if t]
+        self._traced_queued -= len(traced)
+        return tuple(context for contexts in traced for context in contexts)
 
     def close(self) -> None:
         """Send nothing more: the requests in flight are cancelled, and every send still
@@ -703,7 +887,7 @@ class BookieAddBatcher:
             task.cancel()
         loop = asyncio.get_running_loop()
         for bookie_id, queued in self._queued.items():
-            for command, on_reply in queued:
+            for command, on_reply, _ in queued:
                 failed = AddSendFailed(bookie_id, command.entry_ids, "the client is closed")
                 loop.call_soon(on_reply, failed)
         self._queued.clear()
@@ -806,7 +990,7 @@ class ProtocolClient:
         """Pump `handle` at the end of this turn of the event loop, with every other handle
         due then: one callback a turn for the client, not one for each writer."""
         if not self._pumps:
-            asyncio.get_running_loop().call_soon(self._pump_all)
+            asyncio.get_running_loop().call_soon(self._pump_all, context=_DETACHED)
         self._pumps.append(handle)
 
     def _pump_all(self) -> None:
@@ -972,7 +1156,8 @@ class ProtocolClient:
                     return self._core_io(core, command)
             return None
 
-        await drive(core, dispatch, self.clock)
+        with internal_span("ledger.recover", attributes={"quire.ledger_id": metadata.ledger_id}):
+            await drive(core, dispatch, self.clock)
         return core
 
     async def _core_io(self, core: LedgerRecovery | LedgerReplication, command: Any) -> Any:
@@ -1051,7 +1236,18 @@ class ProtocolClient:
                     return self._core_io(core, command)
             return None
 
-        return await drive(core, dispatch, self.clock)
+        attributes = {
+            "quire.ledger_id": metadata.ledger_id,
+            "quire.bad_bookies": sorted(bad_bookies),
+        }
+        # Re-replication is background work: traced whenever tracing is on.
+        span = (
+            internal_span("ledger.rereplicate", attributes=attributes)
+            if recording()
+            else background_span("ledger.rereplicate", attributes=attributes)
+        )
+        with span:
+            return await drive(core, dispatch, self.clock)
 
     # -- reads --------------------------------------------------------------------------------
 

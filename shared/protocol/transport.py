@@ -6,7 +6,10 @@ these methods; the cores themselves never see a transport.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
+
+from opentelemetry.trace import SpanContext
 
 from shared.models import BookieInfo, CreateLedgerRequest, LedgerMetadata, UpdateLedgerRequest
 from shared.status import BookieStatus
@@ -32,8 +35,11 @@ class BookieTransport(Protocol):
         ...
 
     async def add(
-        self, bookie_id: str, items: list[AddItem]
-    ) -> tuple[BookieStatus, list[AddResult]]: ...
+        self, bookie_id: str, items: list[AddItem], traced: Sequence[SpanContext] = ()
+    ) -> tuple[BookieStatus, list[AddResult]]:
+        """`traced`: the span contexts of the traced appends among `items` (the driver
+        passes it only when there are some: a transport that traces nothing may omit it)."""
+        ...
 
     async def read(
         self, bookie_id: str, items: list[ReadItem]

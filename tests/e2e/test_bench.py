@@ -69,6 +69,43 @@ def test_bench_smoke_with_jetstream_comparison(cluster_dir) -> None:
     assert leftovers == []
 
 
+def test_bench_compares_tracing_on_and_off(cluster_dir) -> None:
+    """Two fresh clusters, tracing off then on; every append traced (a ratio of 1), so
+    that the traced path carries the whole load, without an error."""
+    parent = cluster_dir("bench-tracing")
+    report_path = parent / "bench.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUIRE_", "OTEL_"))}
+    env["TMPDIR"] = str(parent)
+    env["OTEL_TRACES_SAMPLER_ARG"] = "1"
+    done = subprocess.run(
+        [
+            quire_executable(),
+            "bench",
+            "--bookies", "3",
+            "--duration", "1.5",
+            "--warmup", "0.5",
+            "--in-flight", "8",
+            "--compare", "tracing-off",
+            "--json", str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "tracing on / tracing off" in done.stdout
+    report = json.loads(report_path.read_text())
+    assert report["quire"]["label"] == "tracing on"
+    assert report["tracing_off"]["label"] == "tracing off"
+    assert "1 of the requests traced" in report["settings"]["tracing"]
+    for system in ("quire", "tracing_off"):
+        assert report[system]["entries_per_s"] > 0 and report[system]["errors"] == 0
+    assert report["ratio_throughput"] == pytest.approx(
+        report["quire"]["entries_per_s"] / report["tracing_off"]["entries_per_s"], rel=0.01
+    )
+
+
 @pytest.fixture(scope="module")
 def cluster(cluster_dir) -> Iterator[QuireUp]:
     up = QuireUp(cluster_dir("bench-many") / "quire-data", bookies=3)

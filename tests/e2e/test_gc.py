@@ -233,6 +233,57 @@ async def test_gc_gives_back_the_space_of_deleted_ledgers_and_keeps_every_live_e
         await nc.drain()
 
 
+def quire_trace(cluster: QuireUp, *args: str) -> object:
+    done = subprocess.run(
+        [quire_executable(), "trace", *args, "--data-dir", str(cluster.data_dir), "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+async def test_a_gc_run_is_one_trace_across_the_ledgerstore_and_the_metadata_service(
+    cluster: QuireUp,
+) -> None:
+    """Background runs are recorded whatever the sampling ratio; the metadata requests a
+    run makes carry its trace to the metadata service and its statements, and every
+    process's spans reach the local span store (`quire trace`)."""
+    bookies = bookie_ids(cluster)
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=30.0) as http:
+        response = await http.put("/api/v1/bookie/gc", json={})
+        assert response.status_code == 200, response.text
+
+    def gc_traces() -> dict[str, list[dict]]:
+        """bookie id -> the spans of its newest GC run, once all its spans are stored."""
+        found: dict[str, list[dict]] = {}
+        for row in quire_trace(cluster, "list", "--limit", "200"):  # type: ignore[union-attr]
+            if row["root"] != "gc.run":
+                continue
+            spans = quire_trace(cluster, "show", row["trace_id"])["spans"]  # type: ignore[index]
+            (run,) = [s for s in spans if s["name"] == "gc.run"]
+            if run["bookie_id"] not in found and any(s["name"] == "gc.list_ledgers" for s in spans):
+                found[run["bookie_id"]] = spans
+        return found if set(found) >= set(bookies) else {}
+
+    traces = await until(gc_traces, "a stored gc.run trace from every bookie", GC_TIMEOUT_S)
+    for bookie_id in bookies:
+        spans = traces[bookie_id]
+        by_id = {s["span_id"]: s for s in spans}
+        (listing,) = [s for s in spans if s["name"] == "gc.list_ledgers"]
+        assert listing["service"] == "quire-ledgerstore"
+        assert listing["instance"] == f"{bookie_id}.ledgerstore"
+        servers = [s for s in spans if s["kind"] == "SERVER" and s["service"] == "quire-metadata"]
+        assert servers, [s["name"] for s in spans]
+        for server in servers:
+            client = by_id[server["parent_span_id"]]
+            assert client["kind"] == "CLIENT" and client["service"] == "quire-ledgerstore"
+            assert client["name"] == server["name"].replace("process ", "send ", 1)
+        statements = [s for s in spans if s["attributes"].get("db.system") == "postgresql"]
+        assert statements and all(by_id[s["parent_span_id"]] in servers for s in statements)
+
+
 def test_bench_gc_smoke(cluster_dir) -> None:
     parent = cluster_dir("bench-gc")
     report_path = parent / "gc.json"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import os
 import signal
 import time
@@ -18,8 +19,11 @@ import httpx
 import nats
 import pytest
 
+from shared.metrics import Scrape, scrape
 from tests.support.cluster import QuireUp, pid_alive, wait_gone
+from tests.support.metrics_catalog import catalog, missing_and_unlisted
 from tests.support.natsproto import nats_handshake
+from tests.support.wait import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -242,6 +246,86 @@ def test_thousand_appends_read_back_byte_exact_then_close(cluster: QuireUp) -> N
         # Closed: the LAC is the last entry, and every entry reads.
         assert read_all(client, lid) == ACKED[lid]
         STATE["closed"] = lid
+
+
+def test_every_target_serves_prometheus_with_bookkeepers_names(cluster: QuireUp) -> None:
+    """After the appends and reads above: every process of targets.json answers with
+    Prometheus text, the names of docs/metrics.md are there, and the counters of the work
+    done count it."""
+    targets = json.loads((cluster.data_dir / "prometheus" / "targets.json").read_text())
+    rows = {r["name"]: r for r in cluster.cluster_json()["services"] if "metrics" in r}
+    assert {t["labels"]["instance"] for t in targets} == set(rows)
+    for target in targets:
+        row = rows[target["labels"]["instance"]]
+        assert target["labels"]["service"] == row["kind"]
+        assert target["labels"].get("bookie_id") == row["bookie_id"]
+        assert row["metrics"] == f"http://{target['targets'][0]}/metrics"
+
+    async def scrape_all() -> dict[str, list[Scrape]]:
+        scraped = await asyncio.gather(*(scrape(row["metrics"]) for row in rows.values()))
+        by_kind: dict[str, list[Scrape]] = {}
+        for row, one in zip(rows.values(), scraped, strict=True):
+            by_kind.setdefault(row["kind"], []).append(one)
+        return by_kind
+
+    def total(scrapes: list[Scrape], name: str, **labels: str) -> float:
+        return sum(one.value(name, **labels) for one in scrapes)
+
+    async def settled() -> dict[str, list[Scrape]] | None:
+        # The elected auditor's first bookie check and a replicator's first idle poll come
+        # a moment after the cluster is ready.
+        by_kind = await scrape_all()
+        auditors, replicators = by_kind["auditor"], by_kind["replicator"]
+        done = (
+            total(auditors, "auditor_AUDIT_BOOKIES_TIME_count", success="true") >= 1
+            and total(replicators, "quire_replicator_idle_polls_total") >= 1
+        )
+        return by_kind if done else None
+
+    by_kind = asyncio.run(until(settled, "the auditor's first check and a replicator's poll"))
+    assert len(by_kind["journal"]) == len(by_kind["ledgerstore"]) == 4
+    listed = catalog()
+    assert set(listed) == set(by_kind)
+    for kind, names in listed.items():
+        for one in by_kind[kind]:
+            missing, unlisted = missing_and_unlisted(one, names)
+            assert not missing, f"{kind} does not export {missing}"
+            assert not unlisted, f"docs/metrics.md does not list {kind}'s {unlisted}"
+
+    journals, ledgerstores = by_kind["journal"], by_kind["ledgerstore"]
+    # 1,000 entries, 3 replicas each (and more by earlier tests, none refused).
+    assert total(journals, "bookie_journal_JOURNAL_ADD_ENTRY_count", success="true") >= 3000
+    assert total(journals, "bookkeeper_server_ADD_ENTRY_REQUEST_count", success="true") >= 3000
+    assert total(journals, "bookie_journal_JOURNAL_SYNC_count", success="true") >= 1
+    p99 = [
+        one.value("bookie_journal_JOURNAL_SYNC", success="true", quantile="0.99")
+        for one in journals
+    ]
+    assert all(v > 0 for v in p99 if not math.isnan(v))  # NaN: none synced in the window
+    # Read back twice: each entry once from one replica, from a cache or an entry log.
+    served = sum(
+        total(ledgerstores, name)
+        for name in (
+            "bookie_write_cache_hits",
+            "bookie_read_cache_hits",
+            "bookie_read_cache_misses",
+        )
+    )
+    assert served >= 2000
+    assert total(ledgerstores, "bookkeeper_server_READ_ENTRY_REQUEST_count", success="true") >= 1
+    assert all(one.types["bookie_write_cache_size"] == "gauge" for one in ledgerstores)
+    assert all(one.types["bookie_read_cache_hits"] == "unknown" for one in ledgerstores)
+    assert total(by_kind["auditor"], "quire_auditor_leader") == 1
+    assert total(by_kind["auditor"], "auditor_election_attempts") >= 1
+    assert total(by_kind["metadata"], "quire_metadata_requests_total", op="ledger.create") >= 1
+    assert total(by_kind["gateway"], "quire_gateway_add_entries_total") >= 1000
+    # And the process collectors, in every process but the gateway.
+    assert all(
+        "process_cpu_seconds_total" in one
+        for k, s in by_kind.items()
+        if k != "gateway"
+        for one in s
+    )
 
 
 def test_events_reach_the_stream(cluster: QuireUp) -> None:

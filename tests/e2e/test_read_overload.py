@@ -2,9 +2,10 @@
 overload behind it. Several readers stream a whole 20,000-entry ledger over HTTP, again and
 again, cold (the bookies' files evicted from the page cache), and are cut off; from then on
 a small read (entries 0-9) must answer within a second, and the bookies must stop serving
-the burst's reads once their clients' deadlines have passed: their ledgerstore.stats show
-empty read queues (`read_entry_queue_size`, `read_entry_in_progress`: the bookie side of
-issue 13) and no more entries read.
+the burst's reads once their clients' deadlines have passed: their ledgerstores' metrics
+show empty read queues (`quire_ledgerstore_read_queue_requests`,
+`bookkeeper_server_READ_ENTRY_IN_PROGRESS`: the bookie side of issue 13) and no more
+entries read.
 
 Before issue 13 every read answered 504 for about a minute after such a burst: the reads
 already sent kept being served after the gateway gave up on them."""
@@ -12,7 +13,6 @@ already sent kept being served after the gateway gave up on them."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 
@@ -21,8 +21,8 @@ import pytest
 
 from quire.bench import pagecache
 from quire.client import HttpClient
-from shared.config import GatewaySettings, QuireSettings
-from shared.subjects import Subjects
+from shared.config import GatewaySettings
+from shared.metrics import Scrape, scrape
 from tests.support.cluster import QuireUp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -50,17 +50,11 @@ def bookie_ids(up: QuireUp) -> list[str]:
     return [r["bookie_id"] for r in up.cluster_json()["services"] if r["kind"] == "ledgerstore"]
 
 
-async def ledgerstore_stats(up: QuireUp) -> dict[str, dict]:
-    subjects = Subjects(QuireSettings().subject_prefix)
-    bookies = bookie_ids(up)
-    nc = await up.nats_connect()
-    try:
-        replies = await asyncio.gather(
-            *(nc.request(subjects.bookie(b, "ledgerstore.stats"), b"", timeout=5) for b in bookies)
-        )
-    finally:
-        await nc.close()
-    return {b: json.loads(r.data) for b, r in zip(bookies, replies, strict=True)}
+async def ledgerstore_stats(up: QuireUp) -> dict[str, Scrape]:
+    """Each bookie's ledgerstore metrics, scraped from the URL cluster.json gives."""
+    rows = [r for r in up.cluster_json()["services"] if r["kind"] == "ledgerstore"]
+    scrapes = await asyncio.gather(*(scrape(r["metrics"]) for r in rows))
+    return {r["bookie_id"]: s for r, s in zip(rows, scrapes, strict=True)}
 
 
 async def write_cold_ledger(up: QuireUp) -> int:
@@ -71,7 +65,7 @@ async def write_cold_ledger(up: QuireUp) -> int:
         await client.append_many(created.ledger_id, PASSWORD, payloads, batch=500)
         assert await client.close(created.ledger_id, PASSWORD) == ENTRIES - 1
     deadline = time.monotonic() + 30
-    while any(s["write_cache_count"] for s in (await ledgerstore_stats(up)).values()):
+    while any(s.value("bookie_write_cache_count") for s in (await ledgerstore_stats(up)).values()):
         assert time.monotonic() < deadline, "the bookies did not flush their write caches"
         await asyncio.sleep(0.1)
     pagecache.drop(pagecache.files_under([up.data_dir / b for b in bookie_ids(up)]))
@@ -105,8 +99,8 @@ async def small_read(http: httpx.AsyncClient, ledger_id: int) -> str | None:
     return f"{response.status_code}: {response.text[:300]}"
 
 
-def read_counts(stats: dict[str, dict]) -> dict[str, int]:
-    return {bookie: s["ledgerstore_read_entry"] for bookie, s in stats.items()}
+def read_counts(stats: dict[str, Scrape]) -> dict[str, float]:
+    return {bookie: s.value("quire_ledgerstore_read_entries_total") for bookie, s in stats.items()}
 
 
 async def burst_then_small_reads(up: QuireUp) -> None:
@@ -141,11 +135,14 @@ async def burst_then_small_reads(up: QuireUp) -> None:
         await asyncio.sleep(0.25)
         stats = await ledgerstore_stats(up)
         now = read_counts(stats)
-        busy = {
-            bookie: (s["read_entry_queue_size"], s["read_entry_in_progress"])
+        load = {
+            bookie: (
+                s.value("quire_ledgerstore_read_queue_requests"),
+                s.value("bookkeeper_server_READ_ENTRY_IN_PROGRESS"),
+            )
             for bookie, s in stats.items()
-            if s["read_entry_queue_size"] or s["read_entry_in_progress"]
         }
+        busy = {bookie: counts for bookie, counts in load.items() if any(counts)}
         if now == before and not busy:
             break
         assert time.monotonic() < deadline, f"the bookies still serve reads 30 s on: {busy}"

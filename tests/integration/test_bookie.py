@@ -22,6 +22,7 @@ from shared.bookie.journal_format import FILE_HEADER_SIZE, EntryRecord, scan_rec
 from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
 from shared.digest import DigestManager, master_key
+from shared.metrics import Scrape, scrape
 from shared.requests import request
 from shared.status import BookieStatus
 from shared.subjects import Subjects
@@ -86,15 +87,22 @@ class Bookie:
         data = wire.encode_write_lac_request(items)
         return wire.decode_write_lac_reply(await self.call("write_lac", data), len(items))
 
-    async def stats(self, kind: str) -> dict:
-        return json.loads(await self.call(f"{kind}.stats", b""))
+    async def stats(self, kind: str) -> Scrape:
+        """The metrics of the bookie's `kind` process (started by `bookie`)."""
+        return await scrape(METRICS_URLS[kind])
+
+
+# The metrics URL of each service of the running `bookie` (kind -> URL).
+METRICS_URLS: dict[str, str] = {}
 
 
 @asynccontextmanager
 async def bookie(settings: QuireSettings):
+    settings = settings.model_copy(update={"metrics_port": 0})  # each on a free port
     async with AsyncExitStack() as stack:
-        await stack.enter_async_context(running_service("journal", settings))
-        await stack.enter_async_context(running_service("ledgerstore", settings))
+        for kind in ("journal", "ledgerstore"):
+            rt = await stack.enter_async_context(running_service(kind, settings))
+            METRICS_URLS[kind] = rt.metrics_url  # type: ignore[attr-defined]
         yield
 
 
@@ -126,9 +134,12 @@ async def test_adds_are_journaled_before_ack_and_read_back_byte_exact(nc, settin
         lac = await client.read_lac(1)
         assert (lac.status, lac.lac, lac.last_entry_id) == (BookieStatus.OK, 28, 29)
         stats = await client.stats("journal")
-        assert stats["journal_add_entry"] == 60
-        assert 1 <= stats["journal_sync"] <= 30
-        assert stats["journal_flush_batch_records_sum"] == 60
+        assert stats.value("quire_journal_add_entries_total") == 60
+        assert 1 <= stats.value("bookie_journal_JOURNAL_SYNC_count", success="true") <= 30
+        assert stats.value("bookie_journal_JOURNAL_FORCE_WRITE_BATCH_ENTRIES_sum") == 60
+        added = stats.value("bookie_journal_JOURNAL_ADD_ENTRY_count", success="true")
+        requested = stats.value("bookkeeper_server_ADD_ENTRY_REQUEST_count", success="true")
+        assert added == requested == 60
 
 
 async def test_bookie_client_reads_carry_its_read_timeout(nc, settings) -> None:
@@ -155,8 +166,10 @@ async def test_bookie_client_reads_carry_its_read_timeout(nc, settings) -> None:
         assert (status, result.frame) == (BookieStatus.OK, frame(5, 0))
         assert seen == [wire.ReadRequest([wire.ReadItem(5, 0)], 1234)]
         stats = await client.stats("ledgerstore")
-        assert stats["read_entry_requests"] == 1
-        assert stats["read_entry_rejected"] == stats["read_entry_expired"] == 0
+        assert stats.value("quire_ledgerstore_read_requests_total") == 1
+        assert stats.value("bookkeeper_server_READ_ENTRY_REQUEST_count", success="true") == 1
+        assert stats.value("quire_ledgerstore_read_requests_rejected_total") == 0
+        assert stats.value("quire_ledgerstore_read_requests_expired_total") == 0
 
 
 async def test_absent_entries_and_ledgers(nc, settings) -> None:
@@ -314,10 +327,10 @@ async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settin
         assert await client.add(recovery, flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK] * 60
         for _ in range(100):
             stats = await client.stats("journal")
-            if stats["journal_files_deleted"] >= 1:
+            if stats.value("quire_journal_files_deleted_total") >= 1:
                 break
             await asyncio.sleep(0.05)
-        assert stats["journal_files_deleted"] >= 1, stats
+        assert stats.value("quire_journal_files_deleted_total") >= 1, stats
         assert len(list((settings.bookie_dir / "ledgers").glob("entrylog-*.log"))) > 1
     assert min(journal_files(settings.bookie_dir / "journal")) > 1
     async with bookie(settings):
@@ -350,10 +363,9 @@ async def flushed_to_entry_log(
     the flush committed): (log, offset)."""
     for _ in range(200):
         stats = await client.stats("ledgerstore")
-        if (
-            stats["write_cache_count"] == 0
-            and stats["flush_entries"] == stats["ledgerstore_add_entry"]
-        ):
+        if stats.value("bookie_write_cache_count") == 0 and stats.value(
+            "quire_ledgerstore_flushed_entries_total"
+        ) == stats.value("quire_ledgerstore_add_entries_total"):
             for path in settings.bookie_dir.glob("ledgers/entrylog-*.log"):
                 at = path.read_bytes().find(data)
                 if at >= 0:
@@ -413,7 +425,7 @@ async def test_a_digest_mismatch_on_disk_is_corrupt_counted_and_reported(
         # Read again (now through the read cache for its neighbours): still never returned.
         assert (await client.read([(41, 1)]))[0].status is BookieStatus.CORRUPT
         stats = await client.stats("ledgerstore")
-        assert stats["ledgerstore_read_entry_corrupt"] == 2
+        assert stats.value("quire_ledgerstore_read_entries_corrupt_total") == 2
         event = json.loads((await events.next_msg(timeout=5)).data)
         assert (event["kind"], event["ledger_id"], event["bookie_id"]) == (
             "entry.corrupt",
@@ -465,8 +477,8 @@ async def wait_serving(client: Bookie, procs: list[subprocess.Popen]) -> None:
     for _ in range(300):
         assert all(p.poll() is None for p in procs), "a bookie process exited"
         try:
-            await client.read_lac(0)
-            await client.stats("journal")
+            await client.read_lac(0)  # the ledgerstore serves
+            await client.call("info", b"")  # and the journal
             return
         except Exception:
             await asyncio.sleep(0.05)

@@ -62,6 +62,10 @@ async def test_disk_thresholds_turn_the_bookie_read_only_and_back(
             await journal_service.main(rt, disk_usage=disk)
             async with running_service("ledgerstore", settings):
                 await exercise(client, meta, settings, disk)
+            metrics = rt.metrics.scrape()  # type: ignore[attr-defined]
+            assert metrics.value("quire_journal_add_rejected_total", status="READ_ONLY") >= 4
+            refused = metrics.value("bookkeeper_server_ADD_ENTRY_REQUEST_count", success="false")
+            assert refused >= 4
         finally:
             rt.stop()
             await rt.shutdown()
@@ -99,8 +103,6 @@ async def exercise(client: Bookie, meta: MetadataClient, settings, disk: FakeDis
     disk.used_fraction = 0.85  # below diskUsageLwmThreshold (0.90)
     await wait_for(lambda: _is(state, BookieState.WRITABLE), "writable again")
     assert await client.add([frame(50, 1, 0)]) == [BookieStatus.OK]
-    stats = await client.stats("journal")
-    assert stats["journal_add_entry_rejected"]["READ_ONLY"] >= 4
 
 
 async def _refused_recovery(client: Bookie) -> bool:

@@ -76,8 +76,9 @@ async def test_deleted_ledgers_leave_every_bookie_and_the_others_stay(nc, stack:
         assert (run["ledgers_deleted"], run["skipped"]) == (len(deleted), ""), run
         for lid in deleted:
             assert await bookie_read(nc, stack, bookie_id, lid) is BookieStatus.NO_LEDGER
-        stats = await bookie_call(nc, stack, bookie_id, "ledgerstore.stats")
-        assert stats["deleted_ledger_count"] == len(deleted) and stats["gc_runs"] >= 1
+        metrics = stack.runtimes[f"{bookie_id}.ledgerstore"].metrics.scrape()  # type: ignore[attr-defined]
+        assert metrics.value("bookie_DELETED_LEDGER_TOTAL") == len(deleted)
+        assert metrics.value("quire_ledgerstore_gc_runs_total") >= 1
         details = (await bookie_call(nc, stack, bookie_id, "gc.details"))["details"]
         assert details["deletedLedgers"] == len(deleted) and details["lastGcTime"] > 0
     published = []

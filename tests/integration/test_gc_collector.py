@@ -415,3 +415,53 @@ async def test_explain_says_what_pins_each_log_and_what_happens_next(
     assert current["current"] and current["next_minor"] == "current log: never compacted"
     assert explained["suspendMajor"] and not explained["suspendMinor"]
     assert explained["next_minor_ms"] == 1_000_000 + HOUR_MS
+
+
+# -- traces ---------------------------------------------------------------------------------
+
+
+async def test_a_run_is_a_background_trace_with_its_listing_deletion_and_compactions(
+    metadata, meta_settings
+) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from shared import telemetry
+
+    exporter = InMemorySpanExporter()
+    # The default sampler (a 0.1 % ratio): a GC run is recorded all the same.
+    provider = telemetry.build_provider("ledgerstore", bookie_id="bookie-1", environ={})
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.install_provider(provider)
+    try:
+        await create(metadata, [1, 2])
+        await metadata.delete_ledger(2)
+        store = FakeStore([1, 2], logs())
+        gc, _ = collector(store, meta_settings, metadata)
+        await gc.run_once(forced=True, force_major=True)
+    finally:
+        telemetry.install_provider(None)
+    spans = exporter.get_finished_spans()
+    (run,) = [s for s in spans if s.name == "gc.run"]
+    assert run.parent is None and run.attributes["quire.bookie_id"] == "bookie-1"
+    assert run.attributes["quire.gc.ledgers_deleted"] == 1
+    assert run.attributes["quire.gc.entry_logs_compacted"] == 3
+    children = [s for s in spans if s.parent and s.parent.span_id == run.context.span_id]
+    assert [s.name for s in children] == [
+        "gc.list_ledgers",
+        "gc.verify_ledgers",
+        "gc.delete_ledgers",
+        "gc.delete_entry_logs",
+        "compaction.run",
+        "compaction.run",
+        "compaction.run",
+    ]
+    listing = children[0]
+    requests = [s for s in spans if s.parent and s.parent.span_id == listing.context.span_id]
+    assert requests and all(s.name.startswith("send ") for s in requests)
+    compactions = [
+        (s.attributes["quire.log_id"], s.attributes["quire.usage"]) for s in children[4:]
+    ]
+    assert compactions == [(2, 0.05), (3, 0.15), (1, 0.5)]
+    assert all(s.attributes["quire.bytes"] == 1000 for s in children[4:])
+    assert children[2].attributes["quire.ledgers"] == 1

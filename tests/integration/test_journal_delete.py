@@ -19,10 +19,27 @@ from shared.bookie.journal_format import (
     scan_records,
 )
 from shared.config import QuireSettings
+from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from tests.integration.test_bookie import KEY, OTHER_KEY, Bookie, bookie, frame
 from tests.support.inprocess import running_service
 from tests.support.wait import until
+
+
+def ledgers(rt: ServiceRuntime) -> float:
+    """The ledgers the journal holds state of, from its metrics."""
+    return rt.metrics.scrape().value("quire_journal_ledgers")  # type: ignore[attr-defined]
+
+
+def written(rt: ServiceRuntime) -> tuple[float, float, float]:
+    """(ledgers, records, bytes) the journal holds and has written: unchanged, nothing was
+    journaled."""
+    metrics = rt.metrics.scrape()  # type: ignore[attr-defined]
+    return (
+        metrics.value("quire_journal_ledgers"),
+        metrics.value("quire_journal_records_total"),
+        metrics.value("quire_journal_written_bytes_total"),
+    )
 
 
 async def delete(client: Bookie, body: object) -> dict:
@@ -47,7 +64,7 @@ async def test_delete_is_journaled_before_the_answer_and_the_ledger_is_forgotten
     nc, settings
 ) -> None:
     client = Bookie(nc, settings)
-    async with running_service("journal", settings):
+    async with running_service("journal", settings) as rt:
         assert await client.add([frame(1, 0), frame(2, 0)]) == [BookieStatus.OK] * 2
         assert (await client.fence(2)).status is BookieStatus.OK
         # Control: another key on a ledger the bookie knows is refused.
@@ -60,11 +77,9 @@ async def test_delete_is_journaled_before_the_answer_and_the_ledger_is_forgotten
         records = deleted_records(settings)
         assert [ledger for ledger, _ in records] == [1, 7]
         assert all(end <= position for _, end in records)
-        stats = await client.stats("journal")
-        assert stats["ledgers"] == 1  # ledger 2 only
-        assert JournalPosition.from_json(stats["durable"]) >= position
-    async with running_service("journal", settings):  # replay meets the DELETED record
-        assert (await client.stats("journal"))["ledgers"] == 1
+        assert ledgers(rt) == 1  # ledger 2 only
+    async with running_service("journal", settings) as rt:  # replay meets the DELETED record
+        assert ledgers(rt) == 1
         # Forgotten: the ledger starts afresh under whatever key comes first.
         fenced = await client.fence(1, OTHER_KEY)
         assert (fenced.status, fenced.lac, fenced.last_entry_id) == (BookieStatus.OK, -1, -1)
@@ -125,14 +140,13 @@ async def test_a_deleted_ledger_stays_forgotten_once_its_journal_file_is_gone(nc
 )
 async def test_bad_input_is_refused_and_changes_nothing(nc, settings, body) -> None:
     client = Bookie(nc, settings)
-    async with running_service("journal", settings):
+    async with running_service("journal", settings) as rt:
         assert await client.add([frame(1, 0)]) == [BookieStatus.OK]
-        before = await client.stats("journal")
+        before = written(rt)
         reply = await delete(client, body)
         assert reply["ok"] is False and reply["error"] == "BAD_REQUEST", reply
         assert reply["message"]
-        after = await client.stats("journal")
-        assert (after["ledgers"], after["durable"]) == (before["ledgers"], before["durable"])
+        assert written(rt) == before
         assert deleted_records(settings) == []
         assert await client.add([frame(1, 1)], key=KEY) == [BookieStatus.OK]
 
@@ -146,9 +160,9 @@ async def test_a_read_only_bookie_still_deletes(nc, settings) -> None:
             )
         }
     )
-    async with running_service("journal", settings):
+    async with running_service("journal", settings) as rt:
         assert await client.add([frame(1, 0)]) == [BookieStatus.READ_ONLY]
         assert await client.add([frame(1, 0)], flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK]
         reply = await delete(client, {"ledgers": [1]})
         assert reply["ok"] is True, reply
-        assert (await client.stats("journal"))["ledgers"] == 0
+        assert ledgers(rt) == 0

@@ -125,7 +125,9 @@ async def test_a_request_that_waited_past_its_senders_timeout_is_not_read(
     # Only the two served were read: the expired request's five entries never were.
     assert store.stats.ledgerstore_read_entry == 2
     assert queue.stats.read_entry_expired == 1
-    assert queue.stats.read_entry_scheduling_delay_ms_max == pytest.approx(100.0)
+    assert queue.stats.scheduling_delay.max_ms[1] == pytest.approx(100.0)
+    # READ_ENTRY_REQUEST: the expired one as a failure, the two served as successes.
+    assert queue.stats.request_latency.count == [1, 2]
     await store.close()
 
 
