@@ -220,7 +220,9 @@ def to_row(seq: int, subject: str, published: datetime, payload: bytes) -> tuple
             None,
             None,
         )
-    except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError too
+    # ValueError covers json.JSONDecodeError and UnicodeDecodeError; a ts_ms out of the
+    # calendar's range raises OverflowError or OSError.
+    except (ValueError, TypeError, OverflowError, OSError) as exc:
         text = payload.decode("utf-8", errors="replace")
         return (None,) * 11 + (seq, subject, published, False, f"malformed: {exc}", text)
     return row
