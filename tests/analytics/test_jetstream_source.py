@@ -207,3 +207,28 @@ async def test_streaming_stream_purged_under_the_query(
             assert len(seqs) == len(set(seqs)) < 64
     finally:
         await asyncio.to_thread(query.stop)
+
+
+async def test_batch_read_with_user_and_password(spark, cluster_dir):
+    import nats
+
+    from quire.infra import start_nats
+
+    server = start_nats(cluster_dir("nats-auth"), credentials=("reader", "s3cret"))
+    try:
+        nc = await nats.connect(server.url, user="reader", password="s3cret")
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="QUIRE_EVENTS", subjects=["quire.events.>"]))
+        await Stream(js, "QUIRE_EVENTS", "quire").publish(3)
+        await nc.close()
+        df = (
+            spark.read.format("jetstream")
+            .option("url", server.url)
+            .option("user", "reader")
+            .option("password", "s3cret")
+            .load()
+        )
+        rows = await asyncio.to_thread(df.collect)
+        assert sorted(r.stream_seq for r in rows) == [1, 2, 3]
+    finally:
+        server.stop()
