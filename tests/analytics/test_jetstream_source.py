@@ -124,16 +124,26 @@ async def test_batch_offsets_partition_size_and_subject(spark, nats_url, stream)
 
 
 class Batches:
-    """What a foreachBatch sink saw: the stream sequences of each micro-batch."""
+    """What a foreachBatch sink saw: the stream sequences of each micro-batch. With
+    `hold_first`, the first micro-batch does not end until `release()`: the query plans no
+    further batch meanwhile (micro-batches run one after another), so a test can change the
+    stream between two batches whatever the machine's speed."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_first: bool = False) -> None:
         self._lock = threading.Lock()
         self.batches: list[list[int]] = []
+        self._held = threading.Event()
+        if not hold_first:
+            self._held.set()
 
     def __call__(self, df, batch_id: int) -> None:
         seqs = sorted(r.stream_seq for r in df.select("stream_seq").collect())
         with self._lock:
             self.batches.append(seqs)
+        self._held.wait(timeout=300)
+
+    def release(self) -> None:
+        self._held.set()
 
     def seqs(self) -> list[int]:
         with self._lock:
@@ -180,7 +190,7 @@ async def test_streaming_stream_purged_under_the_query(
     spark, nats_url, stream, tmp_path, fail_on_data_loss
 ):
     await stream.publish(60)
-    sink = Batches()
+    sink = Batches(hold_first=True)
     query = await asyncio.to_thread(
         start_query,
         spark,
@@ -193,7 +203,8 @@ async def test_streaming_stream_purged_under_the_query(
     )
     try:
         await until(lambda: sink.seqs(), "a first micro-batch", timeout_s=120)
-        await stream.js.purge_stream(stream.name)
+        await stream.js.purge_stream(stream.name)  # while the first batch is held
+        sink.release()
         if fail_on_data_loss:
             await until(lambda: not query.isActive, "the query to fail", timeout_s=120)
             assert "lost sequences" in str(query.exception())
@@ -206,6 +217,7 @@ async def test_streaming_stream_purged_under_the_query(
             assert seqs[-4:] == [61, 62, 63, 64]
             assert len(seqs) == len(set(seqs)) < 64
     finally:
+        sink.release()
         await asyncio.to_thread(query.stop)
 
 
