@@ -66,6 +66,17 @@ def database_url(postgres_server: ManagedProcess) -> str:
     return postgres_server.url
 
 
+@pytest.fixture(scope="session")
+def spark(cluster_dir) -> Iterator:
+    """One local Spark session (local[2], the `jetstream` source registered) for every test
+    that needs Spark: starting it dominates their time."""
+    from tests.support.spark import start_spark, stop_spark
+
+    session = start_spark(cluster_dir("spark"))
+    yield session
+    stop_spark(session)
+
+
 @pytest.fixture
 def settings(nats_url: str, tmp_path: Path) -> QuireSettings:
     """Settings for a service under test: the session's NATS, a subject prefix of its own

@@ -1,0 +1,1 @@
+"""Spark analytics over Quire's event stream (see README.md)."""
