@@ -175,7 +175,7 @@ class EventPublisher:
         # (gc.compacted's "major"/"minor").
         event = self._event(kind, ledger_id=ledger_id, bookie_id=bookie_id, data=data)
         if len(self._buffer) - self._report_buffered >= self._capacity:
-            self._drops.add(kind, event.seq or 0)
+            self._drops.add(kind, self._seq)
             self.stats.dropped_by_kind[kind] = self.stats.dropped_by_kind.get(kind, 0) + 1
             return
         self._append(event, current_span_context())
@@ -213,6 +213,7 @@ class EventPublisher:
             # it waits go into the next.
             if self._drops.count and not self._report_buffered:
                 report = self._event(DROPPED_KIND, data=self._drops.report())
+                log.warning("events dropped: the buffer was full", extra=report.data)
                 self._drops = Drops()
                 self._report_buffered = True
                 self._append(report, None)
