@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from shared.events import EventStats
     from shared.service import ServiceRuntime
 
 log = logging.getLogger(__name__)
@@ -219,9 +220,32 @@ def _le(bound: float) -> str:
 Builder = Callable[[Exposition], None]
 
 
-class _Builders(Collector):
-    def __init__(self) -> None:
-        self.builders: list[Builder] = []
+def events_metrics(stats: EventStats) -> Builder:
+    """The event publisher's (shared/events.py), in every process."""
+
+    def build(e: Exposition) -> None:
+        e.counter("quire_events_published", "Events JetStream acknowledged", stats.published)
+        e.declare_counter(
+            "quire_events_dropped", "Events dropped because the buffer was full, by kind", "kind"
+        )
+        for kind, n in list(stats.dropped_by_kind.items()):
+            e.counter("quire_events_dropped", "", n, kind=kind)
+        e.counter(
+            "quire_events_publish_retries",
+            "Failed event publishes (each retried after a backoff)",
+            stats.retries,
+        )
+        e.gauge("quire_events_buffered", "Events waiting to be published", stats.buffered)
+
+    return build
+
+
+class BuilderCollector(Collector):
+    """Builders as a prometheus_client collector (a MetricsRegistry's, or one added to
+    another registry: the gateway's)."""
+
+    def __init__(self, *builders: Builder) -> None:
+        self.builders: list[Builder] = list(builders)
         # Quantile windows outlive a scrape (keyed by OpStats identity).
         self.windows: dict[int, _Window] = {}
 
@@ -240,7 +264,7 @@ class MetricsRegistry:
         self.registry = CollectorRegistry(auto_describe=False)
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
-        self._builders = _Builders()
+        self._builders = BuilderCollector()
         self.registry.register(self._builders)
 
     def add(self, build: Builder) -> None:
@@ -255,7 +279,7 @@ def serve_metrics(rt: ServiceRuntime, *builders: Builder) -> MetricsRegistry:
     """The service's registry, served on settings.metrics_port unless that is None; the
     server stops at shutdown. `rt.metrics_url` is the URL it serves (None without one)."""
     metrics = MetricsRegistry()
-    for build in builders:
+    for build in (events_metrics(rt.events.stats), *builders):
         metrics.add(build)
     rt.metrics = metrics  # type: ignore[attr-defined]
     rt.metrics_url = None  # type: ignore[attr-defined]

@@ -69,7 +69,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 async def main(rt: ServiceRuntime) -> None:
     settings = rt.settings
     gateway = settings.gateway
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(rt.events.stats)
     meta = MetadataClient(rt.nc, rt.subjects, timeout_s=settings.request_timeout_ms / 1000)
     bookies = BookieClient(
         rt.nc,

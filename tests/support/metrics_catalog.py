@@ -9,16 +9,22 @@ from tests.support.layout import ROOT
 
 def catalog() -> dict[str, list[str]]:
     """Service -> every name its table lists (a sample name or, for a histogram or a
-    summary, the family's)."""
+    summary, the family's), and the names the "Every process" section's table lists."""
     names: dict[str, list[str]] = {}
-    service = None
+    every: list[str] = []
+    section: list[str] | None = None
     for line in (ROOT / "docs" / "metrics.md").read_text().splitlines():
         if line.startswith("## "):
             words = line.split()
-            service = words[1] if len(words) > 2 and words[2].startswith("(`service=") else None
-        elif service and line.startswith("| `"):
-            names.setdefault(service, []).append(line.split("`")[1])
-    return names
+            if line == "## Every process":
+                section = every
+            elif len(words) > 2 and words[2].startswith("(`service="):
+                section = names.setdefault(words[1], [])
+            else:
+                section = None
+        elif section is not None and line.startswith("| `"):
+            section.append(line.split("`")[1])
+    return {service: [*every, *listed] for service, listed in names.items()}
 
 
 def exported(scrape: Scrape, name: str) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared.events import EventStats
 from shared.metrics import (
     FAST_BOUNDS_MS,
     QUANTILES,
@@ -168,12 +169,15 @@ async def test_the_server_serves_the_registry_on_a_free_port_until_shutdown() ->
     rt = SimpleNamespace(
         settings=SimpleNamespace(metrics_port=0, metrics_host="127.0.0.1"),
         on_shutdown=steps.append,
+        events=SimpleNamespace(stats=EventStats(published=5)),
     )
     metrics = serve_metrics(rt, lambda e: e.counter("quire_s_requests", "requests", 2))  # type: ignore[arg-type]
     assert rt.metrics is metrics and rt.metrics_url.startswith("http://127.0.0.1:")
     scraped = await scrape(rt.metrics_url)
     assert scraped.value("quire_s_requests_total") == 2
     assert scraped.types["quire_s_requests"] == "counter"
+    # Every service's registry has the event publisher's metrics.
+    assert scraped.value("quire_events_published_total") == 5
     [stop] = steps
     await stop()
     with pytest.raises(OSError):
@@ -185,6 +189,7 @@ def test_no_server_without_a_port() -> None:
     rt = SimpleNamespace(
         settings=SimpleNamespace(metrics_port=None, metrics_host="127.0.0.1"),
         on_shutdown=steps.append,
+        events=SimpleNamespace(stats=EventStats()),
     )
     serve_metrics(rt)  # type: ignore[arg-type]
     assert rt.metrics_url is None and steps == []

@@ -21,7 +21,16 @@ from services.ledgerstore.store import LedgerstoreStats
 from services.metadata.metrics import MetadataStats, metadata_metrics
 from services.replicator.metrics import replicator_metrics
 from services.replicator.service import ReplicatorStats
-from shared.metrics import SLOW_BOUNDS_MS, Builder, MetricsRegistry, OpStats, Scrape, parse
+from shared.events import EventStats
+from shared.metrics import (
+    SLOW_BOUNDS_MS,
+    Builder,
+    MetricsRegistry,
+    OpStats,
+    Scrape,
+    events_metrics,
+    parse,
+)
 from tests.support.metrics_catalog import catalog, missing_and_unlisted
 
 
@@ -68,6 +77,7 @@ def scraped(service: str) -> Scrape:
     if service == "gateway":  # prometheus_client's own instruments, in the gateway's registry
         return parse(generate_latest(GatewayMetrics().registry).decode())
     registry = MetricsRegistry()
+    registry.add(events_metrics(EventStats()))  # serve_metrics adds it in every service
     registry.add(builders()[service])
     return registry.scrape()
 
