@@ -6,7 +6,6 @@ event whose seq gap a reader can check; a new publisher starts a new (boot_id, s
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,24 +17,13 @@ from shared.config import QuireSettings
 from shared.events import Backoff, EventPublisher, ensure_event_stream
 from shared.metrics import MetricsRegistry, events_metrics
 from shared.subjects import Subjects
+from tests.support.events import stream_events
 from tests.support.wait import until
 
 
 @pytest.fixture
 def subjects(settings: QuireSettings) -> Subjects:
     return Subjects(settings.subject_prefix)
-
-
-async def stream_events(js, subjects: Subjects) -> list[dict]:
-    """Every message in the events stream of `subjects`, in stream order."""
-    info = await js.stream_info(subjects.event_stream)
-    out = []
-    if info.state.messages == 0:
-        return out
-    for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
-        msg = await js.get_msg(subjects.event_stream, seq)
-        out.append(json.loads(msg.data))
-    return out
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ watches."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from shared.events import ensure_event_stream
 from shared.metaclient import MetadataClient
 from shared.models import LedgerState, Segment, UpdateLedgerRequest
 from shared.subjects import Subjects
+from tests.support.events import stream_events
 from tests.support.inprocess import running_service, wait_until_serving
 from tests.support.metadata import ENSEMBLE, create_request
 
@@ -29,19 +29,6 @@ async def store(fresh_database_url: str) -> AsyncIterator[PostgresMetadataStore]
     opened = await PostgresMetadataStore.open(fresh_database_url, pool_size=4, timeout_s=5.0)
     yield opened
     await opened.close()
-
-
-async def stream_events(nc, subjects: Subjects) -> list[dict]:
-    """Every message in the events stream of `subjects`, in stream order."""
-    js = nc.jetstream()
-    info = await js.stream_info(subjects.event_stream)
-    out = []
-    if info.state.messages == 0:
-        return out
-    for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
-        msg = await js.get_msg(subjects.event_stream, seq)
-        out.append(json.loads(msg.data))
-    return out
 
 
 async def connect_nats(url: str, name: str):
@@ -74,7 +61,7 @@ async def test_restart_between_commit_and_publish_publishes_exactly_once(
         assert reader is not None
         first = await reader.fetch(4)
         await publisher(store, nc, subjects).publish(reader.instance_id, first)
-    assert len(await stream_events(nc, subjects)) == 4
+    assert len(await stream_events(nc.jetstream(), subjects)) == 4
     # The next one publishes everything still in the outbox: the first four again (same
     # Nats-Msg-Id, dropped by JetStream) and the rest.
     second = publisher(store, nc, subjects)
@@ -90,7 +77,7 @@ async def test_restart_between_commit_and_publish_publishes_exactly_once(
         await asyncio.gather(task, return_exceptions=True)
     async with store.outbox() as reader:
         assert reader is not None and await reader.fetch(10) == []  # all marked published
-    events = await stream_events(nc, subjects)
+    events = await stream_events(nc.jetstream(), subjects)
     assert [(e["kind"], e["ledger_id"]) for e in events] == [
         ("ledger.created", i) for i in range(6)
     ]
@@ -117,7 +104,7 @@ async def test_nats_restart_loses_and_duplicates_nothing(
                 async with store.outbox() as reader:
                     # The publisher holds the lock; the outbox drains when it is done.
                     assert reader is None
-                return len(await stream_events(checker, subjects)) >= count
+                return len(await stream_events(checker.jetstream(), subjects)) >= count
 
             return check
 
@@ -131,7 +118,7 @@ async def test_nats_restart_loses_and_duplicates_nothing(
         checker = await connect_nats(server.url, "checker")
         await wait_for(await published(10), timeout_s=30)
         await asyncio.sleep(0.5)  # nothing more comes
-        events = await stream_events(checker, subjects)
+        events = await stream_events(checker.jetstream(), subjects)
         assert [e["ledger_id"] for e in events] == list(range(10))
     finally:
         task.cancel()
@@ -166,12 +153,12 @@ async def test_instances_share_one_publisher_and_keep_order(
             )
 
         async def all_there() -> bool:
-            return len(await stream_events(nc, subjects)) >= 40
+            return len(await stream_events(nc.jetstream(), subjects)) >= 40
 
         await wait_for(all_there)
         leaders = [rt.outbox_publisher.is_leader for rt in (one, two)]
         assert sorted(leaders) == [False, True]
-    events = await stream_events(nc, subjects)
+    events = await stream_events(nc.jetstream(), subjects)
     assert [(e["kind"], e["ledger_id"]) for e in events] == [
         ("ledger.created", i) for i in range(30)
     ] + [("ledger.closed", i) for i in range(10)]
