@@ -47,7 +47,6 @@ WRITE_CONCURRENCY = 16  # ledgers written at once
 POLL_S = 0.5  # how often the metadata store is looked at while waiting for the repair
 READ_CONCURRENCY = 8  # ledgers read back at once
 BASELINE_S = 5.0  # the foreground writer runs this long before the kill
-FOREGROUND_ENSEMBLE_TRIES = 20  # ledgers created to find an ensemble without the victim
 
 
 @dataclass(frozen=True)
@@ -261,16 +260,7 @@ class Foreground:
         self.ledger_id: int | None = None
 
     async def start(self, victim: str) -> None:
-        assert self.target.client is not None
-        for _ in range(FOREGROUND_ENSEMBLE_TRIES):
-            ledger_id = await self.target.create()
-            metadata = await self.target.client.meta.get_ledger(ledger_id)
-            if victim not in metadata.segments[0].bookies:
-                self.ledger_id = ledger_id
-                break
-            await self.target.writers.pop(ledger_id).close(60.0)
-        else:
-            raise RuntimeError(f"no ensemble without {victim} in {FOREGROUND_ENSEMBLE_TRIES} tries")
+        self.ledger_id = await self.target.create(excluding={victim})
         self.killed_at = time.monotonic() + BASELINE_S
         self._task = asyncio.create_task(self._run())
 

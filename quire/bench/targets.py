@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +94,7 @@ class InProcessTarget(Target):
         # Each writer handle keeps its own deadline timer: no ticker to run here.
         self.client = ProtocolClient(bookies, meta, settings.gateway)
 
-    async def create(self) -> int:
+    async def create(self, excluding: Collection[str] = ()) -> int:
         assert self.client is not None
         handle = await self.client.create_ledger(
             ensemble_size=self.quorum.ensemble,
@@ -103,6 +103,7 @@ class InProcessTarget(Target):
             digest="crc32c",
             password=PASSWORD.encode(),
             metadata={"app": "quire-bench"},
+            excluding=excluding,
         )
         self.writers[handle.ledger_id] = handle
         return handle.ledger_id

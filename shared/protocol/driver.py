@@ -1052,16 +1052,19 @@ class ProtocolClient:
         digest: str,
         password: bytes,
         metadata: dict[str, str],
+        excluding: Collection[str] = (),
     ) -> WriterHandle:
-        """Choose an ensemble, create the ledger's metadata, and open its writer. Raises
-        QuireError (bad quorum, not enough bookies) or MetadataError."""
+        """Choose an ensemble (of writable bookies not in `excluding`), create the ledger's
+        metadata, and open its writer. Raises QuireError (bad quorum, not enough bookies) or
+        MetadataError."""
         if not 1 <= ack_quorum <= write_quorum <= ensemble_size:
             raise QuireError(
                 ApiCodes.INVALID_ARGUMENT,
                 "need 1 <= ack_quorum <= write_quorum <= ensemble_size, got "
                 f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}",
             )
-        ensemble = choose_ensemble(await self.writable_bookies(), ensemble_size, self.rng)
+        candidates = [b for b in await self.writable_bookies() if b not in excluding]
+        ensemble = choose_ensemble(candidates, ensemble_size, self.rng)
         salt = os.urandom(SALT_BYTES).hex()
         request = CreateLedgerRequest(
             ensemble_size=ensemble_size,

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from shared.bookie_client import BookieClient
 from shared.digest import LedgerKeys
 from shared.metaclient import MetadataClient
 from shared.models import Segment
 from shared.protocol.driver import ProtocolClient
 from shared.service import connect_nats
+from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
 from tests.integration.test_gateway_http import PW, append_batch, create, running_stack
 
@@ -77,6 +80,24 @@ async def test_a_stopped_bookies_ledger_is_replicated_to_the_fourth_bookie(
             async for batch in client.read_stream(alone, PASSWORD, 0, 299):
                 got.extend(entry.payload for entry in batch)
             assert got == payloads
+
+            # New ensembles leave out the bookies asked to be excluded (the autorecovery
+            # bench's foreground ledger keeps clear of its victim that way).
+            others = sorted(set(ensemble) - {lost})
+            for _ in range(5):
+                handle = await client.create_ledger(
+                    ensemble_size=2, write_quorum=2, ack_quorum=2, digest="crc32c",
+                    password=PASSWORD, metadata={}, excluding={spare},
+                )  # fmt: skip
+                created = await meta.get_ledger(handle.ledger_id)
+                assert sorted(created.segments[0].bookies) == others
+                await handle.close(30.0)
+            with pytest.raises(QuireError) as caught:
+                await client.create_ledger(
+                    ensemble_size=3, write_quorum=2, ack_quorum=2, digest="crc32c",
+                    password=PASSWORD, metadata={}, excluding={spare},
+                )  # fmt: skip
+            assert caught.value.api is ApiCodes.NOT_ENOUGH_BOOKIES
             client.close()
         finally:
             await nc.drain()
