@@ -132,15 +132,16 @@ class SlowTarget(CountingTarget):
 
 
 def test_paced_writers_hold_no_task_while_they_wait_for_their_next_start() -> None:
-    # 2,000 writers at 1 append/s each: at any time a few appends are outstanding, and
-    # the writers between two of their starts hold nothing but a heap entry.
+    # 2,000 writers at one append per 10 s each: about 100 appends in the half second, so
+    # fewer than 200 tasks even if a stalled loop started them all at once, and the writers
+    # between two of their starts hold nothing but a heap entry (a task per writer: 2,000).
     target = SlowTarget(service_s=0.0)
     spec = LoadSpec(
         entry_size=16,
         ledgers=2_000,
         writers=2_000,
         in_flight=4,
-        rate=2_000.0,
+        rate=200.0,
         duration_s=0.5,
         warmup_s=0.0,
         create_concurrency=64,
