@@ -1,0 +1,70 @@
+"""`gc_reclaim`: for each ledger a bookie's GC dropped, how long after its delete the bookie
+dropped it and got its disk space back, and how many bytes that was.
+
+One row per (ledger, bookie) of a `gc.ledger_deleted` event in the period. The space comes
+back when an entry log holding the ledger's entries is deleted or compacted: the
+`gc.entrylog_deleted` and `gc.compacted` events list the deleted ledgers whose bytes they
+reclaimed (`ledgers`: {"<ledger_id>": bytes}), on the bookie that emitted them.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, MapType, StringType, StructField, StructType
+
+from analytics.sla.options import SlaOptions
+
+RECLAIM_KINDS = ("gc.entrylog_deleted", "gc.compacted")
+RECLAIM_DATA = StructType([StructField("ledgers", MapType(StringType(), LongType()))])
+
+
+def gc_reclaim(events: DataFrame, options: SlaOptions) -> DataFrame:
+    dropped = (
+        events.where(
+            (F.col("kind") == "gc.ledger_deleted")
+            & F.col("ledger_id").isNotNull()
+            & F.col("bookie_id").isNotNull()
+        )
+        .groupBy("ledger_id", "bookie_id")
+        .agg(F.min("ts_ms").alias("gc_ms"))
+        .where(_in_period(F.col("gc_ms"), options))
+    )
+    deleted = (
+        events.where(F.col("kind") == "ledger.deleted")
+        .groupBy("ledger_id")
+        .agg(F.min("ts_ms").alias("deleted_ms"))
+    )
+    reclaimed = (
+        events.where(F.col("kind").isin(*RECLAIM_KINDS) & F.col("bookie_id").isNotNull())
+        .select(
+            "bookie_id",
+            "ts_ms",
+            F.explode(F.from_json("data", RECLAIM_DATA).getField("ledgers")).alias("ledger", "b"),
+        )
+        .select("bookie_id", "ts_ms", F.col("ledger").cast("long").alias("ledger_id"), "b")
+        .groupBy("ledger_id", "bookie_id")
+        .agg(F.max("ts_ms").alias("reclaimed_ms"), F.sum("b").alias("bytes_reclaimed"))
+    )
+    rows = dropped.join(deleted, "ledger_id", "left").join(
+        reclaimed, ["ledger_id", "bookie_id"], "left"
+    )
+    return rows.select(
+        F.col("ledger_id").cast("long"),
+        "bookie_id",
+        F.timestamp_millis("deleted_ms").alias("deleted_at"),
+        F.timestamp_millis("gc_ms").alias("gc_deleted_at"),
+        F.timestamp_millis("reclaimed_ms").alias("reclaimed_at"),
+        F.coalesce("bytes_reclaimed", F.lit(0)).cast("long").alias("bytes_reclaimed"),
+        ((F.col("gc_ms") - F.col("deleted_ms")) / 1000.0).alias("delete_to_gc_s"),
+        ((F.col("reclaimed_ms") - F.col("deleted_ms")) / 1000.0).alias("delete_to_reclaim_s"),
+    )
+
+
+def _in_period(ts_ms: Column, options: SlaOptions) -> Column:
+    condition = F.lit(True)
+    if options.since_ms is not None:
+        condition = condition & (ts_ms >= options.since_ms)
+    if options.until_ms is not None:
+        condition = condition & (ts_ms < options.until_ms)
+    return condition
