@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
+from analytics.sla.common import data_as, data_str, in_period, ms_to_ts, of_kind, seconds_between
 from analytics.sla.options import SlaOptions
 
 LOST = "lost"
@@ -70,7 +71,7 @@ def exposure(events: DataFrame, options: SlaOptions) -> DataFrame:
     )
     return rows.select(
         "bookie_id",
-        F.timestamp_millis("lost_ms").alias("lost_at"),
+        ms_to_ts("lost_ms").alias("lost_at"),
         F.coalesce("ledgers_exposed", F.lit(0)).cast("long").alias("ledgers_exposed"),
         F.coalesce("entries_exposed", F.lit(0)).cast("long").alias("entries_exposed"),
         F.coalesce("bytes_exposed", F.lit(0)).cast("long").alias("bytes_exposed"),
@@ -80,8 +81,8 @@ def exposure(events: DataFrame, options: SlaOptions) -> DataFrame:
         F.col("worst_first_entry_id").cast("long"),
         F.col("worst_last_entry_id").cast("long"),
         F.col("worst_exposed_s").cast("double"),
-        F.timestamp_millis(repaired_ms).alias("repaired_at"),
-        ((repaired_ms - F.col("lost_ms")) / 1000.0).alias("time_to_full_rereplication_s"),
+        ms_to_ts(repaired_ms).alias("repaired_at"),
+        seconds_between(F.col("lost_ms"), repaired_ms).alias("time_to_full_rereplication_s"),
         still.cast("long").alias("still_exposed_entries"),
     )
 
@@ -123,8 +124,8 @@ def exposure_timeline(events: DataFrame, options: SlaOptions) -> DataFrame:
     )
     return steps.select(
         "bookie_id",
-        F.timestamp_millis("lost_ms").alias("lost_at"),
-        F.timestamp_millis("ts_ms").alias("ts"),
+        ms_to_ts("lost_ms").alias("lost_at"),
+        ms_to_ts("ts_ms").alias("ts"),
         F.sum("entries").over(running).cast("long").alias("entries_exposed"),
         F.round(F.sum("b").over(running)).cast("long").alias("bytes_exposed"),
     )
@@ -132,18 +133,18 @@ def exposure_timeline(events: DataFrame, options: SlaOptions) -> DataFrame:
 
 def _losses(events: DataFrame, options: SlaOptions) -> DataFrame:
     """(bookie_id, lost_ms) of every incident in the period."""
-    reports = events.where(F.col("kind").isin(*AUDITOR_STATE_KINDS)).select(
+    reports = of_kind(events, *AUDITOR_STATE_KINDS).select(
         "bookie_id",
         "ts_ms",
         "event_id",
-        F.get_json_object("data", "$.after").alias("after"),
+        data_str("after").alias("after"),
     )
     reports = reports.where(F.col("after").isNotNull() & F.col("bookie_id").isNotNull())
     previous = F.lag("after").over(Window.partitionBy("bookie_id").orderBy("ts_ms", "event_id"))
     lost = reports.select("bookie_id", "ts_ms", "after", previous.alias("previous")).where(
         (F.col("after") == LOST) & (F.col("previous").isNull() | (F.col("previous") != LOST))
     )
-    lost = lost.where(_in_period(F.col("ts_ms"), options))
+    lost = lost.where(in_period("ts_ms", options))
     return lost.select("bookie_id", F.col("ts_ms").alias("lost_ms")).distinct()
 
 
@@ -152,13 +153,13 @@ def _exposed_pieces(events: DataFrame, options: SlaOptions, losses: DataFrame) -
     exposure: columns INCIDENT_LEDGER, entries, entry_bytes, start_ms, stop_ms, still,
     exposed_s, first_entry_id, last_entry_id (the piece's first and last exposed entry)."""
     deleted = (
-        events.where(F.col("kind") == "ledger.deleted")
+        of_kind(events, "ledger.deleted")
         .groupBy("ledger_id")
         .agg(F.min("ts_ms").alias("deleted_ms"))
     )
     acks = (
-        events.where(F.col("kind") == "entries.acknowledged")
-        .select("ledger_id", "ts_ms", F.from_json("data", ACK_DATA).alias("a"))
+        of_kind(events, "entries.acknowledged")
+        .select("ledger_id", "ts_ms", data_as(ACK_DATA).alias("a"))
         .select("ledger_id", F.col("ts_ms").alias("ack_ms"), "a.*")
         .where(
             F.col("ledger_id").isNotNull()
@@ -202,7 +203,7 @@ def _exposed_pieces(events: DataFrame, options: SlaOptions, losses: DataFrame) -
         start_ms.alias("start_ms"),
         stop_ms.alias("stop_ms"),
         still.alias("still"),
-        ((stop_ms - start_ms) / 1000.0).alias("exposed_s"),
+        seconds_between(start_ms, stop_ms).alias("exposed_s"),
         _first_written(first, offset, size, quorum).alias("first_entry_id"),
         _last_written(last, offset, size, quorum).alias("last_entry_id"),
     )
@@ -214,8 +215,8 @@ def _repair_cuts(events: DataFrame, losses: DataFrame) -> DataFrame:
     cut_last] each covered by the same repairs, with the first of them (repaired_ms, null
     where none covers the range)."""
     fragments = (
-        events.where(F.col("kind") == "autorecovery.fragment_replicated")
-        .select("ledger_id", "ts_ms", F.from_json("data", FRAGMENT_DATA).alias("f"))
+        of_kind(events, "autorecovery.fragment_replicated")
+        .select("ledger_id", "ts_ms", data_as(FRAGMENT_DATA).alias("f"))
         .select(
             "ledger_id",
             F.col("ts_ms").alias("fragment_ms"),
@@ -258,7 +259,7 @@ def _worst_runs(pieces: DataFrame) -> DataFrame:
         F.min("first_entry_id").alias("worst_first_entry_id"),
         F.max("last_entry_id").alias("worst_last_entry_id"),
     )
-    runs = runs.withColumn("worst_exposed_s", (F.col("stop_ms") - F.col("start_ms")) / 1000.0)
+    runs = runs.withColumn("worst_exposed_s", seconds_between(F.col("start_ms"), F.col("stop_ms")))
     order = Window.partitionBy(*INCIDENT).orderBy(
         F.desc("worst_exposed_s"),
         F.desc("run_entries"),
@@ -293,12 +294,3 @@ def _first_written(first: Column, offset: Column, size: Column, quorum: Column) 
 def _last_written(last: Column, offset: Column, size: Column, quorum: Column) -> Column:
     residue = F.pmod(last + offset, size)
     return F.when(residue < quorum, last).otherwise(last - (residue - quorum + 1))
-
-
-def _in_period(ts_ms: Column, options: SlaOptions) -> Column:
-    condition = F.lit(True)
-    if options.since_ms is not None:
-        condition = condition & (ts_ms >= options.since_ms)
-    if options.until_ms is not None:
-        condition = condition & (ts_ms < options.until_ms)
-    return condition

@@ -9,10 +9,11 @@ reclaimed (`ledgers`: {"<ledger_id>": bytes}), on the bookie that emitted them.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, MapType, StringType, StructField, StructType
 
+from analytics.sla.common import data_as, in_period, ms_to_ts, of_kind, seconds_between
 from analytics.sla.options import SlaOptions
 
 RECLAIM_KINDS = ("gc.entrylog_deleted", "gc.compacted")
@@ -21,28 +22,26 @@ RECLAIM_DATA = StructType([StructField("ledgers", MapType(StringType(), LongType
 
 def gc_reclaim(events: DataFrame, options: SlaOptions) -> DataFrame:
     dropped = (
-        events.where(
-            (F.col("kind") == "gc.ledger_deleted")
-            & F.col("ledger_id").isNotNull()
-            & F.col("bookie_id").isNotNull()
-        )
+        of_kind(events, "gc.ledger_deleted")
+        .where(F.col("ledger_id").isNotNull() & F.col("bookie_id").isNotNull())
         .groupBy("ledger_id", "bookie_id")
         .agg(F.min("ts_ms").alias("gc_ms"))
-        .where(_in_period(F.col("gc_ms"), options))
+        .where(in_period("gc_ms", options))
     )
     deleted = (
-        events.where(F.col("kind") == "ledger.deleted")
+        of_kind(events, "ledger.deleted")
         .groupBy("ledger_id")
         .agg(F.min("ts_ms").alias("deleted_ms"))
     )
     reclaimed = (
-        events.where(F.col("kind").isin(*RECLAIM_KINDS) & F.col("bookie_id").isNotNull())
+        of_kind(events, *RECLAIM_KINDS)
+        .where(F.col("bookie_id").isNotNull())
         .select(
             "bookie_id",
             "ts_ms",
-            F.explode(F.from_json("data", RECLAIM_DATA).getField("ledgers")).alias("ledger", "b"),
+            F.explode(data_as(RECLAIM_DATA).getField("ledgers")).alias("ledger", "b"),
         )
-        .select("bookie_id", "ts_ms", F.col("ledger").cast("long").alias("ledger_id"), "b")
+        .select("bookie_id", "ts_ms", F.col("ledger").try_cast("long").alias("ledger_id"), "b")
         .groupBy("ledger_id", "bookie_id")
         .agg(F.max("ts_ms").alias("reclaimed_ms"), F.sum("b").alias("bytes_reclaimed"))
     )
@@ -52,19 +51,10 @@ def gc_reclaim(events: DataFrame, options: SlaOptions) -> DataFrame:
     return rows.select(
         F.col("ledger_id").cast("long"),
         "bookie_id",
-        F.timestamp_millis("deleted_ms").alias("deleted_at"),
-        F.timestamp_millis("gc_ms").alias("gc_deleted_at"),
-        F.timestamp_millis("reclaimed_ms").alias("reclaimed_at"),
+        ms_to_ts("deleted_ms").alias("deleted_at"),
+        ms_to_ts("gc_ms").alias("gc_deleted_at"),
+        ms_to_ts("reclaimed_ms").alias("reclaimed_at"),
         F.coalesce("bytes_reclaimed", F.lit(0)).cast("long").alias("bytes_reclaimed"),
-        ((F.col("gc_ms") - F.col("deleted_ms")) / 1000.0).alias("delete_to_gc_s"),
-        ((F.col("reclaimed_ms") - F.col("deleted_ms")) / 1000.0).alias("delete_to_reclaim_s"),
+        seconds_between(F.col("deleted_ms"), F.col("gc_ms")).alias("delete_to_gc_s"),
+        seconds_between(F.col("deleted_ms"), F.col("reclaimed_ms")).alias("delete_to_reclaim_s"),
     )
-
-
-def _in_period(ts_ms: Column, options: SlaOptions) -> Column:
-    condition = F.lit(True)
-    if options.since_ms is not None:
-        condition = condition & (ts_ms >= options.since_ms)
-    if options.until_ms is not None:
-        condition = condition & (ts_ms < options.until_ms)
-    return condition
