@@ -125,13 +125,13 @@ class Follower:
         """Refresh at most every `refresh_s` until the query stops; raises its failure."""
         assert self.query is not None, "start() first"
         next_refresh = time.monotonic()
-        while True:
-            stopped = self.query.awaitTermination(max(0.0, next_refresh - time.monotonic()))
-            if stopped:
+        while self.query.isActive:
+            wait_s = next_refresh - time.monotonic()
+            # Spark takes whole milliseconds, at least one.
+            if wait_s >= 0.001 and self.query.awaitTermination(wait_s):
                 break
-            if time.monotonic() >= next_refresh:
-                self.refresh()
-                next_refresh = time.monotonic() + self.refresh_s
+            self.refresh()
+            next_refresh = time.monotonic() + self.refresh_s
         exception = self.query.exception()
         if exception is not None:
             raise exception
