@@ -67,3 +67,15 @@ def test_mistakes_are_refused_before_spark_and_nothing_is_written(tmp_path, args
     assert done.exit_code == 2, done.output
     assert message in done.output
     assert not output.exists()
+
+
+def test_a_data_dir_names_its_stream_and_the_cluster_credentials(tmp_path):
+    from analytics.sla.sources import StreamSource, data_dir_source
+    from quire.cluster import nats_credentials
+
+    (tmp_path / "cluster.json").write_text('{"nats_url": "nats://127.0.0.1:4999"}')
+    assert data_dir_source(tmp_path) == StreamSource("nats://127.0.0.1:4999")
+    user, password = nats_credentials(tmp_path, create=True)
+    assert data_dir_source(tmp_path, stream="OTHER") == StreamSource(
+        "nats://127.0.0.1:4999", user=user, password=password, stream="OTHER"
+    )
