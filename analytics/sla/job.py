@@ -30,6 +30,8 @@ from analytics.jetstream import DEFAULT_STREAM
 from analytics.sla.availability import bookie_availability
 from analytics.sla.completeness import completeness
 from analytics.sla.ensembles import ensemble_changes
+from analytics.sla.exposure import exposure, exposure_timeline
+from analytics.sla.gc import gc_reclaim
 from analytics.sla.latency import ack_latency
 from analytics.sla.options import DEFAULT_TARGET_MS, DEFAULT_WINDOW_S, SlaOptions
 from analytics.sla.recoveries import recoveries
@@ -51,8 +53,9 @@ TABLES: dict[str, TableFunction] = {
     "ensemble_changes": ensemble_changes,
     "bookie_availability": bookie_availability,
     "completeness": completeness,
-    # TABLES-B: "exposure", "exposure_timeline" (analytics/sla/exposure.py), "gc_reclaim"
-    # (analytics/sla/gc.py).
+    "exposure": exposure,
+    "exposure_timeline": exposure_timeline,
+    "gc_reclaim": gc_reclaim,
 }
 
 DEFAULT_DATA_DIR = Path("./quire-data")

@@ -7,6 +7,7 @@ SCHEMA), parsed by the same function (`to_row`), and deduplicated on `event_id`.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,13 @@ def read_files(spark: SparkSession, path: str) -> DataFrame:
             F.col("value"),
         )
     )
-    return lines.mapInArrow(_lines_to_rows, SCHEMA)
+    with warnings.catch_warnings():
+        # mapInArrow checks the pandas version although this function uses Arrow only; PySpark
+        # 4.3 warns that pandas 3 is not fully supported.
+        warnings.filterwarnings(
+            "ignore", "PySpark does not yet fully support pandas", FutureWarning
+        )
+        return lines.mapInArrow(_lines_to_rows, SCHEMA)
 
 
 def _arrow_type(spark_type: DataType) -> pa.DataType:
