@@ -35,6 +35,7 @@ from analytics.sla.gc import gc_reclaim
 from analytics.sla.latency import ack_latency
 from analytics.sla.options import DEFAULT_TARGET_MS, DEFAULT_WINDOW_S, SlaOptions
 from analytics.sla.recoveries import recoveries
+from analytics.sla.report import write_report
 from analytics.sla.sources import (
     FileSource,
     Source,
@@ -231,10 +232,15 @@ def _check_readable(path: str) -> None:
     target = Path(path)
     if not target.exists():
         raise UsageError(f"--input {path}: no such file or directory")
-    if not os.access(target, os.R_OK) or (target.is_dir() and not os.access(target, os.X_OK)):
-        raise UsageError(f"--input {path}: not readable")
-    if target.is_dir() and not any(child.is_file() for child in target.iterdir()):
-        raise UsageError(f"--input {path}: an empty directory")
+    try:
+        if target.is_dir():
+            if not any(child.is_file() for child in target.iterdir()):
+                raise UsageError(f"--input {path}: an empty directory")
+        else:
+            with target.open("rb"):
+                pass
+    except OSError as exc:
+        raise UsageError(f"--input {path}: cannot be read ({exc.strerror})") from None
 
 
 def validate(args: argparse.Namespace) -> Source:
@@ -300,13 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spark = spark_session(args.master)
     if args.follow:
-        try:
-            from analytics.sla.follow import follow
-        except ModuleNotFoundError as exc:
-            if exc.name != "analytics.sla.follow":
-                raise
-            print("error: --follow is not available in this build", file=sys.stderr)
-            return 2
+        # Imported here: follow.py builds its tables with this module's `run`.
+        from analytics.sla.follow import follow
+
         follow(
             spark,
             source,
@@ -319,19 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     tables = batch(spark, source, args)
     for name, table in tables.items():
         print(f"{name}: {table.count()} rows -> {args.output.rstrip('/')}/{name}/")
-    _write_report(Path(args.output))
+    print(f"report: {write_report(Path(args.output))}")
     return 0
-
-
-def _write_report(output: Path) -> None:
-    try:
-        from analytics.sla.report import write_report
-    except ModuleNotFoundError as exc:
-        if exc.name != "analytics.sla.report":
-            raise
-        print("report: not written (analytics.sla.report is not in this build)", file=sys.stderr)
-        return
-    print(f"report: {write_report(output)}")
 
 
 if __name__ == "__main__":
