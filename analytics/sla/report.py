@@ -16,7 +16,7 @@ import io
 import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -172,6 +172,15 @@ def pyplot() -> Any:
     return plt
 
 
+def time_axis(ax: Any) -> None:
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator(tz=UTC)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
+    ax.set_xlabel("time (UTC)")
+
+
 def col(key: str, fmt: Callable[[Any], str] = str, numeric: bool = True) -> Column:
     return key, lambda row: fmt(row.get(key)) if row.get(key) is not None else "—", numeric
 
@@ -292,21 +301,22 @@ def latency_over_time_section(rows: list[Row] | None) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 4))
     starts = [r["window_start"] for r in windows]
-    for key, label, style in (
-        ("p50_ms", "p50", "-o"),
-        ("p99_ms", "p99", "-s"),
-        ("p999_ms", "p999", "-^"),
+    # Each window's figure spans the window: hours without acknowledgements stay blank.
+    ends = [r["window_start"] + timedelta(seconds=r["window_s"]) for r in windows]
+    for key, label, colour in (
+        ("p50_ms", "p50", "#2e7d32"),
+        ("p99_ms", "p99", "#ef6c00"),
+        ("p999_ms", "p999", "#6a1b9a"),
     ):
-        ax.plot(starts, [r[key] for r in windows], style, label=label, markersize=3)
+        ax.hlines([r[key] for r in windows], starts, ends, colors=colour, label=label, lw=2)
     targets = {r["target_ms"] for r in windows if r.get("target_ms") is not None}
     for target in sorted(targets):
         ax.axhline(target, color="#c62828", linestyle=":", label=f"target {target:g} ms")
     ax.set_ylabel("add latency (ms)")
-    ax.set_xlabel("window start (UTC)")
     ax.set_title("add latency percentiles per window, all ledgers")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
-    fig.autofmt_xdate()
+    time_axis(ax)
     return png(fig)
 
 
@@ -423,10 +433,9 @@ def exposure_plot(steps: list[Row], title: str) -> str:
         times, [r["bytes_exposed"] for r in steps], where="post", color="#1565c0", linestyle="--"
     )
     bytes_ax.set_ylabel("bytes exposed", color="#1565c0")
-    entries_ax.set_xlabel("time (UTC)")
     entries_ax.set_title(f"exposure: {title}")
     entries_ax.grid(True, alpha=0.3)
-    fig.autofmt_xdate()
+    time_axis(entries_ax)
     return png(fig)
 
 
@@ -485,7 +494,7 @@ def availability_plot(rows: list[Row], bookies: list[str]) -> str:
             ax.broken_barh([(start, width)], (i - 0.4, 0.8), color=colour)
     ax.set_yticks(range(len(bookies)), labels=bookies)
     ax.xaxis_date()
-    ax.set_xlabel("time (UTC)")
+    time_axis(ax)
     ax.set_title("bookie states")
     ax.legend(
         handles=[Patch(color=c, label=s) for s, c in STATE_COLOURS.items()],
@@ -493,7 +502,6 @@ def availability_plot(rows: list[Row], bookies: list[str]) -> str:
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
     )
-    fig.autofmt_xdate()
     return png(fig)
 
 
