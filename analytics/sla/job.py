@@ -321,7 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     tables = batch(spark, source, args)
     for name, table in tables.items():
         print(f"{name}: {table.count()} rows -> {args.output.rstrip('/')}/{name}/")
-    print(f"report: {write_report(Path(args.output))}")
+    if "://" in args.output and not args.output.startswith("file://"):
+        # The report is written with pyarrow and matplotlib from a local directory.
+        print(
+            "report: not written (OUTPUT is not a local directory): run "
+            "`python -m analytics.sla.report DIR` on a copy of the tables"
+        )
+    else:
+        print(f"report: {write_report(Path(args.output.removeprefix('file://')))}")
     return 0
 
 
