@@ -1,22 +1,20 @@
 """The SLA report: OUT/report.html, one self-contained page a person reads, from the Parquet
 tables the SLA job wrote under OUT/<table>/ (analytics/README.md documents their columns).
 
-Read with pyarrow, drawn with matplotlib (Agg) and embedded as base64 PNG, styled inline: the
-page links to nothing, so it can be mailed or archived as one file. No Spark: the report is
-rewritten after every refresh of `--follow` and can be regenerated from the tables alone,
-`python -m analytics.sla.report OUT`. A table that is missing or has no rows is said so in
-its section; it is not an error (a period without a bookie loss has no exposure).
+Read with pyarrow, drawn with matplotlib (Agg, analytics/sla/plots.py) and embedded as base64
+PNG, styled inline: the page links to nothing, so it can be mailed or archived as one file. No
+Spark: the report is rewritten after every refresh of `--follow` and can be regenerated from
+the tables alone, `python -m analytics.sla.report OUT`. A table that is missing or has no rows
+is said so in its section; it is not an error (a period without a bookie loss has no exposure).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from analytics.sla.plots import STATE_COLOURS, availability_plot, exposure_plot, latency_plot
 
 TABLES = (
     "ack_latency",
@@ -36,12 +36,6 @@ TABLES = (
     "gc_reclaim",
 )
 MAX_ROWS = 200  # rows of one HTML table; the Parquet table holds them all
-STATE_COLOURS = {
-    "up": "#2e7d32",
-    "read_only": "#f9a825",
-    "lost": "#c62828",
-    "unregistered": "#9e9e9e",
-}
 CSS = """
 body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
@@ -149,36 +143,6 @@ def absent(name: str, rows: list[Row] | None, why_empty: str) -> str | None:
     if not rows:
         return f'<p class="absent">Table {escape(name)} is empty: {escape(why_empty)}.</p>'
     return None
-
-
-def png(fig: Any) -> str:
-    """The figure as an embedded image (closed afterwards)."""
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img alt="plot" src="data:image/png;base64,{data}">'
-
-
-def pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def time_axis(ax: Any) -> None:
-    import matplotlib.dates as mdates
-
-    locator = mdates.AutoDateLocator(tz=UTC)
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
-    ax.set_xlabel("time (UTC)")
 
 
 def col(key: str, fmt: Callable[[Any], str] = str, numeric: bool = True) -> Column:
@@ -298,26 +262,7 @@ def latency_over_time_section(rows: list[Row] | None) -> str:
         return empty
     assert rows is not None
     windows = sorted((r for r in rows if r["group"] == "all"), key=lambda r: r["window_start"])
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 4))
-    starts = [r["window_start"] for r in windows]
-    # Each window's figure spans the window: hours without acknowledgements stay blank.
-    ends = [r["window_start"] + timedelta(seconds=r["window_s"]) for r in windows]
-    for key, label, colour in (
-        ("p50_ms", "p50", "#2e7d32"),
-        ("p99_ms", "p99", "#ef6c00"),
-        ("p999_ms", "p999", "#6a1b9a"),
-    ):
-        ax.hlines([r[key] for r in windows], starts, ends, colors=colour, label=label, lw=2)
-    targets = {r["target_ms"] for r in windows if r.get("target_ms") is not None}
-    for target in sorted(targets):
-        ax.axhline(target, color="#c62828", linestyle=":", label=f"target {target:g} ms")
-    ax.set_ylabel("add latency (ms)")
-    ax.set_title("add latency percentiles per window, all ledgers")
-    ax.legend(fontsize="small")
-    ax.grid(True, alpha=0.3)
-    time_axis(ax)
-    return png(fig)
+    return latency_plot(windows)
 
 
 def completeness_section(rows: list[Row] | None) -> str:
@@ -421,24 +366,6 @@ def exposure_section(incidents: list[Row] | None, timeline: list[Row] | None) ->
     return "".join(parts)
 
 
-def exposure_plot(steps: list[Row], title: str) -> str:
-    plt = pyplot()
-    fig, entries_ax = plt.subplots(figsize=(11, 3.2))
-    times = [r["ts"] for r in steps]
-    entries_ax.step(times, [r["entries_exposed"] for r in steps], where="post", color="#c62828")
-    entries_ax.set_ylabel("entries exposed", color="#c62828")
-    bytes_ax = entries_ax.twinx()
-    # Dashed: bytes are pro rata of entries, so the two lines often coincide.
-    bytes_ax.step(
-        times, [r["bytes_exposed"] for r in steps], where="post", color="#1565c0", linestyle="--"
-    )
-    bytes_ax.set_ylabel("bytes exposed", color="#1565c0")
-    entries_ax.set_title(f"exposure: {title}")
-    entries_ax.grid(True, alpha=0.3)
-    time_axis(entries_ax)
-    return png(fig)
-
-
 def availability_section(rows: list[Row] | None) -> str:
     empty = absent("bookie_availability", rows, "no bookie state was seen in the period")
     if empty:
@@ -478,31 +405,6 @@ def availability_section(rows: list[Row] | None) -> str:
         + "<h3>Intervals</h3>"
         + html_table(ordered, interval_columns)
     )
-
-
-def availability_plot(rows: list[Row], bookies: list[str]) -> str:
-    import matplotlib.dates as mdates
-    from matplotlib.patches import Patch
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 0.6 * len(bookies) + 1.5))
-    for i, bookie in enumerate(bookies):
-        for row in (r for r in rows if r["bookie_id"] == bookie):
-            start = mdates.date2num(row["start"])
-            width = mdates.date2num(row["end"]) - start
-            colour = STATE_COLOURS.get(row["state"], "#000000")
-            ax.broken_barh([(start, width)], (i - 0.4, 0.8), color=colour)
-    ax.set_yticks(range(len(bookies)), labels=bookies)
-    ax.xaxis_date()
-    time_axis(ax)
-    ax.set_title("bookie states")
-    ax.legend(
-        handles=[Patch(color=c, label=s) for s, c in STATE_COLOURS.items()],
-        fontsize="small",
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-    )
-    return png(fig)
 
 
 def recoveries_section(rows: list[Row] | None) -> str:
