@@ -86,6 +86,12 @@ class Output:
         self._file = self.paths[0].open("w")
 
     def write(self, line: str) -> None:
+        index = min(self.files - 1, self.count * self.files // max(1, self.target))
+        if index != self._index:
+            self.flush()
+            self._file.close()
+            self._index = index
+            self._file = self.paths[index].open("w")
         self._buffer.append(line)
         self.count += 1
         if len(self._buffer) >= 4096:
@@ -94,15 +100,9 @@ class Output:
     def flush(self) -> None:
         self._file.writelines(self._buffer)
         self._buffer.clear()
-        index = min(self.files - 1, self.count * self.files // max(1, self.target))
-        if index != self._index:
-            self._file.close()
-            self._index = index
-            self._file = self.paths[index].open("w")
 
     def close(self) -> None:
-        self._file.writelines(self._buffer)
-        self._buffer.clear()
+        self.flush()
         self._file.close()
         for path in self.paths:  # files left empty (a short run): still there, empty
             path.touch()
