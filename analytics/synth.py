@@ -16,13 +16,14 @@ writing `--ledgers` ledgers at once (docs/events.md has every kind):
   deleted, then each bookie that held one drops it at its next GC run (`gc.ledger_deleted`),
   and later runs reclaim its bytes (`gc.entrylog_deleted`, `gc.compacted` listing it, a
   ledger's bytes sometimes over two logs, some still unreclaimed at the end);
-- bookies are lost: the writers on them change ensemble within a few seconds (the old
-  ensemble's acks flushed first, `ledger.ensemble_changed`, `ledger.updated` with the
+- bookies are lost for good: the writers on them change ensemble within a few seconds (the
+  old ensemble's acks flushed first, `ledger.ensemble_changed`, `ledger.updated` with the
   segments; the entries in flight slow), the auditor reports the loss (`bookie.lost`) once the
   lease lapsed and marks every ledger with a segment on it, the replicator claims them one
   after the other and copies each fragment (`autorecovery.fragment_replicated`, the segment
-  updated), a deleted ledger's claim ends at once; the bookie comes back later (new
-  `boot_id`s for its journal and ledgerstore);
+  updated), a deleted ledger's claim ends at once; a new bookie joins later;
+- a bookie restarts (`bookie.unregistered`, registered again; new `boot_id`s for its journal
+  and ledgerstore);
 - read-only spells (the journal's own `bookie.readonly`/`bookie.writable`, the registry's and
   the auditor's), the writers on the bookie changing ensemble as for a loss;
 - recoveries: a writer goes away, another gateway fences its ledger (`ledger.updated` to
@@ -57,6 +58,7 @@ SHAPES = [((3, 3, 2), 5), ((3, 2, 2), 3), ((5, 3, 2), 2), ((2, 2, 2), 1)]
 ENTRY_SIZES = [100, 512, 1024, 4096, 16384]
 LOSSES_AT = (0.15, 0.4, 0.65)  # fractions of the run at which a bookie is lost
 READONLY_AT = (0.3, 0.55)
+RESTART_AT = 0.5  # a bookie restarts (new boot ids)
 RECOVERIES = 12  # writers that go away, spread over the run
 DROP_AT = 0.37  # the gateway's publisher drops a second's acknowledgements
 SILENT_GAP_AT = (0.45, 0.85)  # an event lost without a report
@@ -308,6 +310,7 @@ class Story:
             self.register(bookie, 0, None)
         for i, fraction in enumerate(LOSSES_AT):
             self.at(int(fraction * self.seconds), lambda t, i=i: self.lose_bookie(t, i))
+        self.at(int(RESTART_AT * self.seconds), self.restart)
         for fraction in READONLY_AT:
             self.at(int(fraction * self.seconds), self.read_only_spell)
         for i in range(RECOVERIES):
@@ -325,10 +328,10 @@ class Story:
             self.acknowledge(t, drop=t == drop_t)
             t += 1
 
-    def register(self, bookie: Bookie, t: int, previous: str | None) -> None:
-        lease = self.ts(t, 1) + 10_000
-        data = {"state": bookie.state, "previous_state": previous, "lease_expires_at": lease}
-        self.outbox("bookie.registered", self.ts(t, 1), data, bookie_id=bookie.bookie_id)
+    def register(self, bookie: Bookie, t: int, previous: str | None, offset_ms: int = 1) -> None:
+        ts = self.ts(t, offset_ms)
+        data = {"state": bookie.state, "previous_state": previous, "lease_expires_at": ts + 10_000}
+        self.outbox("bookie.registered", ts, data, bookie_id=bookie.bookie_id)
 
     def writable(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[str]:
         return [
@@ -580,8 +583,7 @@ class Story:
         self.writers_leave(bookie.bookie_id, t)
         lease_s = max(2, min(15, self.seconds // 200))
         self.at(t + lease_s, lambda t2: self.auditor_sees_loss(bookie, t2))
-        back = t + max(lease_s + 5, int(self.seconds * 0.12))
-        self.at(back, lambda t2: self.bookie_returns(bookie, t2))
+        self.at(t + max(lease_s + 5, int(self.seconds * 0.12)), self.new_bookie)
 
     def auditor_sees_loss(self, bookie: Bookie, t: int) -> None:
         ts = self.ts(t, 500)
@@ -703,19 +705,26 @@ class Story:
             )
         return ts + 1
 
-    def bookie_returns(self, bookie: Bookie, t: int) -> None:
-        bookie.state = "writable"
-        # A new process: new boot ids, seq from 1.
+    def new_bookie(self, t: int) -> None:
+        """A new bookie joins (the lost one stays lost: its data is gone with its disks)."""
+        bookie_id = f"bookie-{len(self.bookies) + 1}"
+        bookie = self.bookies[bookie_id] = Bookie(
+            bookie_id,
+            Publisher(f"{bookie_id}.journal", self._id()),
+            Publisher(f"{bookie_id}.ledgerstore", self._id()),
+        )
+        self.register(bookie, t, None)
+        self.at(t + 1, lambda t2: self.gc(t2, bookie))
+
+    def restart(self, t: int) -> None:
+        """A bookie restarts (an upgrade): it unregisters, comes back at once as new
+        processes (new boot ids, seq from 1); its lease lapsed, so it was `lost` meanwhile."""
+        candidates = [b for b in self.bookies.values() if b.state == "writable"]
+        bookie = candidates[0]
+        self.outbox("bookie.unregistered", self.ts(t, 100), {}, bookie_id=bookie.bookie_id)
         bookie.journal = Publisher(bookie.journal.source, self._id())
         bookie.ledgerstore = Publisher(bookie.ledgerstore.source, self._id())
-        self.register(bookie, t, "lost")
-        self.emit(
-            self.auditor,
-            "bookie.available",
-            self.ts(t, 600),
-            {"before": "lost", "after": "writable"},
-            bookie_id=bookie.bookie_id,
-        )
+        self.register(bookie, t, "lost", offset_ms=150)
 
     def read_only_spell(self, t: int) -> None:
         candidates = [b for b in self.bookies.values() if b.state == "writable"]

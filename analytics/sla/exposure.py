@@ -161,13 +161,9 @@ def _exposed_pieces(events: DataFrame, options: SlaOptions, losses: DataFrame) -
         of_kind(events, "entries.acknowledged")
         .select("ledger_id", "ts_ms", data_as(ACK_DATA).alias("a"))
         .select("ledger_id", F.col("ts_ms").alias("ack_ms"), "a.*")
-        .where(
-            F.col("ledger_id").isNotNull()
-            & F.col("ensemble").isNotNull()
-            & F.col("write_quorum").isNotNull()
-            & F.col("first_entry_id").isNotNull()
-            & F.col("last_entry_id").isNotNull()
-        )
+        # No filter on the parsed fields: Spark would push each one down as a parse of its
+        # own. An event without ensemble, write quorum or entry ids gives no piece (null counts).
+        .where(F.col("ledger_id").isNotNull())
         .select("*", F.posexplode("ensemble").alias("index", "bookie_id"))
         # Only ledgers written to a lost bookie go on: the incidents are few, broadcast them.
         .join(F.broadcast(losses), "bookie_id")

@@ -74,12 +74,20 @@ STRIPED = [
 ]
 # b4 lost at 100 s: ledger 2 in two segments both holding b4 (Qw = E: every entry), each
 # repaired; ledger 3 never repaired; ledger 4 (Qw 1: its even entries) acked to the old
-# ensemble after the loss too.
+# ensemble after the loss too; ledger 7's ack event names no ensemble.
 SEGMENTS = [
     ack(50, 3, 0, 4, ["b4", "b5"], 2, 250),
     ack(90, 2, 0, 9, ["b4", "b5", "b6"], 3, 1000),
     ack(95, 2, 10, 19, ["b6", "b5", "b4"], 3, 1000),
     ack(99, 4, 0, 3, ["b4", "b8"], 1, 400),
+    # An ack event from before `ensemble` was published: nothing to attribute, not exposed.
+    event(
+        "entries.acknowledged",
+        at(99.5),
+        "gateway",
+        {"count": 3, "first_entry_id": 0, "last_entry_id": 2},
+        ledger_id=7,
+    ),
     state(100, "b4", "lost"),
     ack(105, 4, 4, 7, ["b4", "b8"], 1, 400),
     ack(106, 2, 20, 29, ["b6", "b5", "b7"], 3, 1000),  # the new ensemble: not exposed
