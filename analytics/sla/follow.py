@@ -186,4 +186,6 @@ def follow(
         follower.run()
     except KeyboardInterrupt:
         follower.stop()
-        follower.refresh()
+        follower.refresh()  # what the last micro-batches stored
+    finally:
+        follower.stop()  # also when a refresh failed: the query is not left running

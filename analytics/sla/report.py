@@ -145,8 +145,30 @@ def absent(name: str, rows: list[Row] | None, why_empty: str) -> str | None:
     return None
 
 
+HEADERS = {  # where a column's name does not read well as a header
+    "count": "entries",
+    "dropped_reported": "dropped (reported)",
+    "entry_seconds": "entry-seconds",
+    "byte_seconds": "byte-seconds",
+    "time_to_full_rereplication_s": "to full re-replication",
+    "up_share": "time up",
+}
+
+
+def header(key: str) -> str:
+    """A table column's name as a header: units are in the cells (a duration says "s",
+    "min" or "h"), except milliseconds; an id is named by what it identifies."""
+    if key in HEADERS:
+        return HEADERS[key]
+    for suffix, unit in (("_ms", " ms"), ("_s", ""), ("_id", "")):
+        if key.endswith(suffix):
+            key = key.removesuffix(suffix) + unit
+            break
+    return key.replace("_", " ")
+
+
 def col(key: str, fmt: Callable[[Any], str] = str, numeric: bool = True) -> Column:
-    return key, lambda row: fmt(row.get(key)) if row.get(key) is not None else "—", numeric
+    return header(key), lambda row: fmt(row[key]) if row.get(key) is not None else "—", numeric
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -427,7 +449,7 @@ def recoveries_section(rows: list[Row] | None) -> str:
         col("bookies_fenced", fmt_int),
         col("recovery_started_at", fmt_ts, False),
         (
-            "closed_at",
+            "closed at",
             lambda r: fmt_ts(r["closed_at"]) if r.get("closed_at") else "not closed",
             False,
         ),
@@ -500,7 +522,7 @@ def gc_section(rows: list[Row] | None) -> str:
         col("deleted_at", fmt_ts, False),
         col("gc_deleted_at", fmt_ts, False),
         (
-            "reclaimed_at",
+            "reclaimed at",
             lambda r: fmt_ts(r["reclaimed_at"]) if r.get("reclaimed_at") else "not yet",
             False,
         ),
