@@ -76,8 +76,8 @@ class Follower:
         )
         trigger_s = min(self.refresh_s, MAX_TRIGGER_S)
         # What an earlier run stored and did not build into the tables is built at the first
-        # refresh (set before the query can store a batch of its own).
-        self._stored_since_refresh = bool(self.stored_batches())
+        # refresh (decided before the query can store a batch of its own).
+        self._stored_since_refresh = self._tables_behind()
         self.query = (
             stream.writeStream.foreachBatch(self._store)
             .option("checkpointLocation", self.checkpoint)
@@ -94,11 +94,28 @@ class Follower:
 
     def stored_batches(self) -> list[str]:
         """The complete batch directories under OUTPUT/_events."""
+        return sorted(path for path, _ in self._stored())
+
+    def _stored(self) -> list[tuple[str, int]]:
+        """The complete batch directories, each with the time (ms) its _SUCCESS was written."""
         jvm = self.spark.sparkContext._jvm
         pattern = jvm.org.apache.hadoop.fs.Path(f"{self.output}/{EVENTS}/*/_SUCCESS")
         fs = pattern.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())
-        statuses = fs.globStatus(pattern) or []
-        return sorted(status.getPath().getParent().toString() for status in statuses)
+        return [
+            (status.getPath().getParent().toString(), status.getModificationTime())
+            for status in fs.globStatus(pattern) or []
+        ]
+
+    def _tables_behind(self) -> bool:
+        """Whether a batch was stored after the last refresh ended. A refresh writes the report
+        last, and never runs while a batch is stored: a batch older than the report is in the
+        tables (a replay after a crash rewrites its batch, which is then newer)."""
+        stored = self._stored()
+        if not stored:
+            return False
+        report = Path(self.output) / "report.html"
+        newest_ms = max(written_ms for _, written_ms in stored)
+        return not report.exists() or newest_ms >= report.stat().st_mtime * 1000
 
     def refresh(self) -> bool:
         """Rebuild every table and the report from what is stored, if anything is new."""
@@ -106,6 +123,7 @@ class Follower:
             if not self._stored_since_refresh:
                 return False
             self._stored_since_refresh = False
+            started = time.monotonic()
             paths = self.stored_batches()
             stored = self.spark.read.schema(SCHEMA).parquet(*paths)
             # The period's bounds do not depend on end_ms: ask the factory for them.
@@ -119,6 +137,11 @@ class Follower:
                 events.unpersist()
             write_report(Path(self.output))
             self.refreshed_batches = paths
+            print(
+                f"tables and report rebuilt from {len(paths)} stored batches "
+                f"in {time.monotonic() - started:.1f} s",
+                flush=True,
+            )
             return True
 
     def run(self) -> None:
@@ -163,4 +186,6 @@ def follow(
         follower.run()
     except KeyboardInterrupt:
         follower.stop()
-        follower.refresh()
+        follower.refresh()  # what the last micro-batches stored
+    finally:
+        follower.stop()  # also when a refresh failed: the query is not left running

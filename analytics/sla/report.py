@@ -1,18 +1,16 @@
 """The SLA report: OUT/report.html, one self-contained page a person reads, from the Parquet
 tables the SLA job wrote under OUT/<table>/ (analytics/README.md documents their columns).
 
-Read with pyarrow, drawn with matplotlib (Agg) and embedded as base64 PNG, styled inline: the
-page links to nothing, so it can be mailed or archived as one file. No Spark: the report is
-rewritten after every refresh of `--follow` and can be regenerated from the tables alone,
-`python -m analytics.sla.report OUT`. A table that is missing or has no rows is said so in
-its section; it is not an error (a period without a bookie loss has no exposure).
+Read with pyarrow, drawn with matplotlib (Agg, analytics/sla/plots.py) and embedded as base64
+PNG, styled inline: the page links to nothing, so it can be mailed or archived as one file. No
+Spark: the report is rewritten after every refresh of `--follow` and can be regenerated from
+the tables alone, `python -m analytics.sla.report OUT`. A table that is missing or has no rows
+is said so in its section; it is not an error (a period without a bookie loss has no exposure).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analytics.sla.plots import STATE_COLOURS, availability_plot, exposure_plot, latency_plot
+
 TABLES = (
     "ack_latency",
     "completeness",
@@ -36,12 +36,6 @@ TABLES = (
     "gc_reclaim",
 )
 MAX_ROWS = 200  # rows of one HTML table; the Parquet table holds them all
-STATE_COLOURS = {
-    "up": "#2e7d32",
-    "read_only": "#f9a825",
-    "lost": "#c62828",
-    "unregistered": "#9e9e9e",
-}
 CSS = """
 body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
@@ -151,29 +145,30 @@ def absent(name: str, rows: list[Row] | None, why_empty: str) -> str | None:
     return None
 
 
-def png(fig: Any) -> str:
-    """The figure as an embedded image (closed afterwards)."""
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img alt="plot" src="data:image/png;base64,{data}">'
+HEADERS = {  # where a column's name does not read well as a header
+    "count": "entries",
+    "dropped_reported": "dropped (reported)",
+    "entry_seconds": "entry-seconds",
+    "byte_seconds": "byte-seconds",
+    "time_to_full_rereplication_s": "to full re-replication",
+    "up_share": "time up",
+}
 
 
-def pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def header(key: str) -> str:
+    """A table column's name as a header: units are in the cells (a duration says "s",
+    "min" or "h"), except milliseconds; an id is named by what it identifies."""
+    if key in HEADERS:
+        return HEADERS[key]
+    for suffix, unit in (("_ms", " ms"), ("_s", ""), ("_id", "")):
+        if key.endswith(suffix):
+            key = key.removesuffix(suffix) + unit
+            break
+    return key.replace("_", " ")
 
 
 def col(key: str, fmt: Callable[[Any], str] = str, numeric: bool = True) -> Column:
-    return key, lambda row: fmt(row.get(key)) if row.get(key) is not None else "—", numeric
+    return header(key), lambda row: fmt(row[key]) if row.get(key) is not None else "—", numeric
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -289,25 +284,7 @@ def latency_over_time_section(rows: list[Row] | None) -> str:
         return empty
     assert rows is not None
     windows = sorted((r for r in rows if r["group"] == "all"), key=lambda r: r["window_start"])
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 4))
-    starts = [r["window_start"] for r in windows]
-    for key, label, style in (
-        ("p50_ms", "p50", "-o"),
-        ("p99_ms", "p99", "-s"),
-        ("p999_ms", "p999", "-^"),
-    ):
-        ax.plot(starts, [r[key] for r in windows], style, label=label, markersize=3)
-    targets = {r["target_ms"] for r in windows if r.get("target_ms") is not None}
-    for target in sorted(targets):
-        ax.axhline(target, color="#c62828", linestyle=":", label=f"target {target:g} ms")
-    ax.set_ylabel("add latency (ms)")
-    ax.set_xlabel("window start (UTC)")
-    ax.set_title("add latency percentiles per window, all ledgers")
-    ax.legend(fontsize="small")
-    ax.grid(True, alpha=0.3)
-    fig.autofmt_xdate()
-    return png(fig)
+    return latency_plot(windows)
 
 
 def completeness_section(rows: list[Row] | None) -> str:
@@ -411,25 +388,6 @@ def exposure_section(incidents: list[Row] | None, timeline: list[Row] | None) ->
     return "".join(parts)
 
 
-def exposure_plot(steps: list[Row], title: str) -> str:
-    plt = pyplot()
-    fig, entries_ax = plt.subplots(figsize=(11, 3.2))
-    times = [r["ts"] for r in steps]
-    entries_ax.step(times, [r["entries_exposed"] for r in steps], where="post", color="#c62828")
-    entries_ax.set_ylabel("entries exposed", color="#c62828")
-    bytes_ax = entries_ax.twinx()
-    # Dashed: bytes are pro rata of entries, so the two lines often coincide.
-    bytes_ax.step(
-        times, [r["bytes_exposed"] for r in steps], where="post", color="#1565c0", linestyle="--"
-    )
-    bytes_ax.set_ylabel("bytes exposed", color="#1565c0")
-    entries_ax.set_xlabel("time (UTC)")
-    entries_ax.set_title(f"exposure: {title}")
-    entries_ax.grid(True, alpha=0.3)
-    fig.autofmt_xdate()
-    return png(fig)
-
-
 def availability_section(rows: list[Row] | None) -> str:
     empty = absent("bookie_availability", rows, "no bookie state was seen in the period")
     if empty:
@@ -471,32 +429,6 @@ def availability_section(rows: list[Row] | None) -> str:
     )
 
 
-def availability_plot(rows: list[Row], bookies: list[str]) -> str:
-    import matplotlib.dates as mdates
-    from matplotlib.patches import Patch
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 0.6 * len(bookies) + 1.5))
-    for i, bookie in enumerate(bookies):
-        for row in (r for r in rows if r["bookie_id"] == bookie):
-            start = mdates.date2num(row["start"])
-            width = mdates.date2num(row["end"]) - start
-            colour = STATE_COLOURS.get(row["state"], "#000000")
-            ax.broken_barh([(start, width)], (i - 0.4, 0.8), color=colour)
-    ax.set_yticks(range(len(bookies)), labels=bookies)
-    ax.xaxis_date()
-    ax.set_xlabel("time (UTC)")
-    ax.set_title("bookie states")
-    ax.legend(
-        handles=[Patch(color=c, label=s) for s, c in STATE_COLOURS.items()],
-        fontsize="small",
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-    )
-    fig.autofmt_xdate()
-    return png(fig)
-
-
 def recoveries_section(rows: list[Row] | None) -> str:
     empty = absent("recoveries", rows, "no ledger was fenced in the period")
     if empty:
@@ -517,7 +449,7 @@ def recoveries_section(rows: list[Row] | None) -> str:
         col("bookies_fenced", fmt_int),
         col("recovery_started_at", fmt_ts, False),
         (
-            "closed_at",
+            "closed at",
             lambda r: fmt_ts(r["closed_at"]) if r.get("closed_at") else "not closed",
             False,
         ),
@@ -590,7 +522,7 @@ def gc_section(rows: list[Row] | None) -> str:
         col("deleted_at", fmt_ts, False),
         col("gc_deleted_at", fmt_ts, False),
         (
-            "reclaimed_at",
+            "reclaimed at",
             lambda r: fmt_ts(r["reclaimed_at"]) if r.get("reclaimed_at") else "not yet",
             False,
         ),

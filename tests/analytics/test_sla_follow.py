@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 T0_MS = 1_764_000_000_000  # an hour's start: every event in one ack_latency window
 BOOT = "boot-follow"
+MAX_OFFSETS = 10  # stream sequences per micro-batch
 
 
 class Stream:
@@ -123,8 +124,8 @@ async def follow_until_current(spark, nats_url, stream, out, checkpoint, publish
         lambda end_ms: SlaOptions(end_ms=end_ms),
         out,
         checkpoint,
-        refresh_s=1.0,
-        max_offsets_per_trigger=5,  # several micro-batches
+        refresh_s=2.0,
+        max_offsets_per_trigger=MAX_OFFSETS,
     )
     await asyncio.to_thread(follower.start)
     running = Running(follower)
@@ -165,8 +166,8 @@ async def test_follow_keeps_the_tables_current_and_resumes_exactly_once(
     spark, nats_url, stream, tmp_path
 ):
     out, checkpoint = tmp_path / "out", tmp_path / "out" / "_checkpoint"
-    await stream.publish_acks(12)
-    await follow_until_current(spark, nats_url, stream, out, checkpoint, 12)
+    await stream.publish_acks(MAX_OFFSETS)  # one micro-batch
+    await follow_until_current(spark, nats_url, stream, out, checkpoint, MAX_OFFSETS)
     check_tables(out, stream)
 
     # A crash after the last batch was stored but before Spark logged its commit: the restart
@@ -181,7 +182,8 @@ async def test_follow_keeps_the_tables_current_and_resumes_exactly_once(
     replayed = out / EVENTS / f"{int(last.name):012d}" / "_SUCCESS"
     first_write_ns = replayed.stat().st_mtime_ns
 
-    await stream.publish_acks(7)
-    await follow_until_current(spark, nats_url, stream, out, checkpoint, 19)
+    await stream.publish_acks(MAX_OFFSETS + 3)  # two more
+    await follow_until_current(spark, nats_url, stream, out, checkpoint, 2 * MAX_OFFSETS + 3)
     assert replayed.stat().st_mtime_ns > first_write_ns  # it was replayed, and replaced
+    assert [pq.read_table(d).num_rows for d in stored_dirs(out)] == [MAX_OFFSETS, MAX_OFFSETS, 3]
     check_tables(out, stream)

@@ -398,15 +398,15 @@ def test_the_report_shows_the_headline_figures_and_every_incident(tmp_path: Path
     headline = rows_by_first_cell(slo["tables"][0])
     # Over the whole period: (990 + 2990) / 4000 within the 10 ms target.
     assert headline["all ledgers"]["attainment"] == "99.500 %"
-    assert headline["all ledgers"]["count"] == "4,000"
-    assert headline["all ledgers"]["p99_ms"] == "12.500"  # the worst hour's
-    assert headline["all ledgers"]["p999_ms"] == "25.000"
+    assert headline["all ledgers"]["entries"] == "4,000"
+    assert headline["all ledgers"]["p99 ms"] == "12.500"  # the worst hour's
+    assert headline["all ledgers"]["p999 ms"] == "25.000"
     assert headline["E3 Qw3 Qa2"]["attainment"] == "99.500 %"  # 2985 / 3000
-    assert headline["E3 Qw3 Qa2"]["count"] == "3,000"
+    assert headline["E3 Qw3 Qa2"]["entries"] == "3,000"
     assert headline["E5 Qw3 Qa2"]["attainment"] == "99.500 %"
-    assert headline["E5 Qw3 Qa2"]["p50_ms"] == "1.500"
+    assert headline["E5 Qw3 Qa2"]["p50 ms"] == "1.500"
     per_bookie = rows_by_first_cell(slo["tables"][1])
-    assert per_bookie["bookie-1"]["count"] == "4,000"
+    assert per_bookie["bookie-1"]["entries"] == "4,000"
     # Names are data, escaped: the tag reaches the reader as text, not markup.
     assert per_bookie["<b>bookie-9</b>"]["attainment"] == "80.000 %"
     assert "10 ms" in page.sections["Period and input"]["text"]
@@ -421,32 +421,32 @@ def test_the_report_shows_the_headline_figures_and_every_incident(tmp_path: Path
 
     exposure = page.sections["Exposure per bookie loss"]
     incidents = rows_by_first_cell(exposure["tables"][0])
-    assert incidents["bookie-2"]["lost_at"] == "2026-11-24 10:30:00.000 UTC"
-    assert incidents["bookie-2"]["entries_exposed"] == "1,234"
-    assert incidents["bookie-2"]["ledgers_exposed"] == "3"
+    assert incidents["bookie-2"]["lost at"] == "2026-11-24 10:30:00.000 UTC"
+    assert incidents["bookie-2"]["entries exposed"] == "1,234"
+    assert incidents["bookie-2"]["ledgers exposed"] == "3"
     assert incidents["bookie-2"]["worst run"] == "ledger 7 entries 10..99: 42.500 s"
     assert incidents["bookie-2"]["repaired at"] == "2026-11-24 10:30:42.500 UTC"
     assert incidents["bookie-3"]["repaired at"] == "still exposed: 10 entries"
     assert len(exposure["images"]) == 2  # a timeline per incident
 
     recoveries = rows_by_first_cell(page.sections["Recoveries (fence to close)"]["tables"][0])
-    assert recoveries["11"]["closed_at"] == "2026-11-24 10:05:02.000 UTC"
-    assert recoveries["11"]["fence_to_close_s"] == "2.000 s"
+    assert recoveries["11"]["closed at"] == "2026-11-24 10:05:02.000 UTC"
+    assert recoveries["11"]["fence to close"] == "2.000 s"
 
     availability = page.sections["Bookie availability"]
     summary = rows_by_first_cell(availability["tables"][0])
     assert summary["bookie-2"]["lost"] == "90.0 min"
-    assert summary["bookie-2"]["up_share"] == "25.000 %"
+    assert summary["bookie-2"]["time up"] == "25.000 %"
     intervals = availability["tables"][1]
     assert ["bookie-2", "lost", "2026-11-24 10:30:00.000 UTC"] in [r[:3] for r in intervals]
     assert len(availability["images"]) == 1
 
     changes = rows_by_first_cell(page.sections["Ensemble changes per bookie"]["tables"][0])
-    assert changes["bookie-2"]["replaced_out"] == "3"
+    assert changes["bookie-2"]["replaced out"] == "3"
     gc = page.sections["GC: delete to space reclaimed"]
     assert "1 with their space reclaimed (2.0 KiB), 1 not yet" in gc["text"]
     gc_rows = rows_by_first_cell(gc["tables"][0])
-    assert gc_rows["22"]["reclaimed_at"] == "not yet"
+    assert gc_rows["22"]["reclaimed at"] == "not yet"
     assert len(page.sections["Add latency over time"]["images"]) == 1
 
     # Self-contained: every image is embedded, nothing is fetched.
