@@ -83,15 +83,18 @@ def data_dir_source(data_dir: Path, stream: str = DEFAULT_STREAM) -> StreamSourc
     return StreamSource(url=url, user=user, password=password, stream=stream)
 
 
+def read_events(spark: SparkSession, source: Source) -> DataFrame:
+    """Every message of `source` as rows of the jetstream schema, duplicates included."""
+    if isinstance(source, StreamSource):
+        spark.dataSource.register(JetStreamDataSource)
+        return spark.read.format("jetstream").options(**source.options()).load()
+    return read_files(spark, source.path)
+
+
 def load_events(spark: SparkSession, source: Source) -> DataFrame:
     """Every event of `source` as rows of the jetstream schema, one row per event_id (rows
     without an event_id, such as the `error` rows of malformed messages, are all kept)."""
-    if isinstance(source, StreamSource):
-        spark.dataSource.register(JetStreamDataSource)
-        rows = spark.read.format("jetstream").options(**source.options()).load()
-    else:
-        rows = read_files(spark, source.path)
-    return deduplicate(rows)
+    return deduplicate(read_events(spark, source))
 
 
 def deduplicate(rows: DataFrame) -> DataFrame:
