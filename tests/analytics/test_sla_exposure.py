@@ -142,6 +142,43 @@ def by_bookie(table: list[dict]) -> dict[str, dict]:
     return {r["bookie_id"]: r for r in table}
 
 
+def test_the_tables_columns_and_types(spark):
+    frame = spark_input(spark, NOTHING)
+    assert exposure(frame, OPTIONS).dtypes == [
+        ("bookie_id", "string"),
+        ("lost_at", "timestamp"),
+        ("ledgers_exposed", "bigint"),
+        ("entries_exposed", "bigint"),
+        ("bytes_exposed", "bigint"),
+        ("entry_seconds", "double"),
+        ("byte_seconds", "double"),
+        ("worst_ledger_id", "bigint"),
+        ("worst_first_entry_id", "bigint"),
+        ("worst_last_entry_id", "bigint"),
+        ("worst_exposed_s", "double"),
+        ("repaired_at", "timestamp"),
+        ("time_to_full_rereplication_s", "double"),
+        ("still_exposed_entries", "bigint"),
+    ]
+    assert exposure_timeline(frame, OPTIONS).dtypes == [
+        ("bookie_id", "string"),
+        ("lost_at", "timestamp"),
+        ("ts", "timestamp"),
+        ("entries_exposed", "bigint"),
+        ("bytes_exposed", "bigint"),
+    ]
+    assert gc_reclaim(frame, OPTIONS).dtypes == [
+        ("ledger_id", "bigint"),
+        ("bookie_id", "string"),
+        ("deleted_at", "timestamp"),
+        ("gc_deleted_at", "timestamp"),
+        ("reclaimed_at", "timestamp"),
+        ("bytes_reclaimed", "bigint"),
+        ("delete_to_gc_s", "double"),
+        ("delete_to_reclaim_s", "double"),
+    ]
+
+
 def test_the_losses_in_the_period_once_each(stories):
     table, _ = stories
     # c4 was lost before --since; c1's repeated report is no new loss.
