@@ -183,7 +183,9 @@ def _exposed_pieces(events: DataFrame, options: SlaOptions, losses: DataFrame) -
 
     size = F.size("ensemble").cast("long")
     quorum = F.least(F.col("write_quorum").cast("long"), size)
-    # Entry e is written to the bookie at `index` iff (e + offset) mod E < Qw (see module doc).
+    # Entry e is written to the bookie at index k iff (k - e) mod E < Qw, i.e. iff
+    # (e - (k - Qw + 1)) mod E < Qw: iff (e + offset) mod E < Qw with offset = E - k + Qw - 1
+    # (adding E keeps it positive). Counting such e in a range is then _written's arithmetic.
     offset = size - F.col("index") + quorum - 1
     first = F.greatest("first_entry_id", F.coalesce("cut_first", "first_entry_id"))
     last = F.least("last_entry_id", F.coalesce("cut_last", "last_entry_id"))
