@@ -27,7 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 from analytics.jetstream import SCHEMA, JetStreamDataSource
 from analytics.sla.job import end_ms, run, table_input
 from analytics.sla.options import SlaOptions
-from analytics.sla.report import write_report
+from analytics.sla.report import local_output, write_report
 from analytics.sla.sources import StreamSource, deduplicate
 
 EVENTS = "_events"
@@ -55,6 +55,7 @@ class Follower:
         self.source = source
         self.options_factory = options_factory
         self.output = str(output).rstrip("/")
+        self.report_dir = local_output(self.output)  # None: no report (not a local directory)
         self.checkpoint = str(checkpoint)
         self.refresh_s = refresh_s
         self.max_offsets_per_trigger = max_offsets_per_trigger
@@ -113,7 +114,9 @@ class Follower:
         stored = self._stored()
         if not stored:
             return False
-        report = Path(self.output) / "report.html"
+        if self.report_dir is None:
+            return True  # no report to tell when the tables were last built
+        report = self.report_dir / "report.html"
         newest_ms = max(written_ms for _, written_ms in stored)
         return not report.exists() or newest_ms >= report.stat().st_mtime * 1000
 
@@ -135,7 +138,8 @@ class Follower:
                 run(self.spark, events, options, self.output)
             finally:
                 events.unpersist()
-            write_report(Path(self.output))
+            if self.report_dir is not None:
+                write_report(self.report_dir)
             self.refreshed_batches = paths
             print(
                 f"tables and report rebuilt from {len(paths)} stored batches "
@@ -182,6 +186,12 @@ def follow(
         f"refreshed at most every {refresh_s:g} s, checkpoint {checkpoint}",
         flush=True,
     )
+    if follower.report_dir is None:
+        print(
+            "report: not written (OUTPUT is not a local directory): run "
+            "`python -m analytics.sla.report DIR` on a copy of the tables",
+            flush=True,
+        )
     try:
         follower.run()
     except KeyboardInterrupt:

@@ -560,6 +560,14 @@ def render(tables: dict[str, list[Row] | None], generated_at: datetime) -> str:
     )
 
 
+def local_output(output: str) -> Path | None:
+    """OUTPUT as a local directory, where the report can be written; None when it is on another
+    file system Spark writes to (hdfs://, s3a://...)."""
+    if "://" in output and not output.startswith("file://"):
+        return None
+    return Path(output.removeprefix("file://"))
+
+
 def write_report(output: Path) -> Path:
     """Write output/report.html from the tables under output/ and return its path."""
     output = Path(output)

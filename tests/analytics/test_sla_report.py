@@ -481,3 +481,10 @@ def test_the_module_regenerates_the_report(tmp_path: Path, capsys) -> None:
     assert (
         "bookie-2" in parse(tmp_path / "report.html").sections["Exposure per bookie loss"]["text"]
     )
+
+
+def test_the_report_is_written_only_to_a_local_output() -> None:
+    assert report.local_output("out/sla") == Path("out/sla")
+    assert report.local_output("file:///tmp/sla") == Path("/tmp/sla")
+    assert report.local_output("hdfs://namenode/sla") is None
+    assert report.local_output("s3a://bucket/sla") is None
