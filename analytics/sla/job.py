@@ -35,7 +35,7 @@ from analytics.sla.gc import gc_reclaim
 from analytics.sla.latency import ack_latency
 from analytics.sla.options import DEFAULT_TARGET_MS, DEFAULT_WINDOW_S, SlaOptions
 from analytics.sla.recoveries import recoveries
-from analytics.sla.report import write_report
+from analytics.sla.report import local_output, write_report
 from analytics.sla.sources import (
     FileSource,
     Source,
@@ -338,14 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     tables = batch(spark, source, args)
     for name, table in tables.items():
         print(f"{name}: {table.count()} rows -> {args.output.rstrip('/')}/{name}/")
-    if "://" in args.output and not args.output.startswith("file://"):
+    report_dir = local_output(args.output)
+    if report_dir is None:
         # The report is written with pyarrow and matplotlib from a local directory.
         print(
             "report: not written (OUTPUT is not a local directory): run "
             "`python -m analytics.sla.report DIR` on a copy of the tables"
         )
     else:
-        print(f"report: {write_report(Path(args.output.removeprefix('file://')))}")
+        print(f"report: {write_report(report_dir)}")
     return 0
 
 
