@@ -56,17 +56,37 @@ INCIDENT_LEDGER = [*INCIDENT, "ledger_id"]
 
 def exposure(events: DataFrame, options: SlaOptions) -> DataFrame:
     losses = _losses(events, options)
-    pieces = _exposed_pieces(events, options, losses)
-    totals = pieces.groupBy(*INCIDENT).agg(
+    # One line of aggregations from the pieces on: two consumers of the pieces would each
+    # parse the ack events again (their column pruning differs, so Spark shares nothing).
+    runs = _exposed_pieces(events, options, losses).groupBy(*INCIDENT_LEDGER, "start_ms", "stop_ms")
+    runs = runs.agg(
+        F.sum("entries").alias("entries"),
+        F.sum(F.col("entries") * F.col("entry_bytes")).alias("bytes"),
+        F.sum(F.when(F.col("still"), F.col("entries")).otherwise(0)).alias("still_entries"),
+        F.min("first_entry_id").alias("first_entry_id"),
+        F.max("last_entry_id").alias("last_entry_id"),
+    ).withColumn("exposed_s", seconds_between(F.col("start_ms"), F.col("stop_ms")))
+    # The worst run: the longest exposed (ties: more entries, the lowest ledger and entry id).
+    worst = F.max_by(
+        F.struct(
+            F.col("ledger_id").alias("ledger_id"),
+            F.col("first_entry_id").alias("first_entry_id"),
+            F.col("last_entry_id").alias("last_entry_id"),
+            F.col("exposed_s").alias("exposed_s"),
+        ),
+        F.struct("exposed_s", "entries", -F.col("ledger_id"), -F.col("first_entry_id")),
+    )
+    totals = runs.groupBy(*INCIDENT).agg(
         F.countDistinct("ledger_id").alias("ledgers_exposed"),
         F.sum("entries").alias("entries_exposed"),
-        F.round(F.sum(F.col("entries") * F.col("entry_bytes"))).cast("long").alias("bytes_exposed"),
+        F.round(F.sum("bytes")).cast("long").alias("bytes_exposed"),
         F.sum(F.col("entries") * F.col("exposed_s")).alias("entry_seconds"),
-        F.sum(F.col("entries") * F.col("entry_bytes") * F.col("exposed_s")).alias("byte_seconds"),
-        F.sum(F.when(F.col("still"), F.col("entries")).otherwise(0)).alias("still_exposed"),
+        F.sum(F.col("bytes") * F.col("exposed_s")).alias("byte_seconds"),
+        F.sum("still_entries").alias("still_exposed"),
         F.max("stop_ms").alias("last_stop_ms"),
+        worst.alias("worst"),
     )
-    rows = losses.join(totals, INCIDENT, "left").join(_worst_runs(pieces), INCIDENT, "left")
+    rows = losses.join(totals, INCIDENT, "left")
     still = F.coalesce(F.col("still_exposed"), F.lit(0))
     # Nothing exposed: fully replicated all along, so "repaired" at the loss itself.
     repaired_ms = F.when(still > 0, F.lit(None)).otherwise(
@@ -80,10 +100,10 @@ def exposure(events: DataFrame, options: SlaOptions) -> DataFrame:
         F.coalesce("bytes_exposed", F.lit(0)).cast("long").alias("bytes_exposed"),
         F.coalesce("entry_seconds", F.lit(0.0)).cast("double").alias("entry_seconds"),
         F.coalesce("byte_seconds", F.lit(0.0)).cast("double").alias("byte_seconds"),
-        F.col("worst_ledger_id").cast("long"),
-        F.col("worst_first_entry_id").cast("long"),
-        F.col("worst_last_entry_id").cast("long"),
-        F.col("worst_exposed_s").cast("double"),
+        F.col("worst.ledger_id").cast("long").alias("worst_ledger_id"),
+        F.col("worst.first_entry_id").cast("long").alias("worst_first_entry_id"),
+        F.col("worst.last_entry_id").cast("long").alias("worst_last_entry_id"),
+        F.col("worst.exposed_s").cast("double").alias("worst_exposed_s"),
         ms_to_ts(repaired_ms).alias("repaired_at"),
         seconds_between(F.col("lost_ms"), repaired_ms).alias("time_to_full_rereplication_s"),
         still.cast("long").alias("still_exposed_entries"),
@@ -97,18 +117,22 @@ def exposure_timeline(events: DataFrame, options: SlaOptions) -> DataFrame:
     losses = _losses(events, options)
     pieces = _exposed_pieces(events, options, losses).where(F.col("exposed_s") > 0)
     entry_bytes = F.col("entries") * F.col("entry_bytes")
+    came = F.struct(
+        F.col("start_ms").alias("ts_ms"), F.col("entries").alias("entries"), entry_bytes.alias("b")
+    )
+    went = F.when(
+        ~F.col("still"),
+        F.struct(
+            F.col("stop_ms").alias("ts_ms"),
+            (-F.col("entries")).alias("entries"),
+            (-entry_bytes).alias("b"),
+        ),
+    )
+    # Both steps of a piece from one pass over the pieces (not a union of two: see exposure).
     steps = (
-        pieces.select(
-            *INCIDENT, F.col("start_ms").alias("ts_ms"), "entries", entry_bytes.alias("b")
-        )
-        .unionByName(
-            pieces.where(~F.col("still")).select(
-                *INCIDENT,
-                F.col("stop_ms").alias("ts_ms"),
-                (-F.col("entries")).alias("entries"),
-                (-entry_bytes).alias("b"),
-            )
-        )
+        pieces.select(*INCIDENT, F.explode(F.array(came, went)).alias("step"))
+        .where(F.col("step").isNotNull())
+        .select(*INCIDENT, "step.*")
         .unionByName(
             losses.select(
                 *INCIDENT,
@@ -245,34 +269,6 @@ def _repair_cuts(events: DataFrame, losses: DataFrame) -> DataFrame:
         cuts.join(fragments, [*(cuts[c] == fragments[c] for c in INCIDENT_LEDGER), covers], "left")
         .groupBy(*(cuts[c] for c in INCIDENT_LEDGER), "cut_first", "cut_last")
         .agg(F.min("fragment_ms").alias("repaired_ms"))
-    )
-
-
-def _worst_runs(pieces: DataFrame) -> DataFrame:
-    """Per incident, the longest exposed run: the exposed entries of one ledger with the same
-    start and stop (ties: more entries, then the lowest ledger id and entry id)."""
-    runs = pieces.groupBy(*INCIDENT_LEDGER, "start_ms", "stop_ms").agg(
-        F.sum("entries").alias("run_entries"),
-        F.min("first_entry_id").alias("worst_first_entry_id"),
-        F.max("last_entry_id").alias("worst_last_entry_id"),
-    )
-    runs = runs.withColumn("worst_exposed_s", seconds_between(F.col("start_ms"), F.col("stop_ms")))
-    order = Window.partitionBy(*INCIDENT).orderBy(
-        F.desc("worst_exposed_s"),
-        F.desc("run_entries"),
-        F.asc("ledger_id"),
-        F.asc("worst_first_entry_id"),
-    )
-    return (
-        runs.withColumn("rank", F.row_number().over(order))
-        .where(F.col("rank") == 1)
-        .select(
-            *INCIDENT,
-            F.col("ledger_id").alias("worst_ledger_id"),
-            "worst_first_entry_id",
-            "worst_last_entry_id",
-            "worst_exposed_s",
-        )
     )
 
 
