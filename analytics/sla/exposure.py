@@ -47,6 +47,9 @@ FRAGMENT_DATA = StructType(
         StructField("bookie_src", StringType()),
     ]
 )
+LOSS_SCHEMA = StructType(
+    [StructField("bookie_id", StringType(), False), StructField("lost_ms", LongType(), False)]
+)
 INCIDENT = ["bookie_id", "lost_ms"]
 INCIDENT_LEDGER = [*INCIDENT, "ledger_id"]
 
@@ -132,20 +135,21 @@ def exposure_timeline(events: DataFrame, options: SlaOptions) -> DataFrame:
 
 
 def _losses(events: DataFrame, options: SlaOptions) -> DataFrame:
-    """(bookie_id, lost_ms) of every incident in the period."""
+    """(bookie_id, lost_ms) of every incident in the period. Collected (they are a handful)
+    and given back as a local relation: every part of the tables joins with them, and would
+    otherwise compute them again from the events each time."""
     reports = of_kind(events, *AUDITOR_STATE_KINDS).select(
-        "bookie_id",
-        "ts_ms",
-        "event_id",
-        data_str("after").alias("after"),
+        "bookie_id", "ts_ms", "event_id", data_str("after").alias("after")
     )
     reports = reports.where(F.col("after").isNotNull() & F.col("bookie_id").isNotNull())
     previous = F.lag("after").over(Window.partitionBy("bookie_id").orderBy("ts_ms", "event_id"))
     lost = reports.select("bookie_id", "ts_ms", "after", previous.alias("previous")).where(
         (F.col("after") == LOST) & (F.col("previous").isNull() | (F.col("previous") != LOST))
     )
-    lost = lost.where(in_period("ts_ms", options))
-    return lost.select("bookie_id", F.col("ts_ms").alias("lost_ms")).distinct()
+    found = lost.where(in_period("ts_ms", options)).select("bookie_id", "ts_ms").distinct()
+    return events.sparkSession.createDataFrame(
+        [(row.bookie_id, row.ts_ms) for row in found.collect()], LOSS_SCHEMA
+    )
 
 
 def _exposed_pieces(events: DataFrame, options: SlaOptions, losses: DataFrame) -> DataFrame:
@@ -179,7 +183,9 @@ def _exposed_pieces(events: DataFrame, options: SlaOptions, losses: DataFrame) -
 
     size = F.size("ensemble").cast("long")
     quorum = F.least(F.col("write_quorum").cast("long"), size)
-    # Entry e is written to the bookie at `index` iff (e + offset) mod E < Qw (see module doc).
+    # Entry e is written to the bookie at index k iff (k - e) mod E < Qw, i.e. iff
+    # (e - (k - Qw + 1)) mod E < Qw: iff (e + offset) mod E < Qw with offset = E - k + Qw - 1
+    # (adding E keeps it positive). Counting such e in a range is then _written's arithmetic.
     offset = size - F.col("index") + quorum - 1
     first = F.greatest("first_entry_id", F.coalesce("cut_first", "first_entry_id"))
     last = F.least("last_entry_id", F.coalesce("cut_last", "last_entry_id"))
@@ -223,14 +229,9 @@ def _repair_cuts(events: DataFrame, losses: DataFrame) -> DataFrame:
         .join(F.broadcast(losses), "bookie_id")
         .where(F.col("fragment_ms") >= F.col("lost_ms"))
     )
-    bounds = (
-        fragments.select(*INCIDENT_LEDGER, F.col("fragment_first").alias("bound"))
-        .unionByName(
-            fragments.select(*INCIDENT_LEDGER, (F.col("fragment_last") + 1).alias("bound"))
-        )
-        .unionByName(fragments.select(*INCIDENT_LEDGER, F.lit(0).cast("long").alias("bound")))
-        .distinct()
-    )
+    # Where the covering repairs may change: at each repair's ends, and 0 (the axis' start).
+    ends = F.array(F.lit(0).cast("long"), "fragment_first", F.col("fragment_last") + 1)
+    bounds = fragments.select(*INCIDENT_LEDGER, F.explode(ends).alias("bound")).distinct()
     following = F.lead("bound").over(Window.partitionBy(*INCIDENT_LEDGER).orderBy("bound"))
     cuts = bounds.select(
         *INCIDENT_LEDGER,

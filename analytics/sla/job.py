@@ -35,14 +35,15 @@ from analytics.sla.gc import gc_reclaim
 from analytics.sla.latency import ack_latency
 from analytics.sla.options import DEFAULT_TARGET_MS, DEFAULT_WINDOW_S, SlaOptions
 from analytics.sla.recoveries import recoveries
-from analytics.sla.report import write_report
+from analytics.sla.report import local_output, write_report
 from analytics.sla.sources import (
     FileSource,
     Source,
     SourceError,
     StreamSource,
     data_dir_source,
-    load_events,
+    deduplicate,
+    read_events,
 )
 
 TableFunction = Callable[[DataFrame, SlaOptions], DataFrame]
@@ -83,13 +84,29 @@ def table_input(events: DataFrame, until_ms: int | None) -> DataFrame:
     return rows
 
 
-def stage(
-    spark: SparkSession, events: DataFrame, until_ms: int | None, directory: str
-) -> DataFrame:
-    """The table input written once as Parquet partitioned by kind, and read back: the source
-    (a stream, which may grow meanwhile) is read exactly once, and each table scans only the
-    kinds it filters on."""
-    rows = table_input(events, until_ms).drop("raw", "error")
+def stage(spark: SparkSession, rows: DataFrame, until_ms: int | None, directory: str) -> DataFrame:
+    """The table input of `rows` (as read, duplicates included), deduplicated on event_id,
+    written once as Parquet partitioned by kind and read back: the source (a stream, which may
+    grow meanwhile) is read exactly once, and each table scans only the kinds it filters on.
+
+    Duplicates are rare (a publish retried after JetStream's duplicate window), so the rows
+    are written as they are and only their event_ids are checked; the rows move through a
+    shuffle to be deduplicated, and are written again, only when some event_id repeats."""
+    staged = _write_by_kind(
+        spark, table_input(rows, until_ms).drop("raw", "error"), f"{directory}/rows"
+    )
+    repeated = (
+        staged.where(F.col("event_id").isNotNull())
+        .groupBy("event_id")
+        .count()
+        .where(F.col("count") > 1)
+    )
+    if repeated.isEmpty():
+        return staged
+    return _write_by_kind(spark, deduplicate(staged), f"{directory}/deduplicated")
+
+
+def _write_by_kind(spark: SparkSession, rows: DataFrame, directory: str) -> DataFrame:
     rows.write.mode("overwrite").partitionBy("kind").parquet(directory)
     # With the schema given, `kind` keeps its type (not one inferred from the directory names).
     return spark.read.schema(rows.schema).parquet(directory)
@@ -281,7 +298,7 @@ def batch(spark: SparkSession, source: Source, args: argparse.Namespace) -> dict
     output = args.output.rstrip("/")
     staging = f"{output}/{STAGING}/{uuid.uuid4().hex}"
     try:
-        events = stage(spark, load_events(spark, source), args.until, staging)
+        events = stage(spark, read_events(spark, source), args.until, staging)
         options = options_factory(args)(end_ms(events, args.since, args.until))
         return run(spark, events, options, output)
     finally:
@@ -321,14 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     tables = batch(spark, source, args)
     for name, table in tables.items():
         print(f"{name}: {table.count()} rows -> {args.output.rstrip('/')}/{name}/")
-    if "://" in args.output and not args.output.startswith("file://"):
+    report_dir = local_output(args.output)
+    if report_dir is None:
         # The report is written with pyarrow and matplotlib from a local directory.
         print(
             "report: not written (OUTPUT is not a local directory): run "
             "`python -m analytics.sla.report DIR` on a copy of the tables"
         )
     else:
-        print(f"report: {write_report(Path(args.output.removeprefix('file://')))}")
+        print(f"report: {write_report(report_dir)}")
     return 0
 
 

@@ -59,9 +59,10 @@ def ack_latency(events: DataFrame, options: SlaOptions) -> DataFrame:
             window_start("ts_ms", options.window_s).alias("window_start"),
             data_as(ACKNOWLEDGED).alias("d"),
         )
-        .where(F.size("d.latency_us") > 0)
     )
-    # One row per event and bucket; the event's bytes ride on its first bucket only.
+    # One row per event and bucket; the event's bytes ride on its first bucket only. An event
+    # without a histogram (or an empty one) makes no row. (No filter on `d`: Spark would push
+    # it below the projection as a second JSON parse of every event.)
     buckets = acks.select(
         "window_start",
         *(F.col(f"d.{name}").alias(name) for name in SHAPE),

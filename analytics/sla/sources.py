@@ -10,9 +10,11 @@ import json
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -83,15 +85,18 @@ def data_dir_source(data_dir: Path, stream: str = DEFAULT_STREAM) -> StreamSourc
     return StreamSource(url=url, user=user, password=password, stream=stream)
 
 
+def read_events(spark: SparkSession, source: Source) -> DataFrame:
+    """Every message of `source` as rows of the jetstream schema, duplicates included."""
+    if isinstance(source, StreamSource):
+        spark.dataSource.register(JetStreamDataSource)
+        return spark.read.format("jetstream").options(**source.options()).load()
+    return read_files(spark, source.path)
+
+
 def load_events(spark: SparkSession, source: Source) -> DataFrame:
     """Every event of `source` as rows of the jetstream schema, one row per event_id (rows
     without an event_id, such as the `error` rows of malformed messages, are all kept)."""
-    if isinstance(source, StreamSource):
-        spark.dataSource.register(JetStreamDataSource)
-        rows = spark.read.format("jetstream").options(**source.options()).load()
-    else:
-        rows = read_files(spark, source.path)
-    return deduplicate(rows)
+    return deduplicate(read_events(spark, source))
 
 
 def deduplicate(rows: DataFrame) -> DataFrame:
@@ -141,23 +146,27 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
+# The columns of a line's row that come from the file, not from the line (to_row's first
+# three arguments are placeholders, replaced by these).
+_PLACE = {"stream_seq": "line_id", "subject": "file_path", "published": "file_mtime"}
+_NO_TIME = datetime.fromtimestamp(0, UTC)
+
+
 def _lines_to_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
-        columns = batch.to_pydict()
-        rows = [
-            to_row(line_id, path, mtime, value.encode())
-            for line_id, path, mtime, value in zip(
-                columns["line_id"],
-                columns["file_path"],
-                columns["file_mtime"],
-                columns["value"],
-                strict=True,
-            )
-        ]
+        rows = [to_row(0, "", _NO_TIME, value.encode()) for value in batch["value"].to_pylist()]
         if not rows:
             continue
-        arrays = [
-            pa.array(values, type=field.type)
-            for values, field in zip(zip(*rows, strict=True), ARROW_SCHEMA, strict=True)
-        ]
+        values = dict(zip(SCHEMA.names, zip(*rows, strict=True), strict=True))
+        arrays = []
+        for field in ARROW_SCHEMA:
+            if field.name in _PLACE:
+                arrays.append(batch[_PLACE[field.name]].cast(field.type))
+            elif field.name == "ts":
+                # `ts` is `ts_ms` as a timestamp (to_row's datetime, exact to the ms): made from
+                # the numbers in Arrow, not from one Python datetime a row.
+                ts_ms = pa.array(values["ts_ms"], type=pa.int64())
+                arrays.append(pc.multiply(ts_ms, 1000).cast(field.type))
+            else:
+                arrays.append(pa.array(values[field.name], type=field.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)

@@ -3,16 +3,21 @@ worked out by hand and against the per-entry oracle (tests/support/sla_oracle/ex
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from analytics.sla.exposure import exposure, exposure_timeline
+from analytics.sla.gc import gc_reclaim
+from analytics.sla.job import table_input
 from analytics.sla.options import SlaOptions
-from tests.support.sla_frames import T0_MS, assert_same_rows, collect, event, events_frame
+from analytics.sla.sources import FileSource, load_events
+from analytics.synth import generate
+from tests.support.sla import T0_MS, assert_same_rows, event, oracle_input, rows, spark_input
 from tests.support.sla_oracle import exposure as oracle
+from tests.support.sla_oracle import gc as gc_oracle
 
 pytestmark = pytest.mark.slow
-
-INCIDENT = ["bookie_id", "lost_at"]
 
 
 def at(s: float) -> int:
@@ -20,43 +25,45 @@ def at(s: float) -> int:
 
 
 def ack(s, ledger_id, first, last, ensemble, write_quorum, nbytes) -> dict:
-    data = {
-        "count": last - first + 1,
-        "first_entry_id": first,
-        "last_entry_id": last,
-        "bytes": nbytes,
-        "ensemble": ensemble,
-        "ensemble_size": len(ensemble),
-        "write_quorum": write_quorum,
-        "ack_quorum": write_quorum,
-        "latency_us": {"500": last - first + 1},
-    }
-    return event("entries.acknowledged", at(s), "gateway", data, ledger_id=ledger_id)
+    return event(
+        "entries.acknowledged",
+        at(s),
+        ledger_id=ledger_id,
+        count=last - first + 1,
+        first_entry_id=first,
+        last_entry_id=last,
+        bytes=nbytes,
+        ensemble=ensemble,
+        ensemble_size=len(ensemble),
+        write_quorum=write_quorum,
+        ack_quorum=write_quorum,
+        latency_us={"500": last - first + 1},
+    )
 
 
 def state(s, bookie_id, after, before="writable", kind="bookie.lost") -> dict:
-    data = {"before": before, "after": after}
-    return event(kind, at(s), "auditor-1", data, bookie_id=bookie_id)
+    return event(kind, at(s), "auditor-1", bookie_id=bookie_id, before=before, after=after)
 
 
 def repaired(s, ledger_id, first, last, src, dest="spare") -> dict:
-    data = {
-        "worker_id": "replicator-1",
-        "first_entry_id": first,
-        "last_entry_id": last,
-        "ensemble_index": 0,
-        "bookie_src": src,
-        "bookie_dest": dest,
-        "entries": last - first + 1,
-        "bytes": 0,
-    }
     return event(
-        "autorecovery.fragment_replicated", at(s), "replicator-1", data, ledger_id=ledger_id
+        "autorecovery.fragment_replicated",
+        at(s),
+        "replicator-1",
+        ledger_id=ledger_id,
+        worker_id="replicator-1",
+        first_entry_id=first,
+        last_entry_id=last,
+        ensemble_index=0,
+        bookie_src=src,
+        bookie_dest=dest,
+        entries=last - first + 1,
+        bytes=0,
     )
 
 
 def deleted(s, ledger_id) -> dict:
-    return event("ledger.deleted", at(s), "metadata", {}, ledger_id=ledger_id)
+    return event("ledger.deleted", at(s), "metadata", ledger_id=ledger_id, boot_id=None)
 
 
 # b2 (index 1 of [b1, b2, b3], Qw 2: entries 0, 1, 3, 4, 6, 7 of ledger 1) lost at 10 s and
@@ -82,11 +89,7 @@ SEGMENTS = [
     ack(99, 4, 0, 3, ["b4", "b8"], 1, 400),
     # An ack event from before `ensemble` was published: nothing to attribute, not exposed.
     event(
-        "entries.acknowledged",
-        at(99.5),
-        "gateway",
-        {"count": 3, "first_entry_id": 0, "last_entry_id": 2},
-        ledger_id=7,
+        "entries.acknowledged", at(99.5), ledger_id=7, count=3, first_entry_id=0, last_entry_id=2
     ),
     state(100, "b4", "lost"),
     ack(105, 4, 4, 7, ["b4", "b8"], 1, 400),
@@ -95,7 +98,6 @@ SEGMENTS = [
     repaired(150, 2, 0, 9, "b4"),
     repaired(160, 2, 10, 19, "b4"),
 ]
-SEGMENTS_END_MS = at(200)
 # c1 (index 0: entries 0, 2, 3, 5) and c2 (index 1: entries 0, 1, 3, 4) of ledger 10 lost at
 # once; c4 lost before --since; c1's loss reported again by a new auditor leader.
 TWO_AT_ONCE = [
@@ -110,47 +112,109 @@ TWO_AT_ONCE = [
 ]
 
 
-def check(spark, events: list[dict], options: SlaOptions) -> tuple[list[dict], list[dict]]:
-    """Both tables from Spark, checked against the oracle's."""
-    frame = events_frame(spark, events)
-    table = collect(exposure(frame, options))
-    timeline = collect(exposure_timeline(frame, options))
-    assert_same_rows(table, oracle.exposure(events, options), INCIDENT)
-    assert_same_rows(timeline, oracle.exposure_timeline(events, options), [*INCIDENT, "ts"])
-    return table, timeline
+# z3 lost, on no ensemble.
+NOTHING = [ack(1, 90, 0, 3, ["z1", "z2"], 2, 40), state(2, "z3", "lost")]
+# The stories share no bookie and no ledger: one Spark run checks them all.
+STORIES = STRIPED + SEGMENTS + TWO_AT_ONCE + NOTHING
+OPTIONS = SlaOptions(end_ms=at(200), since_ms=at(1))
 
 
-def test_striped_ensemble_repaired_in_fragments_and_deleted_ledgers(spark):
-    table, timeline = check(spark, STRIPED, SlaOptions(end_ms=at(40)))
-    assert table == [
-        {
-            "bookie_id": "b2",
-            "lost_at": at(10),
-            "ledgers_exposed": 2,
-            "entries_exposed": 8,
-            "bytes_exposed": 620,
-            "entry_seconds": 4 * 10 + 2 * 20 + 2 * 15.0,
-            "byte_seconds": 100 * (4 * 10 + 2 * 20) + 10 * 2 * 15.0,
-            "worst_ledger_id": 1,
-            "worst_first_entry_id": 6,
-            "worst_last_entry_id": 7,
-            "worst_exposed_s": 20.0,
-            "repaired_at": at(30),
-            "time_to_full_rereplication_s": 20.0,
-            "still_exposed_entries": 0,
-        }
+@pytest.fixture(scope="module")
+def stories(spark) -> tuple[dict[str, dict], dict[str, list[tuple]]]:
+    """Both tables of STORIES from Spark, checked equal to the oracle's: the exposure rows by
+    bookie, the timeline's (ts, entries, bytes) by bookie."""
+    frame = spark_input(spark, STORIES, OPTIONS.until_ms)
+    table = rows(exposure(frame, OPTIONS))
+    timeline = rows(exposure_timeline(frame, OPTIONS))
+    dicts = oracle_input(STORIES, OPTIONS.until_ms)
+    assert_same_rows(table, oracle.exposure(dicts, OPTIONS))
+    assert_same_rows(timeline, oracle.exposure_timeline(dicts, OPTIONS))
+    steps: dict[str, list[tuple]] = {}
+    for r in sorted(timeline, key=lambda r: (r["bookie_id"], r["ts"])):
+        assert r["lost_at"] == by_bookie(table)[r["bookie_id"]]["lost_at"]
+        steps.setdefault(r["bookie_id"], []).append(
+            (r["ts"], r["entries_exposed"], r["bytes_exposed"])
+        )
+    return by_bookie(table), steps
+
+
+def by_bookie(table: list[dict]) -> dict[str, dict]:
+    return {r["bookie_id"]: r for r in table}
+
+
+def test_the_tables_columns_and_types(spark):
+    frame = spark_input(spark, NOTHING)
+    assert exposure(frame, OPTIONS).dtypes == [
+        ("bookie_id", "string"),
+        ("lost_at", "timestamp"),
+        ("ledgers_exposed", "bigint"),
+        ("entries_exposed", "bigint"),
+        ("bytes_exposed", "bigint"),
+        ("entry_seconds", "double"),
+        ("byte_seconds", "double"),
+        ("worst_ledger_id", "bigint"),
+        ("worst_first_entry_id", "bigint"),
+        ("worst_last_entry_id", "bigint"),
+        ("worst_exposed_s", "double"),
+        ("repaired_at", "timestamp"),
+        ("time_to_full_rereplication_s", "double"),
+        ("still_exposed_entries", "bigint"),
     ]
-    assert [(r["ts"], r["entries_exposed"], r["bytes_exposed"]) for r in timeline] == [
-        (at(10), 8, 620),
-        (at(20), 4, 220),
-        (at(25), 2, 200),
-        (at(30), 0, 0),
+    assert exposure_timeline(frame, OPTIONS).dtypes == [
+        ("bookie_id", "string"),
+        ("lost_at", "timestamp"),
+        ("ts", "timestamp"),
+        ("entries_exposed", "bigint"),
+        ("bytes_exposed", "bigint"),
+    ]
+    assert gc_reclaim(frame, OPTIONS).dtypes == [
+        ("ledger_id", "bigint"),
+        ("bookie_id", "string"),
+        ("deleted_at", "timestamp"),
+        ("gc_deleted_at", "timestamp"),
+        ("reclaimed_at", "timestamp"),
+        ("bytes_reclaimed", "bigint"),
+        ("delete_to_gc_s", "double"),
+        ("delete_to_reclaim_s", "double"),
     ]
 
 
-def test_two_segments_late_acks_and_a_fragment_never_repaired(spark):
-    table, timeline = check(spark, SEGMENTS, SlaOptions(end_ms=SEGMENTS_END_MS))
-    [row] = table
+def test_the_losses_in_the_period_once_each(stories):
+    table, _ = stories
+    # c4 was lost before --since; c1's repeated report is no new loss.
+    assert {b: r["lost_at"] for b, r in table.items()} == {
+        "b2": at(10),
+        "b4": at(100),
+        "c1": at(5),
+        "c2": at(5),
+        "z3": at(2),
+    }
+
+
+def test_striped_ensemble_repaired_in_fragments_and_deleted_ledgers(stories):
+    table, steps = stories
+    assert table["b2"] == {
+        "bookie_id": "b2",
+        "lost_at": at(10),
+        "ledgers_exposed": 2,
+        "entries_exposed": 8,
+        "bytes_exposed": 620,
+        "entry_seconds": 4 * 10 + 2 * 20 + 2 * 15.0,
+        "byte_seconds": 100 * (4 * 10 + 2 * 20) + 10 * 2 * 15.0,
+        "worst_ledger_id": 1,
+        "worst_first_entry_id": 6,
+        "worst_last_entry_id": 7,
+        "worst_exposed_s": 20.0,
+        "repaired_at": at(30),
+        "time_to_full_rereplication_s": 20.0,
+        "still_exposed_entries": 0,
+    }
+    assert steps["b2"] == [(at(10), 8, 620), (at(20), 4, 220), (at(25), 2, 200), (at(30), 0, 0)]
+
+
+def test_two_segments_late_acks_and_a_fragment_never_repaired(stories):
+    table, steps = stories
+    row = table["b4"]
     assert row["ledgers_exposed"] == 3
     assert row["entries_exposed"] == 20 + 5 + 4
     assert row["bytes_exposed"] == 2000 + 250 + 400
@@ -158,10 +222,10 @@ def test_two_segments_late_acks_and_a_fragment_never_repaired(spark):
     assert row["byte_seconds"] == 100 * (10 * 50 + 10 * 60) + 50 * 5 * 100 + 100 * (40 + 30)
     worst = [row[c] for c in ("worst_ledger_id", "worst_first_entry_id", "worst_last_entry_id")]
     assert worst == [3, 0, 4]
-    assert row["worst_exposed_s"] == 100.0
+    assert row["worst_exposed_s"] == 100.0  # open: up to the end of the input
     assert row["repaired_at"] is None and row["time_to_full_rereplication_s"] is None
     assert row["still_exposed_entries"] == 5
-    assert [(r["ts"], r["entries_exposed"], r["bytes_exposed"]) for r in timeline] == [
+    assert steps["b4"] == [
         (at(100), 27, 2450),
         (at(105), 29, 2650),
         (at(120), 25, 2250),
@@ -170,32 +234,69 @@ def test_two_segments_late_acks_and_a_fragment_never_repaired(spark):
     ]
 
 
-def test_two_losses_at_once_and_one_before_the_period(spark):
-    options = SlaOptions(end_ms=at(20), since_ms=at(1))
-    table, timeline = check(spark, TWO_AT_ONCE, options)
+def test_two_losses_at_once(stories):
+    table, steps = stories
     summary = {
-        r["bookie_id"]: (
-            r["lost_at"],
-            r["entries_exposed"],
-            r["entry_seconds"],
-            r["worst_first_entry_id"],
-            r["worst_last_entry_id"],
-            r["time_to_full_rereplication_s"],
+        b: (
+            table[b]["entries_exposed"],
+            table[b]["entry_seconds"],
+            table[b]["worst_first_entry_id"],
+            table[b]["worst_last_entry_id"],
+            table[b]["time_to_full_rereplication_s"],
         )
-        for r in table
+        for b in ("c1", "c2")
     }
-    assert summary == {
-        "c1": (at(5), 4, 12.0, 0, 5, 3.0),
-        "c2": (at(5), 4, 16.0, 0, 4, 4.0),
-    }
-    assert len(timeline) == 4
+    assert summary == {"c1": (4, 12.0, 0, 5, 3.0), "c2": (4, 16.0, 0, 4, 4.0)}
+    assert steps["c1"] == [(at(5), 4, 400), (at(8), 0, 0)]
+    assert steps["c2"] == [(at(5), 4, 400), (at(9), 0, 0)]
 
 
-def test_a_loss_that_exposed_nothing(spark):
-    events = [ack(1, 1, 0, 3, ["b1", "b2"], 2, 40), state(2, "b3", "lost")]
-    table, timeline = check(spark, events, SlaOptions(end_ms=at(5)))
-    [row] = table
+def test_a_loss_that_exposed_nothing(stories):
+    table, steps = stories
+    row = table["z3"]
     assert (row["entries_exposed"], row["worst_ledger_id"], row["repaired_at"]) == (0, None, at(2))
-    assert timeline == [
-        {"bookie_id": "b3", "lost_at": at(2), "ts": at(2), "entries_exposed": 0, "bytes_exposed": 0}
+    assert steps["z3"] == [(at(2), 0, 0)]
+
+
+def test_exposure_and_gc_reclaim_equal_their_oracles_on_synthetic_events(spark, tmp_path):
+    """~20k events of the generator's story (three bookies lost, each re-replicated ledger by
+    ledger; deletes, GC runs reclaiming over several logs), read as the job reads files, cut
+    by --since after the first loss's start... and --until in the middle of the second loss's
+    re-replication, so that exposures are both closed and open."""
+    generate(20_000, tmp_path, seed=7, bookies=6, ledgers=20, files=3)
+    lines = [
+        line
+        for path in sorted(tmp_path.glob("events-*.jsonl"))
+        for line in path.read_text().splitlines()
     ]
+    events = [json.loads(line) for line in lines]
+    start_ms = min(e["ts_ms"] for e in events)
+    lost_ms = sorted(e["ts_ms"] for e in events if e["kind"] == "bookie.lost")
+    assert len(lost_ms) == 3
+    # The second loss's repairs are half done at --until; the third loss is after it.
+    repairs = sorted(
+        e["ts_ms"]
+        for e in events
+        if e["kind"] == "autorecovery.fragment_replicated" and lost_ms[1] <= e["ts_ms"] < lost_ms[2]
+    )
+    until_ms = repairs[len(repairs) // 2]
+    options = SlaOptions(end_ms=until_ms, since_ms=start_ms + 1000, until_ms=until_ms)
+    frame = table_input(load_events(spark, FileSource(str(tmp_path))), until_ms).cache()
+    dicts = oracle_input(events, until_ms)
+
+    table = rows(exposure(frame, options))
+    assert_same_rows(table, oracle.exposure(dicts, options))
+    first, second = sorted(table, key=lambda r: r["lost_at"])
+    assert first["entries_exposed"] > 0 and first["still_exposed_entries"] == 0
+    assert first["repaired_at"] is not None
+    assert 0 < second["still_exposed_entries"] < second["entries_exposed"]
+    assert second["repaired_at"] is None
+    assert_same_rows(
+        rows(exposure_timeline(frame, options)), oracle.exposure_timeline(dicts, options)
+    )
+
+    reclaim = rows(gc_reclaim(frame, options))
+    assert_same_rows(reclaim, gc_oracle.gc_reclaim(dicts, options))
+    assert any(r["reclaimed_at"] is None for r in reclaim)
+    assert any(r["bytes_reclaimed"] > 0 and r["delete_to_reclaim_s"] > 0 for r in reclaim)
+    frame.unpersist()

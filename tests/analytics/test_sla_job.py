@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from analytics.jetstream import SCHEMA, to_row
+from analytics.sla.job import stage
 from analytics.sla.sources import FileSource, load_events, read_files
 from tests.support.sla import T0_MS, event
 
@@ -51,3 +52,24 @@ def test_files_give_the_stream_rows_and_duplicates_count_once(spark, tmp_path):
     assert sorted(r.event_id or "" for r in loaded) == sorted(
         ["", "", created["event_id"], fenced["event_id"], unknown["event_id"], newer["event_id"]]
     )
+
+
+def test_stage_writes_the_table_input_once_and_deduplicates_only_when_ids_repeat(spark, tmp_path):
+    first = event("ledger.created", T0_MS, ledger_id=1)
+    late = event("ledger.created", T0_MS + 10, ledger_id=2)
+    payloads = [json.dumps(e).encode() for e in (first, late)] + [b"not json"]
+    published = datetime.now(UTC)
+
+    def staged(payloads: list[bytes], directory: str):
+        rows = spark.createDataFrame(
+            [to_row(i, "s", published, p) for i, p in enumerate(payloads)], SCHEMA
+        )
+        return stage(spark, rows, T0_MS + 10, str(tmp_path / directory))
+
+    once = staged(payloads, "once")
+    # No event_id repeats: the rows as written, without a second copy.
+    assert [r.event_id for r in once.collect()] == [first["event_id"]]  # `late` is past until
+    assert not (tmp_path / "once" / "deduplicated").exists()
+    twice = staged(payloads + payloads[:1], "twice")
+    assert [r.event_id for r in twice.collect()] == [first["event_id"]]
+    assert (tmp_path / "twice" / "deduplicated").exists()

@@ -12,7 +12,6 @@ import pytest
 from analytics.sla.job import TABLES, main
 from analytics.sla.options import SlaOptions
 from analytics.synth import DEFAULT_START, generate, parse_start
-from tests.support import sla_frames
 from tests.support.sla import assert_same_rows, oracle_input, rows
 from tests.support.sla_oracle import (
     availability,
@@ -36,12 +35,6 @@ ORACLES = {
     "exposure_timeline": exposure.exposure_timeline,
     "gc_reclaim": gc.gc_reclaim,
 }
-# TABLES-B's tables sum pro-rata bytes as floats: compared by their own rule (bytes within 1).
-ORDERED_BY = {
-    "exposure": ["bookie_id", "lost_at"],
-    "exposure_timeline": ["bookie_id", "lost_at", "ts"],
-    "gc_reclaim": ["ledger_id", "bookie_id"],
-}
 EVENTS = 20_000
 LEDGERS = 20  # ledgers written at once: the story lasts about EVENTS / LEDGERS seconds
 
@@ -57,6 +50,10 @@ def test_every_table_of_a_synthetic_story_matches_its_oracle(spark, tmp_path):
     generate(EVENTS, tmp_path / "events", seed=3, ledgers=LEDGERS, files=3)
     events = read_events(tmp_path / "events")
     assert len(events) >= EVENTS
+    # Some events stored twice (a publish retried after JetStream's duplicate window): the job
+    # counts each once.
+    repeats = [json.dumps(e) for e in events[::97]]
+    (tmp_path / "events" / "repeats.jsonl").write_text("\n".join(repeats) + "\n")
     start_ms = parse_start(DEFAULT_START)
     # A period that cuts the story (incidents before, in and after it), windows of 2 minutes.
     since_ms = start_ms + 200_000
@@ -83,7 +80,4 @@ def test_every_table_of_a_synthetic_story_matches_its_oracle(spark, tmp_path):
         expected = ORACLES[name](given, options)
         assert expected, f"the story has nothing for {name}: make it tell more"
         actual = rows(spark.read.parquet(str(output / name)))
-        if name in ORDERED_BY:
-            sla_frames.assert_same_rows(actual, expected, ORDERED_BY[name])
-        else:
-            assert_same_rows(actual, expected)
+        assert_same_rows(actual, expected)
