@@ -8,7 +8,7 @@ timed, with the peak memory of the whole process tree.
 2. runs the job in a fresh process, `python -m analytics.sla --input DIR/events --master ...
    --output DIR/out`, with the Spark UI off and Spark's event log in DIR/eventlog/;
 3. samples the resident memory of the job's process tree (the Python driver, the JVM and the
-   Python workers) with psutil every 0.2 s;
+   Python workers) with psutil every second;
 4. prints (and writes to DIR/bench.json) the wall time, events/s, the peak memory in all and
    of the JVM and of the Python processes, the machine's load before and after, and the
    Spark SQL executions that took longest (from the event log: what each wrote).
@@ -33,7 +33,7 @@ import psutil
 
 from analytics import synth
 
-SAMPLE_S = 0.2
+SAMPLE_S = 1.0  # the tree is listed from /proc each time: not free on a busy machine
 SYNTH_MANIFEST = "_synth.json"
 
 
@@ -76,17 +76,20 @@ class TreeMemory:
         self._thread.join()
 
     def _sample(self) -> None:
+        known: dict[int, psutil.Process] = {}  # reused: a Process caches its name
         while not self._stop.is_set():
             total = jvm = python = 0
             try:
                 processes = [self.root, *self.root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 return
-            for process in processes:
+            for found in processes:
+                process = known.setdefault(found.pid, found)
                 try:
                     rss = process.memory_info().rss
                     name = process.name()
                 except psutil.NoSuchProcess:
+                    known.pop(found.pid, None)
                     continue  # a worker that ended between the listing and the reading
                 total += rss
                 if name == "java":
