@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from quire.bench import command as bench_commands
+from quire.commands import analytics as analytics_commands
 from quire.commands import autorecovery as autorecovery_commands
 from quire.commands import bookie as bookie_commands
 from quire.commands import ledger as ledger_commands
@@ -63,6 +64,7 @@ app.add_typer(autorecovery_commands.app, name="autorecovery")
 app.add_typer(shell_commands.app, name="shell")
 app.add_typer(bench_commands.app, name="bench")
 app.add_typer(trace_commands.app, name="trace")
+app.add_typer(analytics_commands.app, name="analytics")
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from shared.auditor_client import AuditorClient
 from shared.bookie_client import BookieClient, BookieUnreachable
 from shared.config import QuireSettings
 from shared.events import EventPublisher
+from shared.latency import latency_bucket, percentile, to_event
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import (
     BookieInfo,
@@ -40,15 +41,18 @@ from shared.protocol.driver import (
     password_hash,
 )
 from shared.protocol.messages import EnsembleChanged, ReplicaCorrupt
+from shared.quorum import QuorumSpec
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
 ACK_EVENT_INTERVAL_MS = 1_000
-# Latency samples kept per ledger per event window (the count is exact beyond it).
-ACK_SAMPLES_MAX = 10_000
 LAC_POLL_INTERVAL_S = 0.05
+
+
+def _ms(us: int | None) -> float:
+    return 0.0 if us is None else us / 1000
 
 
 def check_password(metadata: LedgerMetadata, password: bytes | None) -> None:
@@ -82,20 +86,19 @@ class Page:
     final: bool  # no page follows
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
-@dataclass
+@dataclass(slots=True)
 class _AckWindow:
-    """Acknowledgements of one ledger since the last entries.acknowledged event."""
+    """Acknowledgements of one ledger, all written to one ensemble, since the last
+    entries.acknowledged event. Every entry's latency is counted in `latency_us`
+    (shared/latency.py's buckets): sums of these histograms are exact."""
 
+    first_entry_id: int
+    bookies: Sequence[str]
+    quorum: QuorumSpec
     count: int = 0
-    first_entry_id: int = -1
     last_entry_id: int = -1
-    latencies_ms: list[float] = field(default_factory=list)
+    nbytes: int = 0
+    latency_us: dict[int, int] = field(default_factory=dict)
 
 
 class Ledgers(ProtocolObserver):
@@ -142,32 +145,59 @@ class Ledgers(ProtocolObserver):
 
     # -- what the driver reports (ProtocolObserver) --------------------------------------------
 
-    def adds_acknowledged(self, ledger_id: int, first: int, last: int, latency_ms: int) -> None:
+    def adds_acknowledged(
+        self,
+        ledger_id: int,
+        first: int,
+        last: int,
+        latency_us: int,
+        nbytes: int,
+        bookies: Sequence[str],
+        quorum: QuorumSpec,
+    ) -> None:
+        # On every acknowledged append: counters and a dict increment, no per-entry work.
         count = last - first + 1
         self._adds_ok.inc(count)
-        self.metrics.add_latency.observe(latency_ms / 1000)
-        window = self._acks.setdefault(ledger_id, _AckWindow(first_entry_id=first))
+        self.metrics.add_latency.observe(latency_us / 1_000_000)
+        window = self._acks.get(ledger_id)
+        if window is not None and window.bookies is not bookies and window.bookies != bookies:
+            # One event, one ensemble: the SLA jobs attribute its entries to its bookies.
+            self._emit_acks(ledger_id, self._acks.pop(ledger_id))
+            window = None
+        if window is None:
+            window = self._acks[ledger_id] = _AckWindow(first, bookies, quorum)
         window.count += count
         window.last_entry_id = last
-        room = ACK_SAMPLES_MAX - len(window.latencies_ms)
-        window.latencies_ms.extend([latency_ms] * min(count, room))
+        window.nbytes += nbytes
+        bucket = latency_bucket(latency_us)
+        window.latency_us[bucket] = window.latency_us.get(bucket, 0) + count
 
     def flush_ack_events(self) -> None:
         windows, self._acks = self._acks, {}
+        for ledger_id, window in windows.items():
+            self._emit_acks(ledger_id, window)
+
+    def _emit_acks(self, ledger_id: int, window: _AckWindow) -> None:
         if self.events is None:
             return
-        for ledger_id, window in windows.items():
-            latencies = sorted(window.latencies_ms)
-            self.events.emit(
-                "entries.acknowledged",
-                ledger_id=ledger_id,
-                count=window.count,
-                first_entry_id=window.first_entry_id,
-                last_entry_id=window.last_entry_id,
-                latency_ms_p50=percentile(latencies, 0.50),
-                latency_ms_p99=percentile(latencies, 0.99),
-                latency_ms_max=latencies[-1] if latencies else 0.0,
-            )
+        histogram = window.latency_us
+        self.events.emit(
+            "entries.acknowledged",
+            ledger_id=ledger_id,
+            count=window.count,
+            first_entry_id=window.first_entry_id,
+            last_entry_id=window.last_entry_id,
+            bytes=window.nbytes,
+            ensemble=list(window.bookies),
+            ensemble_size=window.quorum.ensemble_size,
+            write_quorum=window.quorum.write_quorum,
+            ack_quorum=window.quorum.ack_quorum,
+            latency_us=to_event(histogram),
+            # The older summary, read off the histogram (bucket lower bounds, in ms).
+            latency_ms_p50=_ms(percentile(histogram, 0.50)),
+            latency_ms_p99=_ms(percentile(histogram, 0.99)),
+            latency_ms_max=_ms(max(histogram, default=None)),
+        )
 
     def adds_failed(self, count: int) -> None:
         self.metrics.adds.labels("failed").inc(count)
@@ -355,6 +385,11 @@ class Ledgers(ProtocolObserver):
 
     def ensemble_changed(self, command: EnsembleChanged) -> None:
         self.metrics.ensemble_changes.inc()
+        # The acks so far were written to the old ensemble: their event goes out before the
+        # change's (the next ack would end the window anyway, but only when it comes).
+        window = self._acks.pop(command.metadata.ledger_id, None)
+        if window is not None:
+            self._emit_acks(command.metadata.ledger_id, window)
         replaced = [{"index": i, "old": old, "new": new} for i, old, new in command.replaced]
         log.info(
             "ensemble changed",
@@ -381,6 +416,8 @@ class Ledgers(ProtocolObserver):
         metadata = await self.get(ledger_id)
         check_password(metadata, password)
         assert password is not None
+        started_ts_ms = self.client.wall_clock()
+        started_ms = self.clock()
         try:
             core = await self.client.recover(metadata, password)
         except QuireError:
@@ -389,12 +426,16 @@ class Ledgers(ProtocolObserver):
         assert core.result is not None
         result = core.result
         self.metrics.recoveries.labels("ok").inc()
-        if self.events is not None and core.recovered_entries:
+        if self.events is not None and core.fenced:
+            # Every recovery that fenced (not a closed ledger's, which changes nothing), with
+            # nothing to re-write too: the SLA jobs time fence to close.
             self.events.emit(
                 "ledger.recovered",
                 ledger_id=ledger_id,
                 last_entry_id=result.last_entry_id,
                 recovered_entries=core.recovered_entries,
+                started_ts_ms=started_ts_ms,
+                duration_ms=self.clock() - started_ms,
             )
         return result
 

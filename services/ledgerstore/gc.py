@@ -47,6 +47,7 @@ from shared.bookie.gc import (
     explain,
     logs_to_compact,
     next_compaction_ms,
+    reclaimed_ledgers,
     suspended,
     time_up,
     usage_buckets,
@@ -434,9 +435,12 @@ class GarbageCollector:
             run.reclaimed_by_deletion_bytes += meta.size_bytes
             self.stats.deleted_entry_log_count += 1
             self.stats.reclaimed_deletion_space_bytes += meta.size_bytes
-            self._entry_log_deleted(meta, "no_live_ledger")
+            self._entry_log_deleted(meta, "no_live_ledger", meta.deleted)
 
-    def _entry_log_deleted(self, meta: EntryLogMetadata, reason: str) -> None:
+    def _entry_log_deleted(
+        self, meta: EntryLogMetadata, reason: str, deleted: dict[int, int]
+    ) -> None:
+        ledgers, truncated = reclaimed_ledgers(deleted)
         self.emit(
             "gc.entrylog_deleted",
             bookie_id=self.bookie_id,
@@ -444,6 +448,8 @@ class GarbageCollector:
             log_id=meta.log_id,
             bytes=meta.size_bytes,
             reason=reason,
+            ledgers=ledgers,
+            ledgers_truncated=truncated,
         )
 
     # -- 3. compaction --------------------------------------------------------------------
@@ -519,6 +525,7 @@ class GarbageCollector:
         stats.compacted_entry_log_count += 1
         stats.reclaimed_compaction_space_bytes += result.bytes_reclaimed
         stats.compact_runtime.record(duration_ms)
+        ledgers, truncated = reclaimed_ledgers(result.deleted_ledgers)
         self.emit(
             "gc.compacted",
             bookie_id=self.bookie_id,
@@ -531,8 +538,12 @@ class GarbageCollector:
             bytes_copied=result.bytes_copied,
             bytes_reclaimed=result.bytes_reclaimed,
             duration_ms=duration_ms,
+            ledgers=ledgers,
+            ledgers_truncated=truncated,
         )
-        self._entry_log_deleted(meta, "compacted")
+        # The compaction's event above lists the deleted ledgers it reclaimed: listed again
+        # here, they would be counted twice by whoever sums the bytes.
+        self._entry_log_deleted(meta, "compacted", {})
 
     def _measure_logs(self) -> None:
         logs = self.store.entry_logs()

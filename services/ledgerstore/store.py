@@ -359,7 +359,7 @@ class LedgerStore:
                     return compaction.result(aborted=True)
                 async with self._checkpoint_lock:
                     moved = await self._on_write_thread(compaction.switch)
-                    del self._logs[(dir_index, log_id)]
+                    old = self._logs.pop((dir_index, log_id))
                     new_log = compaction.new_log_id
                     if new_log is not None:
                         # Nothing moved (all deleted or rewritten meanwhile): no usage
@@ -368,7 +368,8 @@ class LedgerStore:
                             dir_index, new_log, compaction.bytes_copied, moved
                         )
                     await self._on_write_thread(compaction.delete_old)
-                return compaction.result(aborted=False)
+                # The ledgers deleted up to the switch (the copy skipped their entries).
+                return replace(compaction.result(aborted=False), deleted_ledgers=old.deleted)
             finally:
                 self._compacting = None
 
@@ -561,8 +562,7 @@ class LedgerStore:
         deleted ledgers."""
         if deleted:
             for meta in self._logs.values():
-                for ledger_id in deleted.intersection(meta.ledgers):
-                    del meta.ledgers[ledger_id]
+                meta.forget(deleted.intersection(meta.ledgers))
             self._read_cache.remove_ledgers(deleted)
             self._deleting -= deleted
         for location in locations.values():

@@ -275,10 +275,22 @@ class ReplicationWorker:
                 "fencing and recovering it",
                 extra={"ledger_id": claim.ledger_id, "bookies": bad},
             )
+            started_ts_ms, started_ms = wall_clock_ms(), monotonic_ms()
             recovery = await self._client.recover(metadata, keys)
             assert recovery.result is not None
             metadata = recovery.result
             self._stats.recovered += 1
+            # As the gateway's recoveries: the SLA jobs time every fence to its close.
+            if recovery.fenced:
+                self._events.emit(
+                    "ledger.recovered",
+                    ledger_id=claim.ledger_id,
+                    last_entry_id=metadata.last_entry_id,
+                    recovered_entries=recovery.recovered_entries,
+                    started_ts_ms=started_ts_ms,
+                    duration_ms=monotonic_ms() - started_ms,
+                    worker_id=self.worker_id,
+                )
         self._fragment_started_ms = monotonic_ms()
         result = await self._client.replicate(
             metadata, bad, settings=self._replication, on_fragment=self._on_fragment

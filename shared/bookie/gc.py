@@ -23,6 +23,10 @@ class EntryLogMetadata:
     log_id: int
     size_bytes: int  # the file's bytes after its header
     ledgers: dict[int, int] = field(default_factory=dict)  # live ledger id -> bytes
+    # Deleted ledger id -> bytes the file still holds for it: what deleting or compacting
+    # the log reclaims for each (the gc events list them). Kept in memory only (the index
+    # drops a deleted ledger's rows): a restart forgets the ledgers deleted before it.
+    deleted: dict[int, int] = field(default_factory=dict)
 
     @property
     def live_bytes(self) -> int:
@@ -38,7 +42,16 @@ class EntryLogMetadata:
         return not self.ledgers
 
     def copy(self) -> EntryLogMetadata:
-        return EntryLogMetadata(self.dir, self.log_id, self.size_bytes, dict(self.ledgers))
+        return EntryLogMetadata(
+            self.dir, self.log_id, self.size_bytes, dict(self.ledgers), dict(self.deleted)
+        )
+
+    def forget(self, ledger_ids: Iterable[int]) -> None:
+        """The ledgers were deleted: their bytes are no longer live, but still in the file."""
+        for ledger_id in ledger_ids:
+            size = self.ledgers.pop(ledger_id, None)
+            if size is not None:
+                self.deleted[ledger_id] = self.deleted.get(ledger_id, 0) + size
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +65,21 @@ class CompactionResult:
     bytes_copied: int  # their bytes in the new log (heads included)
     bytes_reclaimed: int  # the old log's file size minus bytes_copied (0 if aborted)
     aborted: bool = False  # stopped before the switch (time limit, suspension): no change
+    # The deleted ledgers whose bytes the old log held (EntryLogMetadata.deleted at the switch).
+    deleted_ledgers: dict[int, int] = field(default_factory=dict)
+
+
+RECLAIMED_LEDGERS_MAX = 10_000  # deleted ledgers a gc event lists at most
+
+
+def reclaimed_ledgers(
+    deleted: dict[int, int], limit: int = RECLAIMED_LEDGERS_MAX
+) -> tuple[dict[str, int], bool]:
+    """A gc event's `ledgers` (JSON keys: ledger ids as strings -> bytes reclaimed, the
+    largest first, then by ledger id) and `ledgers_truncated` (more than `limit` ledgers:
+    the smallest left out, so that an event stays well under a NATS message's size)."""
+    ordered = sorted(deleted.items(), key=lambda item: (-item[1], item[0]))
+    return {str(ledger_id): size for ledger_id, size in ordered[:limit]}, len(ordered) > limit
 
 
 # -- requests ------------------------------------------------------------------------------

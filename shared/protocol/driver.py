@@ -79,6 +79,7 @@ from shared.protocol.recovery import LedgerRecovery
 from shared.protocol.replication import LedgerReplication, ReplicationSettings
 from shared.protocol.transport import BookieTransport, BookieUnreachable, MetadataTransport
 from shared.protocol.writer import LedgerWriter
+from shared.quorum import QuorumSpec
 from shared.status import ApiCode, ApiCodes, QuireError
 from shared.telemetry import (
     BACKGROUND_ATTRIBUTE,
@@ -143,6 +144,12 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def monotonic_us() -> int:
+    """Add latencies are measured in microseconds (the SLA histograms' unit): a loopback
+    add takes well under a millisecond, which the cores' ms clock would round to 0 or 1."""
+    return time.monotonic_ns() // 1_000
+
+
 def wall_clock_ms() -> int:
     """Bookie leases are wall-clock times (they are compared across machines)."""
     return time.time_ns() // 1_000_000
@@ -156,8 +163,20 @@ class ProtocolObserver:
     """What a driver reports as it goes; every method does nothing here. The gateway
     overrides them for its metrics and events."""
 
-    def adds_acknowledged(self, ledger_id: int, first: int, last: int, latency_ms: int) -> None:
-        """Entries first..last of one append were acknowledged, `latency_ms` after it."""
+    def adds_acknowledged(
+        self,
+        ledger_id: int,
+        first: int,
+        last: int,
+        latency_us: int,
+        nbytes: int,
+        bookies: Sequence[str],
+        quorum: QuorumSpec,
+    ) -> None:
+        """Entries first..last of one append reached their ack quorum, `latency_us` after
+        the append began: `nbytes` payload bytes written to the segment of `bookies`. An
+        append whose entries are confirmed across an ensemble change is reported in parts,
+        one per segment (the part before the change when it is confirmed)."""
 
     def adds_failed(self, count: int) -> None:
         """`count` entries of appends failed."""
@@ -273,7 +292,9 @@ async def drive(
 class _AppendRequest:
     first_entry_id: int
     last_entry_id: int
-    started_ms: int
+    started_us: int  # the client's clock_us
+    length_before: int  # the ledger's length before the append, and after it: its bytes
+    length_after: int
     future: asyncio.Future[int]  # resolves with the LAC once every entry is acknowledged
     span: Span | None = None  # `ledger.add`, when the append is traced
 
@@ -303,6 +324,7 @@ class WriterHandle:
         self._add_requests_seen = 0
         self._add_sends_held_seen = 0
         self._pending_seen = 0
+        self._confirmed_length = core.confirmed_length  # as of the last CompleteAdds
         # The appends of _requests that are traced (few: the sampled ones), and the span of
         # the ensemble change under way, if tracing is on.
         self._traced: list[_AppendRequest] = []
@@ -318,15 +340,24 @@ class WriterHandle:
         while not self.core.fits(len(payloads)):
             await asyncio.shield(self._change_future())
         span = self._start_add_span() if recording() else None
-        now = self._client.clock()
+        started_us = self._client.clock_us()
+        length_before = self.core.length
         try:
-            first, last = self.core.add(payloads, now)
+            first, last = self.core.add(payloads, self._client.clock())
         except BaseException as exc:
             if span is not None:
                 span.record_exception(exc)
                 _end_failed(span, repr(exc))
             raise
-        request = _AppendRequest(first, last, now, asyncio.get_running_loop().create_future(), span)
+        request = _AppendRequest(
+            first,
+            last,
+            started_us,
+            length_before,
+            self.core.length,
+            asyncio.get_running_loop().create_future(),
+            span,
+        )
         if span is not None:
             span.set_attributes(
                 {
@@ -531,15 +562,29 @@ class WriterHandle:
             ) from exc
 
     def _complete(self, command: CompleteAdds) -> None:
-        now = self._client.clock()
-        while self._requests and self._requests[0].last_entry_id <= command.last_entry_id:
-            request = self._requests.popleft()
+        now_us = self._client.clock_us()
+        # The entries confirmed now are in one segment: an ensemble change's segment starts
+        # at the LAC + 1 and nothing is confirmed while it is in flight (LedgerWriter._confirm).
+        bookies = self.core.metadata.segment_for(command.first_entry_id).bookies
+        length_before = self._confirmed_length
+        self._confirmed_length = command.length
+        while self._requests and self._requests[0].first_entry_id <= command.last_entry_id:
+            request = self._requests[0]
+            # The part of the append confirmed now (an append may be confirmed in parts);
+            # lengths grow with entry ids, so its bytes are the lengths' difference.
             self._client.observer.adds_acknowledged(
                 self.ledger_id,
-                request.first_entry_id,
-                request.last_entry_id,
-                now - request.started_ms,
+                max(request.first_entry_id, command.first_entry_id),
+                min(request.last_entry_id, command.last_entry_id),
+                now_us - request.started_us,
+                min(request.length_after, command.length)
+                - max(request.length_before, length_before),
+                bookies,
+                self.core.quorum,
             )
+            if request.last_entry_id > command.last_entry_id:
+                break
+            self._requests.popleft()
             if request.span is not None:
                 request.span.add_event("ack quorum reached", {"quire.lac": command.lac})
                 request.span.end()
@@ -968,6 +1013,7 @@ class ProtocolClient:
         rng: random.Random | None = None,
         clock: Clock = monotonic_ms,
         wall_clock: Clock = wall_clock_ms,
+        clock_us: Clock | None = None,
     ) -> None:
         self.bookies = bookies
         self.meta = meta
@@ -975,6 +1021,11 @@ class ProtocolClient:
         self.observer = observer or ProtocolObserver()
         self.rng = rng or random.Random(os.urandom(16))
         self.clock = clock
+        # Add latencies (microseconds): the real clock's finer reading, or a test's clock
+        # scaled (so that a test that sets the time sets the latencies too).
+        if clock_us is None:
+            clock_us = monotonic_us if clock is monotonic_ms else lambda: clock() * 1000
+        self.clock_us = clock_us
         self.wall_clock = wall_clock
         self.adds = BookieAddBatcher(
             bookies,

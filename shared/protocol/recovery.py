@@ -166,6 +166,11 @@ class LedgerRecovery:
     def done(self) -> bool:
         return self.phase in _FINAL
 
+    @property
+    def fenced(self) -> bool:
+        """This recovery fenced the ledger: it did not find it closed already."""
+        return self._fenced is not None
+
     def _enter(self, phase: RecoveryPhase) -> None:
         """The one place the phase changes: a change `_TRANSITIONS` does not allow is a bug."""
         if phase not in _TRANSITIONS[self.phase]:

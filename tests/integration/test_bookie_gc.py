@@ -184,6 +184,9 @@ async def test_deleted_data_gives_its_space_back(nc, settings, fresh_database_ur
                 200,
                 204,
             )
+        subjects = Subjects(stack.settings.subject_prefix)
+        reclaims = await nc.subscribe(subjects.event("gc.>"))
+        expected_events = 0
         for bookie_id in BOOKIES:
             reply = await bookie_call(
                 nc, stack, bookie_id, "gc", {"wait": True, "force_major": True}
@@ -191,6 +194,8 @@ async def test_deleted_data_gives_its_space_back(nc, settings, fresh_database_ur
             run = reply["run"]
             assert run["ledgers_deleted"] == 9 and run["major"], run
             assert run["entry_logs_deleted"] + run["entry_logs_compacted"] > 0, run
+            # gc.ledger_deleted each, gc.entrylog_deleted each log, gc.compacted each compacted
+            expected_events += 9 + run["entry_logs_deleted"] + 2 * run["entry_logs_compacted"]
             assert run["reclaimed_by_deletion_bytes"] + run["reclaimed_by_compaction_bytes"] > 0
             details = (await bookie_call(nc, stack, bookie_id, "gc.details"))["details"]
             # What sealed logs remain is mostly live (within 1.5x of the live bytes).
@@ -198,3 +203,28 @@ async def test_deleted_data_gives_its_space_back(nc, settings, fresh_database_ur
             assert details["majorCompactionCounter"] == 1
         for lid in kept:
             assert payloads_of(await read_all(stack.http, lid)) == written[lid]
+        published = []
+        while len(published) < expected_events:
+            published.append(json.loads((await reclaims.next_msg(timeout=10)).data))
+        await reclaims.unsubscribe()
+    # Every log deleted or compacted names the deleted ledgers whose bytes it gave back (each
+    # ledger is in every log), once: a compacted log's deletion leaves them to its gc.compacted.
+    deleted = {str(lid) for lid in ids[1:]}
+    for bookie_id in BOOKIES:
+        mine = [e for e in published if e["bookie_id"] == bookie_id]
+        listing = [e for e in mine if e["kind"] in ("gc.compacted", "gc.entrylog_deleted")]
+        for event in listing:
+            data = event["data"]
+            assert not data["ledgers_truncated"]
+            if event["kind"] == "gc.entrylog_deleted" and data["reason"] == "compacted":
+                assert data["ledgers"] == {}
+                continue
+            assert set(data["ledgers"]) == deleted, event
+            sizes = list(data["ledgers"].values())
+            assert sizes == sorted(sizes, reverse=True) and min(sizes) > 0
+            reclaimed = (
+                data["bytes"]
+                if event["kind"] == "gc.entrylog_deleted"
+                else (data["bytes_reclaimed"])
+            )
+            assert sum(sizes) == reclaimed, event

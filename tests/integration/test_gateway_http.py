@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from shared.digest import mac_key, master_key
+from shared.latency import from_event, latency_bucket, percentile
 from shared.metaclient import MetadataClient
 from shared.models import PRIVATE_LEDGER_FIELDS
 from shared.subjects import Subjects
@@ -187,11 +188,12 @@ async def test_lac_long_poll(stack: Stack) -> None:
 
 
 async def test_entries_acknowledged_events(stack: Stack, nc) -> None:
-    lid = (await create(stack.http))["ledger_id"]
+    ledger = await create(stack.http)
+    lid = ledger["ledger_id"]
     subject = Subjects(stack.settings.subject_prefix).event("entries.acknowledged")
     subscription = await nc.subscribe(subject)
     await append_batch(stack.http, lid, [b"x"] * 5)
-    await append_raw(stack.http, lid, b"y")
+    await append_raw(stack.http, lid, b"yyy")
     # The summary goes out about once a second: the six entries may span two of them.
     deadline = time.monotonic() + 10
     summaries = []
@@ -204,9 +206,17 @@ async def test_entries_acknowledged_events(stack: Stack, nc) -> None:
     assert sum(e["data"]["count"] for e in summaries) == 6
     assert summaries[0]["data"]["first_entry_id"] == 0
     assert summaries[-1]["data"]["last_entry_id"] == 5
+    assert sum(e["data"]["bytes"] for e in summaries) == 5 + 3
     for event in summaries:
         data = event["data"]
         assert data["last_entry_id"] - data["first_entry_id"] + 1 == data["count"]
+        assert data["ensemble"] == ledger["segments"][0]["bookies"]
+        assert (data["ensemble_size"], data["write_quorum"], data["ack_quorum"]) == (3, 3, 2)
+        # Every entry in the histogram, in shared.latency's buckets (microseconds).
+        histogram = from_event(data["latency_us"])
+        assert sum(histogram.values()) == data["count"]
+        assert all(latency_bucket(bucket) == bucket for bucket in histogram)
+        assert data["latency_ms_p50"] == percentile(histogram, 0.5) / 1000
         assert 0 <= data["latency_ms_p50"] <= data["latency_ms_p99"] <= data["latency_ms_max"]
 
 

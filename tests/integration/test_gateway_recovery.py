@@ -5,10 +5,13 @@ and a writer that keeps appending through a bookie failure."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 
 import httpx
 
+from shared.subjects import Subjects
 from tests.integration.test_gateway_http import (
     PW,
     append_batch,
@@ -69,19 +72,32 @@ async def test_recover_fences_the_writer_and_closes_at_its_last_entry(
         assert (await http.get(f"/v1/ledgers/{lid}")).json()["version"] == meta["version"]
 
 
-async def test_recover_of_an_empty_and_of_a_closed_ledger(settings, fresh_database_url) -> None:
+async def test_recover_of_an_empty_and_of_a_closed_ledger(settings, fresh_database_url, nc) -> None:
     async with running_stack(settings, fresh_database_url) as stack:
         http = stack.http
-        empty = (await create(http))["ledger_id"]
-        response = await http.post(f"/v1/ledgers/{empty}/recover", headers=PW)
-        assert response.json()["last_entry_id"] == -1
+        subject = Subjects(stack.settings.subject_prefix).event("ledger.recovered")
+        recovered = await nc.subscribe(subject)
         closed = (await create(http))["ledger_id"]
         await append_raw(http, closed, b"x")
         await http.post(f"/v1/ledgers/{closed}/close", headers=PW)
         response = await http.post(f"/v1/ledgers/{closed}/recover", headers=PW)
         assert response.json() == {"state": "CLOSED", "last_entry_id": 0, "length": 1}
+        empty = (await create(http))["ledger_id"]
+        before_ms = int(time.time() * 1000)
+        response = await http.post(f"/v1/ledgers/{empty}/recover", headers=PW)
+        assert response.json()["last_entry_id"] == -1
         missing = await http.post("/v1/ledgers/987654321/recover", headers=PW)
         assert missing.status_code == 404 and missing.json()["code"] == "NO_SUCH_LEDGER"
+        # The empty ledger's recovery fenced it and recovered nothing: an event all the same.
+        # The closed ledger's changed nothing: none (the gateway publishes in emit order,
+        # so it would have come first).
+        event = json.loads((await recovered.next_msg(timeout=10)).data)
+        await recovered.unsubscribe()
+        assert event["ledger_id"] == empty and event["source"].startswith("gateway")
+        data = event["data"]
+        assert data["last_entry_id"] == -1 and data["recovered_entries"] == 0
+        assert before_ms <= data["started_ts_ms"] <= event["ts_ms"]
+        assert 0 <= data["duration_ms"] <= event["ts_ms"] - data["started_ts_ms"] + 1
 
 
 async def test_a_stopped_bookie_is_replaced_and_appends_go_on(settings, fresh_database_url) -> None:

@@ -58,9 +58,7 @@ class FakeStore:
     async def checkpoint(self) -> None:
         self.checkpoints += 1
         for meta in self.logs.values():
-            for ledger_id in list(meta.ledgers):
-                if ledger_id not in self.ledgers:
-                    del meta.ledgers[ledger_id]
+            meta.forget([ledger_id for ledger_id in meta.ledgers if ledger_id not in self.ledgers])
 
     def entry_logs(self) -> list[EntryLogMetadata]:
         return [m.copy() for m in self.logs.values()]
@@ -87,7 +85,13 @@ class FakeStore:
         )
         self.compacted.append((dir, log_id))
         return CompactionResult(
-            dir, log_id, self.next_log_id, 1, meta.live_bytes, meta.size_bytes - meta.live_bytes
+            dir,
+            log_id,
+            self.next_log_id,
+            1,
+            meta.live_bytes,
+            meta.size_bytes - meta.live_bytes,
+            deleted_ledgers=dict(meta.deleted),
         )
 
 
@@ -164,9 +168,18 @@ async def test_ledgers_gone_from_metadata_are_deleted_and_the_others_kept(
     assert (run.ledgers_deleted, run.entry_logs_deleted, run.skipped) == (5, 1, "")
     assert run.reclaimed_by_deletion_bytes == 100
     assert [d["ledger_id"] for k, d in events if k == "gc.ledger_deleted"] == [3, 4, 17, 30, 40]
+    # The log held only ledgers 3 and 4 and the rest of it was garbage already.
     assert (
         "gc.entrylog_deleted",
-        {"bookie_id": "bookie-1", "dir": 0, "log_id": 1, "bytes": 100, "reason": "no_live_ledger"},
+        {
+            "bookie_id": "bookie-1",
+            "dir": 0,
+            "log_id": 1,
+            "bytes": 100,
+            "reason": "no_live_ledger",
+            "ledgers": {"3": 40, "4": 40},
+            "ledgers_truncated": False,
+        },
     ) in events
     assert gc.stats.deleted_ledger_count == 5 and gc.stats.gc_runs == 1
     assert gc.stats.reclaimed_deletion_space_bytes == 100
@@ -317,6 +330,24 @@ async def test_a_forced_major_compacts_below_its_threshold_lowest_usage_first(
     assert reasons == ["compacted"] * 3
     details = gc.details()
     assert details["majorCompactionCounter"] == 1 and details["lastMajorCompactionTime"] > 0
+
+
+async def test_a_compaction_lists_the_deleted_ledgers_whose_bytes_it_reclaimed(
+    metadata, meta_settings
+) -> None:
+    await create(metadata, [1, 2, 3])
+    await metadata.delete_ledger(2)
+    await metadata.delete_ledger(3)
+    store = FakeStore([1, 2, 3], [EntryLogMetadata(0, 1, 1000, {1: 100, 2: 300, 3: 500})])
+    gc, events = collector(store, meta_settings, metadata)
+    await gc.run_once(forced=True, force_major=True)
+    assert store.compacted == [(0, 1)]
+    [compacted] = [d for k, d in events if k == "gc.compacted"]
+    assert compacted["ledgers"] == {"3": 500, "2": 300} and not compacted["ledgers_truncated"]
+    assert list(compacted["ledgers"]) == ["3", "2"]  # the largest first
+    # The compacted log's deletion leaves them to gc.compacted: listed once, counted once.
+    [deleted] = [d for k, d in events if k == "gc.entrylog_deleted"]
+    assert deleted["reason"] == "compacted" and deleted["ledgers"] == {}
 
 
 async def test_a_forced_gc_without_flags_compacts_nothing(metadata, meta_settings) -> None:

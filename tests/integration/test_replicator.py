@@ -50,14 +50,16 @@ async def stop_bookie(stack: Stack, bookie_id: str) -> None:
 
 
 @asynccontextmanager
-async def autorecovery_events(nc, subjects: Subjects) -> AsyncIterator[list[Event]]:
-    """Every `autorecovery.*` event published while inside, in arrival order."""
+async def autorecovery_events(
+    nc, subjects: Subjects, kinds: str = "autorecovery.>"
+) -> AsyncIterator[list[Event]]:
+    """Every event of `kinds` (a subject wildcard) published while inside, in arrival order."""
     seen: list[Event] = []
 
     async def collect(msg) -> None:
         seen.append(Event.model_validate_json(msg.data))
 
-    sub = await nc.subscribe(subjects.event("autorecovery.>"), cb=collect)
+    sub = await nc.subscribe(subjects.event(kinds), cb=collect)
     try:
         yield seen
     finally:
@@ -289,7 +291,10 @@ async def test_an_open_ledger_is_fenced_and_recovered_after_its_grace_period(
         lid, ensemble = ledger["ledger_id"], ledger["segments"][0]["bookies"]
         stored = await append(http, lid, 30)
         await swap_bookie_2_for_a_spare(stack)
-        async with autorecovery_events(nc, subjects) as events:
+        async with (
+            autorecovery_events(nc, subjects) as events,
+            autorecovery_events(nc, subjects, "ledger.recovered") as recoveries,
+        ):
             await meta.mark_underreplicated(lid, ["bookie-2"])
             await stack.start(
                 "replicator",
@@ -297,6 +302,11 @@ async def test_an_open_ledger_is_fenced_and_recovered_after_its_grace_period(
                 replicator_settings(stack, open_ledger_rereplication_grace_period_ms=grace_ms),
             )
             await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
+            # The replicator's recovery is timed for the SLA jobs as a gateway's is.
+            [recovered] = await until(lambda: recoveries, "the ledger.recovered event")
+        assert recovered.ledger_id == lid and recovered.source.startswith("replicator")
+        assert recovered.data["last_entry_id"] == 29 and recovered.data["duration_ms"] >= 0
+        assert recovered.data["started_ts_ms"] <= recovered.ts_ms
         # First claim: inside the grace period, nothing closed to copy, held until it ends;
         # the next claim fences and recovers it, then copies.
         assert kinds(events, lid) == [

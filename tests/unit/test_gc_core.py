@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from shared.bookie.gc import (
     MAJOR,
     MINOR,
+    RECLAIMED_LEDGERS_MAX,
     CompactionPolicy,
     EntryLogMetadata,
     GcFlags,
@@ -20,6 +21,7 @@ from shared.bookie.gc import (
     explain,
     logs_to_compact,
     next_compaction_ms,
+    reclaimed_ledgers,
     time_up,
     usage_bucket,
     usage_buckets,
@@ -287,3 +289,24 @@ def test_a_ledger_that_exists_throughout_the_listing_is_never_deleted(initial, c
     deleted = set(gc.candidates())
     assert deleted <= bookie
     assert not deleted & throughout
+
+
+def test_a_deleted_ledgers_bytes_stay_with_its_log_until_the_log_goes() -> None:
+    meta = EntryLogMetadata(0, 1, 1000, {1: 100, 2: 300})
+    meta.forget([2, 7])  # 7: not in this log
+    assert (meta.ledgers, meta.deleted, meta.live_bytes) == ({1: 100}, {2: 300}, 100)
+    copy = meta.copy()
+    copy.forget([1])
+    assert meta.deleted == {2: 300} and copy.deleted == {2: 300, 1: 100}
+
+
+def test_a_gc_event_lists_the_largest_reclaimed_ledgers_and_says_when_it_left_some_out() -> None:
+    assert reclaimed_ledgers({}) == ({}, False)
+    listed, truncated = reclaimed_ledgers({5: 10, 6: 30, 7: 10, 8: 20})
+    assert list(listed.items()) == [("6", 30), ("8", 20), ("5", 10), ("7", 10)]
+    assert not truncated
+    listed, truncated = reclaimed_ledgers({5: 10, 6: 30, 7: 10, 8: 20}, limit=2)
+    assert listed == {"6": 30, "8": 20} and truncated
+    many = {ledger_id: ledger_id for ledger_id in range(RECLAIMED_LEDGERS_MAX + 1)}
+    listed, truncated = reclaimed_ledgers(many)
+    assert len(listed) == RECLAIMED_LEDGERS_MAX and "0" not in listed and truncated
