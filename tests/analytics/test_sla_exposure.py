@@ -119,32 +119,8 @@ STORIES = STRIPED + SEGMENTS + TWO_AT_ONCE + NOTHING
 OPTIONS = SlaOptions(end_ms=at(200), since_ms=at(1))
 
 
-@pytest.fixture(scope="module")
-def stories(spark) -> tuple[dict[str, dict], dict[str, list[tuple]]]:
-    """Both tables of STORIES from Spark, checked equal to the oracle's: the exposure rows by
-    bookie, the timeline's (ts, entries, bytes) by bookie."""
-    frame = spark_input(spark, STORIES, OPTIONS.until_ms)
-    table = rows(exposure(frame, OPTIONS))
-    timeline = rows(exposure_timeline(frame, OPTIONS))
-    dicts = oracle_input(STORIES, OPTIONS.until_ms)
-    assert_same_rows(table, oracle.exposure(dicts, OPTIONS))
-    assert_same_rows(timeline, oracle.exposure_timeline(dicts, OPTIONS))
-    steps: dict[str, list[tuple]] = {}
-    for r in sorted(timeline, key=lambda r: (r["bookie_id"], r["ts"])):
-        assert r["lost_at"] == by_bookie(table)[r["bookie_id"]]["lost_at"]
-        steps.setdefault(r["bookie_id"], []).append(
-            (r["ts"], r["entries_exposed"], r["bytes_exposed"])
-        )
-    return by_bookie(table), steps
-
-
-def by_bookie(table: list[dict]) -> dict[str, dict]:
-    return {r["bookie_id"]: r for r in table}
-
-
-def test_the_tables_columns_and_types(spark):
-    frame = spark_input(spark, NOTHING)
-    assert exposure(frame, OPTIONS).dtypes == [
+COLUMNS = {
+    "exposure": [
         ("bookie_id", "string"),
         ("lost_at", "timestamp"),
         ("ledgers_exposed", "bigint"),
@@ -159,15 +135,15 @@ def test_the_tables_columns_and_types(spark):
         ("repaired_at", "timestamp"),
         ("time_to_full_rereplication_s", "double"),
         ("still_exposed_entries", "bigint"),
-    ]
-    assert exposure_timeline(frame, OPTIONS).dtypes == [
+    ],
+    "exposure_timeline": [
         ("bookie_id", "string"),
         ("lost_at", "timestamp"),
         ("ts", "timestamp"),
         ("entries_exposed", "bigint"),
         ("bytes_exposed", "bigint"),
-    ]
-    assert gc_reclaim(frame, OPTIONS).dtypes == [
+    ],
+    "gc_reclaim": [
         ("ledger_id", "bigint"),
         ("bookie_id", "string"),
         ("deleted_at", "timestamp"),
@@ -176,7 +152,38 @@ def test_the_tables_columns_and_types(spark):
         ("bytes_reclaimed", "bigint"),
         ("delete_to_gc_s", "double"),
         ("delete_to_reclaim_s", "double"),
-    ]
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def stories(spark) -> tuple[dict[str, dict], dict[str, list[tuple]]]:
+    """Both tables of STORIES from Spark, checked equal to the oracle's and of the columns and
+    types the report reads: the exposure rows by bookie, the timeline's (ts, entries, bytes)
+    by bookie."""
+    frame = spark_input(spark, STORIES, OPTIONS.until_ms)
+    tables = {
+        "exposure": exposure(frame, OPTIONS),
+        "exposure_timeline": exposure_timeline(frame, OPTIONS),
+        "gc_reclaim": gc_reclaim(frame, OPTIONS),
+    }
+    assert {name: df.dtypes for name, df in tables.items()} == COLUMNS
+    table = rows(tables["exposure"])
+    timeline = rows(tables["exposure_timeline"])
+    dicts = oracle_input(STORIES, OPTIONS.until_ms)
+    assert_same_rows(table, oracle.exposure(dicts, OPTIONS))
+    assert_same_rows(timeline, oracle.exposure_timeline(dicts, OPTIONS))
+    steps: dict[str, list[tuple]] = {}
+    for r in sorted(timeline, key=lambda r: (r["bookie_id"], r["ts"])):
+        assert r["lost_at"] == by_bookie(table)[r["bookie_id"]]["lost_at"]
+        steps.setdefault(r["bookie_id"], []).append(
+            (r["ts"], r["entries_exposed"], r["bytes_exposed"])
+        )
+    return by_bookie(table), steps
+
+
+def by_bookie(table: list[dict]) -> dict[str, dict]:
+    return {r["bookie_id"]: r for r in table}
 
 
 def test_the_losses_in_the_period_once_each(stories):
