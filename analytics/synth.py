@@ -538,18 +538,7 @@ class Story:
             ledger.segments.append((first, bookies))
         ledger.ensemble_changed()
         ledger.version += 1
-        self.outbox(
-            "ledger.updated",
-            ts - 2,
-            {
-                "version": ledger.version,
-                "state": ledger.state,
-                "previous_state": ledger.state,
-                "ensemble_changed": True,
-                "segments": self.segments_json(ledger),
-            },
-            ledger_id=ledger.ledger_id,
-        )
+        self.segments_updated(ledger, ts - 2)
         self.emit(
             self.gateway,
             "ledger.ensemble_changed",
@@ -565,6 +554,21 @@ class Story:
     @staticmethod
     def segments_json(ledger: Ledger) -> list[dict[str, Any]]:
         return [{"first_entry_id": f, "bookies": list(b)} for f, b in ledger.segments]
+
+    def segments_updated(self, ledger: Ledger, ts: int) -> None:
+        """The metadata store's event of a won compare-and-set that changed the segments."""
+        self.outbox(
+            "ledger.updated",
+            ts,
+            {
+                "version": ledger.version,
+                "state": ledger.state,
+                "previous_state": ledger.state,
+                "ensemble_changed": True,
+                "segments": self.segments_json(ledger),
+            },
+            ledger_id=ledger.ledger_id,
+        )
 
     def writers_leave(self, bookie_id: str, t: int) -> None:
         """Every writer on the bookie changes ensemble within a few seconds."""
@@ -671,18 +675,7 @@ class Story:
                 ledger.ensemble_changed()
             ledger.version += 1
             ts += 10
-            self.outbox(
-                "ledger.updated",
-                ts,
-                {
-                    "version": ledger.version,
-                    "state": ledger.state,
-                    "previous_state": ledger.state,
-                    "ensemble_changed": True,
-                    "segments": self.segments_json(ledger),
-                },
-                ledger_id=ledger.ledger_id,
-            )
+            self.segments_updated(ledger, ts)
             if last < first:
                 continue  # an empty segment: nothing to copy
             entries = entries_on(first, last, index, e, w)

@@ -13,28 +13,10 @@ from analytics.sla.job import TABLES, main
 from analytics.sla.options import SlaOptions
 from analytics.synth import DEFAULT_START, generate, parse_start
 from tests.support.sla import assert_same_rows, oracle_input, rows
-from tests.support.sla_oracle import (
-    availability,
-    completeness,
-    ensembles,
-    exposure,
-    gc,
-    latency,
-    recoveries,
-)
+from tests.support.sla_oracle.tables import ORACLES
 
 pytestmark = pytest.mark.slow
 
-ORACLES = {
-    "ack_latency": latency.ack_latency,
-    "recoveries": recoveries.recoveries,
-    "ensemble_changes": ensembles.ensemble_changes,
-    "bookie_availability": availability.bookie_availability,
-    "completeness": completeness.completeness,
-    "exposure": exposure.exposure,
-    "exposure_timeline": exposure.exposure_timeline,
-    "gc_reclaim": gc.gc_reclaim,
-}
 EVENTS = 20_000
 LEDGERS = 20  # ledgers written at once: the story lasts about EVENTS / LEDGERS seconds
 

@@ -28,15 +28,7 @@ from tests.e2e.test_recovery import AUTH, Appender, kill_bookie
 from tests.support.cluster import QuireUp, quire_executable
 from tests.support.events import stream_events
 from tests.support.sla import assert_same_rows
-from tests.support.sla_oracle import (
-    availability,
-    completeness,
-    ensembles,
-    exposure,
-    gc,
-    latency,
-    recoveries,
-)
+from tests.support.sla_oracle.tables import ORACLES
 from tests.support.wait import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -47,16 +39,6 @@ ENTRY_SIZE = 512
 VICTIM = "bookie-2"
 REPAIR_TIMEOUT_S = 120.0
 JOB_TIMEOUT_S = 600.0
-ORACLES = {
-    "ack_latency": latency.ack_latency,
-    "recoveries": recoveries.recoveries,
-    "ensemble_changes": ensembles.ensemble_changes,
-    "bookie_availability": availability.bookie_availability,
-    "completeness": completeness.completeness,
-    "exposure": exposure.exposure,
-    "exposure_timeline": exposure.exposure_timeline,
-    "gc_reclaim": gc.gc_reclaim,
-}
 
 
 @pytest.fixture(scope="module")
