@@ -70,7 +70,7 @@ def read_range(client: httpx.Client, lid: int, last: int) -> dict[int, bytes]:
 
 class Appender(threading.Thread):
     """Appends one entry at a time until stopped or refused; records what was acknowledged
-    and when."""
+    and when, and why it stopped if it was not asked to (`stopped_by`)."""
 
     def __init__(self, url: str, lid: int) -> None:
         super().__init__(daemon=True)
@@ -78,9 +78,16 @@ class Appender(threading.Thread):
         self.acked: dict[int, bytes] = {}
         self.ack_times: dict[int, float] = {}
         self.refusals: list[tuple[int, str]] = []
+        self.stopped_by = ""  # the exception that ended the thread, if one did
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._append_until_stopped()
+        except Exception as exc:  # an append past the client's timeout, a reset connection
+            self.stopped_by = repr(exc)
+
+    def _append_until_stopped(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
             i = 0
             while not self.stop_flag.is_set():
@@ -91,17 +98,29 @@ class Appender(threading.Thread):
                     self.acked[entry_id] = data
                     self.ack_times[entry_id] = time.monotonic()
                 else:
-                    self.refusals.append((response.status_code, response.json().get("code", "")))
-                    if response.json().get("code") in ("LEDGER_FENCED", "LEDGER_CLOSED"):
+                    code = refusal_code(response)
+                    self.refusals.append((response.status_code, code))
+                    if code in ("LEDGER_FENCED", "LEDGER_CLOSED"):
                         return
                 i += 1
+
+    def why_stopped(self) -> str:
+        return f"{self.stopped_by or 'refused'}; last refusals {self.refusals[-3:]}"
 
     def wait_for(self, count: int, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
         while len(self.acked) < count:
             assert time.monotonic() < deadline, f"only {len(self.acked)} appends: {self.refusals}"
-            assert self.is_alive(), f"the appender stopped: {self.refusals}"
+            assert self.is_alive(), f"the appender stopped: {self.why_stopped()}"
             time.sleep(0.05)
+
+
+def refusal_code(response: httpx.Response) -> str:
+    """The API's error code, or the start of a body that is not the API's JSON error."""
+    try:
+        return str(response.json().get("code", ""))
+    except ValueError:
+        return f"not JSON: {response.text[:200]!r}"
 
 
 def kill_bookie(cluster: QuireUp, bookie_id: str) -> None:

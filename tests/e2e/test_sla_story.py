@@ -186,7 +186,7 @@ async def test_the_sla_tables_tell_the_story_the_cluster_went_through(cluster, t
 
         def ensemble_changed() -> bool:
             # The writer replaces the victim when a write to it fails: only while it appends.
-            assert appender.is_alive(), f"the appender stopped: {appender.refusals[-3:]}"
+            assert appender.is_alive(), f"the appender stopped: {appender.why_stopped()}"
             return len(meta(client, appended)["segments"]) >= 2
 
         await until(ensemble_changed, "the writer's ensemble change", 60)
