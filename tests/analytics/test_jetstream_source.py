@@ -13,19 +13,13 @@ import pytest
 from nats.js.api import StreamConfig
 
 from analytics.jetstream import SCHEMA
+from tests.support.events import ScratchStream, scratch_stream
 from tests.support.wait import until
 
 pytestmark = pytest.mark.slow
 
 
-class Stream:
-    """A stream of its own for one test, on subjects of its own."""
-
-    def __init__(self, js, name: str, prefix: str) -> None:
-        self.js = js
-        self.name = name
-        self.prefix = prefix
-
+class Stream(ScratchStream):
     async def publish(self, count: int, kind: str = "ledger.created", **extra) -> None:
         for i in range(count):
             event = {
@@ -41,18 +35,11 @@ class Stream:
             }
             await self.publish_raw(kind, json.dumps(event).encode())
 
-    async def publish_raw(self, kind: str, payload: bytes) -> None:
-        await self.js.publish(f"{self.prefix}.events.{kind}", payload)
-
 
 @pytest.fixture
 async def stream(nc) -> AsyncIterator[Stream]:
-    js = nc.jetstream()
-    tag = os.urandom(4).hex()
-    name, prefix = f"EVENTS_{tag}", f"t{tag}"
-    await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"]))
-    yield Stream(js, name, prefix)
-    await js.delete_stream(name)
+    async with scratch_stream(nc, Stream) as fresh:
+        yield fresh
 
 
 def read(spark, nats_url: str, stream: Stream, **options):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from nats.js.api import StreamConfig
 
 from analytics.sla.follow import EVENTS, Follower
 from analytics.sla.options import SlaOptions
 from analytics.sla.sources import StreamSource
+from tests.support.events import ScratchStream, scratch_stream
 from tests.support.wait import until
 
 pytestmark = pytest.mark.slow
@@ -27,9 +27,9 @@ BOOT = "boot-follow"
 MAX_OFFSETS = 10  # stream sequences per micro-batch
 
 
-class Stream:
+class Stream(ScratchStream):
     def __init__(self, js, name: str, prefix: str) -> None:
-        self.js, self.name, self.prefix = js, name, prefix
+        super().__init__(js, name, prefix)
         self.seq = 0
         self.acked = 0  # entries the published events acknowledge
 
@@ -65,19 +65,13 @@ class Stream:
                 },
             }
             self.acked += count
-            await self.js.publish(
-                f"{self.prefix}.events.entries.acknowledged", json.dumps(event).encode()
-            )
+            await self.publish_raw("entries.acknowledged", json.dumps(event).encode())
 
 
 @pytest.fixture
 async def stream(nc) -> AsyncIterator[Stream]:
-    js = nc.jetstream()
-    tag = os.urandom(4).hex()
-    name, prefix = f"EVENTS_{tag}", f"t{tag}"
-    await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"]))
-    yield Stream(js, name, prefix)
-    await js.delete_stream(name)
+    async with scratch_stream(nc, Stream) as fresh:
+        yield fresh
 
 
 def stored_dirs(out: Path) -> list[Path]:

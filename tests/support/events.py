@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+from nats.js.api import StreamConfig
 
 from shared.subjects import Subjects
 
@@ -17,3 +23,30 @@ async def stream_events(js, subjects: Subjects) -> list[dict]:
         msg = await js.get_msg(subjects.event_stream, seq)
         out.append(json.loads(msg.data))
     return out
+
+
+class ScratchStream:
+    """A JetStream stream of its own for one test, on subjects of its own
+    (`<prefix>.events.<kind>`, as the services publish)."""
+
+    def __init__(self, js, name: str, prefix: str) -> None:
+        self.js, self.name, self.prefix = js, name, prefix
+
+    async def publish_raw(self, kind: str, payload: bytes) -> None:
+        await self.js.publish(f"{self.prefix}.events.{kind}", payload)
+
+
+S = TypeVar("S", bound=ScratchStream)
+
+
+@asynccontextmanager
+async def scratch_stream(nc, kind: type[S]) -> AsyncIterator[S]:
+    """A fresh stream (a `kind` of ScratchStream), deleted at the end."""
+    js = nc.jetstream()
+    tag = os.urandom(4).hex()
+    name, prefix = f"EVENTS_{tag}", f"t{tag}"
+    await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"]))
+    try:
+        yield kind(js, name, prefix)
+    finally:
+        await js.delete_stream(name)
