@@ -39,9 +39,10 @@ from quire.bench.targets import PASSWORD, InProcessTarget, Quorum
 from shared.config import QuireSettings
 from shared.models import BookieState, LedgerMetadata, LedgerState
 from shared.protocol.replication import fragments_on, stored_entry_ids
-from shared.status import ApiCodes
+from shared.status import ApiCodes, QuireError
 
 APPEND_BATCH = 100  # entries per append while writing
+FOREGROUND_CREATE_TIMEOUT_S = 30.0
 APPEND_WINDOW = 8  # appends outstanding per ledger while writing
 WRITE_CONCURRENCY = 16  # ledgers written at once
 POLL_S = 0.5  # how often the metadata store is looked at while waiting for the repair
@@ -260,7 +261,17 @@ class Foreground:
         self.ledger_id: int | None = None
 
     async def start(self, victim: str) -> None:
-        self.ledger_id = await self.target.create(excluding={victim})
+        # Every bookie but the victim: one whose registration lapsed for a moment (a loaded
+        # machine) makes too few for the ensemble, so wait for it a little.
+        deadline = time.monotonic() + FOREGROUND_CREATE_TIMEOUT_S
+        while True:
+            try:
+                self.ledger_id = await self.target.create(excluding={victim})
+                break
+            except QuireError as exc:
+                if exc.api is not ApiCodes.NOT_ENOUGH_BOOKIES or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
         self.killed_at = time.monotonic() + BASELINE_S
         self._task = asyncio.create_task(self._run())
 
