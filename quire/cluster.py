@@ -219,9 +219,10 @@ class Cluster:
 
     def _adopt(self, managed: ManagedProcess) -> None:
         """Supervise NATS or PostgreSQL, which we started."""
-        self._processes[managed.name] = ServiceProcess(
-            managed.name, managed.kind, managed.proc, log_path=managed.log_path
-        )
+        with self._lock:
+            self._processes[managed.name] = ServiceProcess(
+                managed.name, managed.kind, managed.proc, log_path=managed.log_path
+            )
 
     def _env(self, bookie_id: str | None) -> dict[str, str]:
         env = dict(os.environ)
@@ -264,8 +265,9 @@ class Cluster:
             metrics_port = free_port(self.config.host)
         proc = self._launch_service(name, kind, bookie_id, metrics_port)
         svc = ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
-        self.services.append(svc)
-        self._processes[name] = svc
+        with self._lock:
+            self.services.append(svc)
+            self._processes[name] = svc
 
     def _launch_service(
         self, name: str, kind: str, bookie_id: str | None, metrics_port: int
