@@ -483,7 +483,10 @@ class Cluster:
             svc.release_asked = True
             tried = svc.attempts
             self._wake.set()
+            supervisor = self._supervisor
             while svc.attempts == tried and not self._stopping.is_set():
+                if supervisor is None or not supervisor.is_alive():
+                    raise InfraError(f"{name} cannot be released: the cluster is not running")
                 self._lock.wait(0.5)
 
     def wait_running(self, name: str, timeout_s: float) -> int:
