@@ -88,7 +88,7 @@ class ServiceProcess:
     log_path: Path | None = None
     metrics_port: int | None = None  # its Prometheus metrics server (the gateway: HTTP port)
     restarts: int = 0
-    held: bool = False  # exited: not restarted until released
+    held: bool = False  # once it exits, not restarted until released
     started_at: float = field(default_factory=time.monotonic)
     exit_seen: bool = False  # the current incarnation's exit was reported
     restart_at: float | None = None  # monotonic; None: not scheduled
