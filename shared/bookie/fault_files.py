@@ -105,7 +105,9 @@ class FaultFiles(FileLayer):
     # -- the operations -------------------------------------------------------------------
 
     def create(self, path: Path, header: bytes) -> int:
-        self._record(CREATE, str(path.absolute()))
+        if path.exists():  # not logged: a power loss must not take the file that was there
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        self._record(CREATE, str(path.absolute()))  # first: the kill may come before the log
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self._track(fd, path)
         try:

@@ -73,6 +73,16 @@ def test_records_durable_sizes_and_names(dirs):
     assert fates(faults)[str(path)].durable_size == 12
 
 
+def test_a_create_over_an_existing_file_fails_and_is_not_logged(dirs):
+    data, faults = dirs
+    files = FaultFiles(faults)
+    (data / "a.log").write_bytes(b"there")
+    with pytest.raises(FileExistsError):
+        files.create(data / "a.log", b"HEAD")
+    faults_disk.power_loss([faults], "lose", random.Random(1))
+    assert (data / "a.log").read_bytes() == b"there"
+
+
 def test_power_loss_lose_and_tear(dirs):
     data, faults = dirs
     files = FaultFiles(faults)
