@@ -148,6 +148,14 @@ class FaultFiles(FileLayer):
         if not self.unsafe_no_fsync:
             self._sync(fd, os.fsync)
 
+    def sync_file(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        self._track(fd, path)
+        try:
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
     def close(self, fd: int) -> None:
         with self._lock:
             self._paths.pop(fd, None)
