@@ -166,6 +166,8 @@ async def test_power_loss_after_kill_9_keeps_every_acknowledged_entry(
     client = Bookie(nc, settings)
     async with faulty_bookie(settings, tmp_path) as bookie:
         await bookie.start(client)
+        for kind in KINDS:  # said at start, by every process that has the hooks on
+            assert f"fault injection enabled from {bookie.faults[kind]}" in bookie.log(kind)
         writers = Writers(client, (30, 31, 32))
         await until(lambda: len(writers.acked) >= 300, "300 acked adds")
         bookie.kill_9()
