@@ -32,7 +32,7 @@ from opentelemetry.trace import Span, get_current_span
 from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
 from services.journal.metrics import count_add_request, journal_metrics
-from shared import wire
+from shared import clock, wire
 from shared.aio import wait_event
 from shared.bookie.cookie import (
     NO_INSTANCE,
@@ -43,6 +43,7 @@ from shared.bookie.cookie import (
     reconcile_offline,
     write_disk_cookie,
 )
+from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, parse_journal_delete
 from shared.bookie.journal_format import (
     JOURNAL_START,
@@ -106,6 +107,7 @@ class JournalService:
             rt.settings.bookie_dir / "journal",
             rt.settings.journal,
             on_commit=self._on_commit,
+            files=files_for(rt.settings.faults_dir),
             bookie_id=self.bookie_id,
         )
 
@@ -448,13 +450,13 @@ class JournalService:
             log.warning("metadata unavailable: cookie checked against the disk only")
             cookie = reconcile_offline(self.expected_cookie(), disk, self._has_data())
             if cookie != disk:
-                write_disk_cookie(bookie_dir, cookie)
+                write_disk_cookie(bookie_dir, cookie, self.journal.files)
             self.limbo = cookie.limbo
             return False
         meta = Cookie.decode(stored.data) if stored.data else None
         cookie, publish = reconcile(self.expected_cookie(instance_id), disk, meta, self._has_data())
         if cookie != disk:
-            write_disk_cookie(bookie_dir, cookie)
+            write_disk_cookie(bookie_dir, cookie, self.journal.files)
         self.limbo = cookie.limbo
         if publish:
             await client.put_cookie(
@@ -477,7 +479,7 @@ class JournalService:
         info = {
             "journal_pid": os.getpid(),
             "bookie_dir": str(settings.bookie_dir.resolve()),
-            REGISTERED_AT: time.time_ns() // 1_000_000,
+            REGISTERED_AT: clock.wall_ms(),
         }
         registered = False
         while True:
@@ -510,7 +512,7 @@ class JournalService:
         bookie_dir = self.rt.settings.bookie_dir
         cookie = read_disk_cookie(bookie_dir)
         if cookie is not None and cookie.limbo:
-            write_disk_cookie(bookie_dir, replace(cookie, limbo=False))
+            write_disk_cookie(bookie_dir, replace(cookie, limbo=False), self.journal.files)
             log.warning("bookie limbo cleared: its lost ledgers were re-replicated")
         self.limbo = False
         self._state_changed.set()  # registered at once, not at the next beat
