@@ -44,6 +44,7 @@ from quire.client.grpc import _client_error
 from quire.faults.checker import INFO, OK, outcome
 from quire.faults.history import History
 from quire.v1 import ledgers_pb2 as pb
+from quire.v1 import ledgers_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,24 @@ KNOWN_LEDGERS_MAX = 200  # readers pick among the latest ledgers
 CLIENT_TIMEOUT = "CLIENT_TIMEOUT"
 CONNECTION_LOST = "CONNECTION_LOST"
 STREAM_ENDED = "STREAM_ENDED"
-STOP_GRACE_S = 15.0  # on top of op_timeout_s, for stop() to join
+STOP_GRACE_S = 15.0
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]  # on top of op_timeout_s, for stop() to join
 
 
 class _Grpc(GrpcClient):
     """GrpcClient and what the history needs beyond its calls: AppendStream with one ack
-    per entry, and reads with the LAC the gateway sent with each entry."""
+    per entry, and reads with the LAC the gateway sent with each entry. Its channel tries
+    to reconnect at least every second: gRPC's default backoff grows to two minutes, which
+    would leave a gRPC worker failing long after a restarted gateway is back."""
+
+    def __init__(self, target: str) -> None:
+        self._channel = grpc.aio.insecure_channel(target, options=RECONNECT_OPTIONS)
+        self._stub = pb_grpc.LedgersStub(self._channel)
+        self._token = None
 
     def stream_call(self, ledger_id: int, requests: AsyncIterator[bytes]) -> Any:
         async def messages() -> AsyncIterator[pb.AppendStreamRequest]:
@@ -186,6 +199,7 @@ class Workload:
         self._stopping: asyncio.Event | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._stopped = False
 
     # -- running --------------------------------------------------------------------------
 
@@ -196,12 +210,17 @@ class Workload:
         self._started.wait()
 
     def stop(self) -> None:
+        """Stop and join. Raises (once) if a worker died of a bug or a call outlived its
+        timeout; a second stop() does nothing."""
         assert self._thread is not None and self._loop is not None and self._stopping
+        if self._stopped:
+            return
         with contextlib.suppress(RuntimeError):  # the loop already ended (a worker died)
             self._loop.call_soon_threadsafe(self._stopping.set)
         self._thread.join(self.op_timeout_s + STOP_GRACE_S)
         if self._thread.is_alive():
             raise RuntimeError("the workload did not stop: a call outlived its timeout")
+        self._stopped = True
         if self._error is not None:
             raise RuntimeError("a workload worker failed") from self._error
 
