@@ -211,11 +211,11 @@ async def _ask(
     missing = status.name if status is not BookieStatus.OK else "NOT_IN_REPLY"
     answers = {e: ReplicaRead(bookie_id, e, missing) for e in entry_ids}
     for result in results:
-        answers[result.entry_id] = _replica_read(bookie_id, ledger_id, result, digest)
+        answers[result.entry_id] = replica_read(bookie_id, ledger_id, result, digest)
     return answers
 
 
-def _replica_read(
+def replica_read(
     bookie_id: str, ledger_id: int, result: wire.ReadResult, digest: DigestManager
 ) -> ReplicaRead:
     if result.status is not BookieStatus.OK:

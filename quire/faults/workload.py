@@ -33,7 +33,6 @@ import random
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -153,12 +152,6 @@ def error_code(exc: BaseException) -> str | None:
     return None
 
 
-@dataclass
-class _Ledger:
-    ledger_id: int
-    writer: str
-
-
 class Workload:
     def __init__(
         self,
@@ -191,7 +184,7 @@ class Workload:
         self._counts: Counter[tuple[str, str]] = Counter()
         self._counts_lock = threading.Lock()  # stats() is called from other threads
         self._created = 0
-        self._active: dict[int, _Ledger] = {}  # ledgers a writer is appending to
+        self._active: dict[int, str] = {}  # ledger -> the writer appending to it
         self._known: list[int] = []  # every ledger created, oldest first
         self._lacs: dict[int, int] = {}  # the highest LAC seen of each ledger
         self._thread: threading.Thread | None = None
@@ -332,7 +325,7 @@ class Workload:
             if ledger_id is None:
                 await self._pause(CREATE_RETRY_S)
                 continue
-            self._active[ledger_id] = _Ledger(ledger_id, name)
+            self._active[ledger_id] = name
             written, failures, fenced = 0, 0, False
             while not self.stopping and written < self.entries_per_ledger and not fenced:
                 count = 1 if rng.random() < 0.5 else rng.randint(2, 5)
