@@ -420,8 +420,10 @@ def _check_reads(
             and entry_id > f.last_entry_id
         ):
             result.count("beyond_lac", f"{what}: the ledger closed at {f.last_entry_id}")
-    reported = [(call, lac) for call, _, _, lac in seen.reads if lac is not None]
-    for call, lac in [*seen.lacs, *reported]:
+    # Each LAC once per operation (a read reports its LAC with every entry).
+    reported = {(call.invoke.op_id, lac): call for call, _, _, lac in seen.reads if lac is not None}
+    reported |= {(call.invoke.op_id, lac): call for call, lac in seen.lacs}
+    for (_, lac), call in sorted(reported.items(), key=lambda item: item[0]):
         ledger = call.invoke.ledger
         f = finals.get(ledger) if ledger is not None else None
         if f is not None and f.last_entry_id is not None and lac > f.last_entry_id:
