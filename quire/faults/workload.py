@@ -147,7 +147,7 @@ def error_code(exc: BaseException) -> str | None:
         return exc.code
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
         return CLIENT_TIMEOUT
-    if isinstance(exc, httpx.TransportError | grpc.aio.AioRpcError | OSError):
+    if isinstance(exc, httpx.RequestError | grpc.aio.AioRpcError | OSError):
         return CONNECTION_LOST
     return None
 
