@@ -111,7 +111,7 @@ class Op:
 
     `value` by kind, invoke / ok (fail and info carry `code` and `detail`, and reads the
     entries they got before the error):
-    - create: {"ensemble_size", "write_quorum", "ack_quorum"} / {"ledger_id"}
+    - create: {"ensemble_size", "write_quorum", "ack_quorum", "password"} / {"ledger_id"}
     - append: {"payloads": [bytes]} / {"first", "last", "lac"}
     - read, tail: {"from", "to", "unconfirmed"} / {"entries": [[entry_id, bytes, lac]]}
       (lac: the LAC the gateway reported with that entry, None when it did not say)
@@ -123,7 +123,7 @@ class Op:
     index: int  # position in the history: real-time order
     op_id: int  # an invoke and its completion share it
     type: str  # invoke, ok, fail, info
-    process: str  # who did it: writer-0, reader-1, recoverer, final
+    process: str  # who did it: writer-0, reader-1, recoverer
     kind: str
     ledger: int | None
     value: Mapping[str, Any] = field(default_factory=dict)
