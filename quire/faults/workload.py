@@ -6,8 +6,8 @@ or info: quire/faults/checker.py says which error is which).
   Qa2 mostly, some E4/Qw3/Qa2 and E3/Qw2/Qa2 so that striping is exercised), append
   `entries_per_ledger` entries (single appends, batches, and over gRPC AppendStream, where
   each entry is an operation of its own acknowledged by its own ack), close it, open the
-  next. A ledger that answers LEDGER_FENCED, LEDGER_CLOSED or NO_SUCH_LEDGER, or fails
-  three appends in a row, is left (closed if it can be) for a new one.
+  next. A ledger that answers LEDGER_FENCED, LEDGER_CLOSED or NO_SUCH_LEDGER is left for a
+  new one; so is one that failed three appends in a row, after a try to close it.
 - The recoverer now and then recovers (fences and closes) a ledger some writer is still
   appending to, as a second client taking over would, and reads its metadata back.
 - Readers read ranges (confirmed, recording the LAC the gateway reported with them, and
@@ -15,7 +15,7 @@ or info: quire/faults/checker.py says which error is which).
 
 Each payload names its writer, ledger and sequence number and is padded to `entry_size`
 bytes, so any entry read back identifies the append that wrote it. Every call has a
-timeout (`op_timeout_s`) shorter than any fault, so a fault makes `info`, not a hang. The
+timeout (`op_timeout_s`), so a fault makes an indeterminate operation, never a hang. The
 writers pace themselves to `rate` entries per second in all: the cluster shares the
 machine.
 
