@@ -15,7 +15,7 @@ or info: quire/faults/checker.py says which error is which).
 
 Each payload names its writer, ledger and sequence number and is padded to `entry_size`
 bytes, so any entry read back identifies the append that wrote it. Every call has a
-timeout (`op_timeout_s`), so a fault makes an indeterminate operation, never a hang. The
+timeout (`op_timeout_s`): under a fault a call ends in an error, never hangs. The
 writers pace themselves to `rate` entries per second in all: the cluster shares the
 machine.
 
