@@ -333,6 +333,8 @@ async def run_autorecovery(
     tell what the auditor and the replicators did) when the repair does not finish."""
     target = InProcessTarget(settings, quorum)
     await target.open()
+    # Made before anything can fail: the `finally` stops it (a no-op before it started).
+    foreground = Foreground(target, spec.foreground_rate, spec.entry_size)
     try:
         written = await write_ledgers(target, spec, progress)
         before = await all_ledgers(target, list(written.last_entry))
@@ -355,7 +357,6 @@ async def run_autorecovery(
         keep_open = set(sorted(keep_open)[: spec.open_ledgers])
         await close_all_but(target, keep_open)
         before = await all_ledgers(target, list(written.last_entry))
-        foreground = Foreground(target, spec.foreground_rate, spec.entry_size)
         if spec.foreground_rate > 0:
             await foreground.start(victim)
             await asyncio.sleep(max(0.0, foreground.killed_at - time.monotonic()))
