@@ -19,6 +19,7 @@ lapsing lease does the same without a timer, and without one of a dead worker ei
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -103,6 +104,25 @@ def grace_remaining_ms(marked_at_ms: int, now_ms: int, grace_period_ms: int) -> 
     """How long an open ledger marked at `marked_at_ms` still waits for its writer (0:
     its grace period is over)."""
     return max(0, marked_at_ms + grace_period_ms - now_ms)
+
+
+def bookies_to_replace(
+    marked: Sequence[str], alive: Set[str], open_segment: Set[str], intact: Set[str]
+) -> tuple[str, ...]:
+    """Which of a claim's marked bookies to copy the ledger off: all of them but those that
+    are registered alive, are not in the ledger's open last segment, and read back every
+    entry they store of it intact (`intact`: checked by the driver, digest and all).
+
+    A mark can outlive its cause: the auditor marks the ledgers of a bookie whose
+    registration lapsed for a moment (a stalled process), and the bookie comes back with
+    every replica. Replacing it anyway copies for nothing, and on a cluster with one spare
+    bookie it cannot be done at all: it is excluded as a replacement, so the bookie truly
+    lost in the same segment finds no replacement and the ledger is never repaired
+    (BookKeeper's worker re-checks a ledger's fragments, LedgerChecker, before copying).
+    A bookie named for a damaged replica does not read back intact, so it is replaced.
+    The open last segment of a ledger not closed cannot be checked (its end is unknown):
+    a marked bookie there stays to be replaced, once the ledger is fenced and closed."""
+    return tuple(b for b in marked if not (b in alive and b not in open_segment and b in intact))
 
 
 def plan_claim(facts: ClaimFacts, now_ms: int, grace_period_ms: int) -> Plan:

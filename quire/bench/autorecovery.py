@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from quire.bench.histogram import Histogram
-from quire.bench.procstat import Process
+from quire.bench.procstat import Process, exited
 from quire.bench.targets import PASSWORD, InProcessTarget, Quorum
 from shared.config import QuireSettings
 from shared.models import BookieState, LedgerMetadata, LedgerState
@@ -333,6 +333,8 @@ async def run_autorecovery(
     tell what the auditor and the replicators did) when the repair does not finish."""
     target = InProcessTarget(settings, quorum)
     await target.open()
+    # Made before anything can fail: the `finally` stops it (a no-op before it started).
+    foreground = Foreground(target, spec.foreground_rate, spec.entry_size)
     try:
         written = await write_ledgers(target, spec, progress)
         before = await all_ledgers(target, list(written.last_entry))
@@ -355,10 +357,13 @@ async def run_autorecovery(
         keep_open = set(sorted(keep_open)[: spec.open_ledgers])
         await close_all_but(target, keep_open)
         before = await all_ledgers(target, list(written.last_entry))
-        foreground = Foreground(target, spec.foreground_rate, spec.entry_size)
         if spec.foreground_rate > 0:
             await foreground.start(victim)
             await asyncio.sleep(max(0.0, foreground.killed_at - time.monotonic()))
+        # A process that died at its start (a port taken meanwhile) leaves a bookie half
+        # there (its journal registered, its reads gone), which no repair can get past.
+        if down := exited(list(processes)):
+            raise RuntimeError(f"before the kill, {down} had exited; see {data_dir / 'logs'}")
         progress(f"killing {victim}: it holds {held_entries:,} entries of {ledgers_on_victim}")
         killed_at = time.monotonic()
         foreground.killed_at = killed_at
@@ -375,7 +380,11 @@ async def run_autorecovery(
                 progress,
             )
         except RepairTimeout as exc:
-            raise RepairTimeout(f"{exc}; the cluster's logs: {data_dir / 'logs'}") from None
+            survivors = [p for p in processes if not p.name.startswith(f"{victim}.")]
+            raise RepairTimeout(
+                f"{exc}; exited since the kill: {exited(survivors)}; the cluster's logs: "
+                f"{data_dir / 'logs'}"
+            ) from None
         live = {
             b.bookie_id
             for b in await target.client.meta.list_bookies()  # type: ignore[union-attr]

@@ -30,6 +30,16 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
+def exited(processes: list[Process]) -> list[str]:
+    """The names of those that are no longer running (gone, or a zombie not yet reaped)."""
+    names = []
+    for process in processes:
+        fields = _stat_fields(process.pid)
+        if fields is None or fields[0] == "Z":
+            names.append(process.name)
+    return names
+
+
 def _children_by_parent() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in PROC.iterdir():

@@ -9,7 +9,10 @@ One worker's turn (its decisions are `shared/autorecovery_worker.py`'s):
    hands out nothing): wait `claim_poll_interval_ms`. The queue or the metadata service
    failing: wait `rw_rereplicate_backoff_ms`.
 2. Read the ledger. Deleted meanwhile: `urq.replicated`. No stored keys (a ledger made
-   before they were stored) or a mark that names no bookie: deferred as a failure.
+   before they were stored) or a mark that names no bookie: deferred as a failure. A
+   marked bookie that is registered alive, is not in the open last segment and reads
+   back every entry it stores of the ledger intact is not replaced (a mark that outlived
+   a registration lapsed for a moment: `bookies_to_replace`); none left: done.
 3. Closed ledger, or open with no marked bookie in its open last segment: copy the closed
    fragments on the marked bookies. Open with a marked bookie in its last segment: past
    `open_ledger_rereplication_grace_period_ms` since the mark, fence and recover it
@@ -44,6 +47,8 @@ from nats.micro.request import Request
 from pydantic import ValidationError
 
 from services.replicator.metrics import replicator_metrics
+from shared import wire
+from shared.autorecovery import plan_replicas_check
 from shared.autorecovery_worker import (
     Action,
     ClaimFacts,
@@ -52,22 +57,29 @@ from shared.autorecovery_worker import (
     Outcome,
     Reason,
     after_replication,
+    bookies_to_replace,
     grace_remaining_ms,
     hold_lease_ms,
     plan_claim,
 )
-from shared.bookie_client import BookieClient
+from shared.bookie_client import BookieClient, BookieUnreachable
 from shared.config import ReplicatorSettings
-from shared.digest import LedgerKeys
+from shared.digest import DigestManager, DigestMismatch, LedgerKeys
 from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import SLOW_BOUNDS_MS, OpStats, serve_metrics
-from shared.models import LedgerMetadata, MetaErrorCode, UnderreplicatedLedger
+from shared.models import (
+    BookieState,
+    LedgerMetadata,
+    LedgerState,
+    MetaErrorCode,
+    UnderreplicatedLedger,
+)
 from shared.protocol.driver import ProtocolClient, monotonic_ms, wall_clock_ms
 from shared.protocol.messages import FragmentReplicated
 from shared.protocol.replication import ReplicationSettings, fragments_on, open_fragment_on
 from shared.service import ServiceRuntime
-from shared.status import QuireError
+from shared.status import BookieStatus, QuireError
 from shared.telemetry import background_span
 
 log = logging.getLogger(__name__)
@@ -251,6 +263,14 @@ class ReplicationWorker:
         bad = list(claim.missing_bookies)
         metadata = await self._get_ledger(claim.ledger_id)
         keys = LedgerKeys.of(metadata) if metadata is not None else None
+        if bad and metadata is not None and keys is not None:
+            bad = await self._to_replace(metadata, keys, bad)
+            if not bad:
+                log.info(
+                    "the marked bookies are back with the ledger's entries intact",
+                    extra={"ledger_id": claim.ledger_id, "bookies": claim.missing_bookies},
+                )
+                return Verdict(Outcome.DONE)
         facts = ClaimFacts(
             missing_bookies=tuple(bad),
             marked_at_ms=claim.marked_at,
@@ -280,6 +300,8 @@ class ReplicationWorker:
             assert recovery.result is not None
             metadata = recovery.result
             self._stats.recovered += 1
+            # Its last segment is closed now: a live bookie there can be checked too.
+            bad = await self._to_replace(metadata, keys, bad)
             # As the gateway's recoveries: the SLA jobs time every fence to its close.
             if recovery.fenced:
                 self._events.emit(
@@ -312,6 +334,53 @@ class ReplicationWorker:
                 recovered=recovered,
             )
         return Verdict(outcome, recovered=recovered)
+
+    async def _to_replace(
+        self, metadata: LedgerMetadata, keys: LedgerKeys, marked: list[str]
+    ) -> list[str]:
+        """`bookies_to_replace` with what the registry and the marked bookies say now."""
+        bookies = await self._meta.list_bookies()
+        alive = {b.bookie_id for b in bookies if b.state is not BookieState.LOST}
+        closed = metadata.state is LedgerState.CLOSED
+        open_segment = set() if closed else set(metadata.segments[-1].bookies)
+        digest = DigestManager.for_keys(metadata.digest, keys)
+        intact = {
+            bookie_id
+            for bookie_id in marked
+            if bookie_id in alive
+            and bookie_id not in open_segment
+            and await self._reads_intact(metadata, digest, bookie_id)
+        }
+        return list(bookies_to_replace(marked, alive, open_segment, intact))
+
+    async def _reads_intact(
+        self, metadata: LedgerMetadata, digest: DigestManager, bookie_id: str
+    ) -> bool:
+        """The bookie answers every entry it stores of the ledger's closed segments, each
+        frame the one written (the auditor's replicas check, for one bookie)."""
+        batch = self._replication.read.read_batch_entries
+        entry_ids = [
+            entry_id
+            for check in plan_replicas_check(metadata)
+            if check.fragment.bookie_id == bookie_id
+            for entry_id in check.entry_ids
+        ]
+        for start in range(0, len(entry_ids), batch):
+            items = [wire.ReadItem(metadata.ledger_id, e) for e in entry_ids[start : start + batch]]
+            try:
+                status, results = await self._client.bookies.read(bookie_id, items)
+            except BookieUnreachable:
+                return False
+            if status is not BookieStatus.OK or len(results) != len(items):
+                return False
+            for item, result in zip(items, results, strict=True):
+                if result.status is not BookieStatus.OK or result.entry_id != item.entry_id:
+                    return False
+                try:
+                    digest.verify(result.frame, metadata.ledger_id, item.entry_id)
+                except DigestMismatch:
+                    return False
+        return True
 
     async def _get_ledger(self, ledger_id: int) -> LedgerMetadata | None:
         try:

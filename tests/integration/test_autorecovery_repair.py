@@ -83,8 +83,12 @@ async def test_an_entry_log_bitflip_is_found_by_the_replicas_check_and_repaired(
             await c.stack.start("replicator", "replicator", replicator_settings(c.stack))
             await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
             await until(lambda: queue_empty(c.meta), "the queue to empty")
-        # One claim, one copy: the two marks were one entry of the queue.
-        assert kinds(events, lid) == ["claimed", "fragment_replicated", "replicated"]
+        # One claim, one copy: the two marks were one entry of the queue. (The replicator's
+        # own check of the marked bookie reads the damaged entry too: the bookie says so
+        # again, and that mark merges into the same entry.)
+        done = [k for k in kinds(events, lid) if k != "marked"]
+        assert done[:3] == ["claimed", "fragment_replicated", "replicated"]
+        assert done.count("fragment_replicated") == 1
         claimed = next(e for e in events if e.kind == "autorecovery.claimed")
         assert claimed.data["missing_bookies"] == [victim]
 
@@ -137,7 +141,9 @@ async def test_a_read_that_finds_a_corrupt_entry_leads_to_a_repaired_ledger(
             assert answer.status is not BookieStatus.OK
             await until(lambda: "replicated" in kinds(events, lid), "the replicated event")
             await until(lambda: queue_empty(c.meta), "the queue to empty")
-        assert c.leader().marks_by_reason == {"entry_corrupt": 1}
+        # Marked for the damaged entry alone (the replicator's check of the bookie reads it
+        # again, which the bookie reports again).
+        assert set(c.leader().marks_by_reason) == {"entry_corrupt"}
         claimed = next(e for e in events if e.kind == "autorecovery.claimed")
         assert claimed.data["missing_bookies"] == [victim]
         after = await c.meta.get_ledger(lid)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from shared.bookie_client import BookieClient
 from shared.config import QuireSettings, ReplicatorSettings
@@ -183,6 +184,40 @@ async def test_a_closed_ledger_is_copied_off_a_lost_bookie(
         ]  # type: ignore[attr-defined]
         # Every entry is on bookie-4 now: it alone (with the others stopped) serves them all.
         assert await read_from_the_spare_alone(stack, lid) == stored
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "open"])
+async def test_a_bookie_marked_with_the_lost_one_but_back_is_not_replaced(
+    settings, fresh_database_url, nc, closed: bool
+) -> None:
+    """A registration that lapsed for a moment (a stalled process on a loaded machine) has
+    the auditor mark the bookie's ledgers; marked again with a bookie lost for good, a
+    ledger names both. Its live bookie keeps its replicas: only the lost one is replaced.
+    Replacing both needed two spares where there is one: the ledger failed with
+    NOT_ENOUGH_BOOKIES at every claim, queued and naming the lost bookie for good (the
+    autorecovery smoke test's CI failure). Open (left by a quiet writer, as the bench's):
+    the same once it is fenced and closed."""
+    async with running_stack(settings, fresh_database_url, bookies=3) as stack:
+        http = stack.http
+        meta = MetadataClient(nc, Subjects(stack.settings.subject_prefix))
+        if closed:
+            ledger, stored = await closed_ledger(http, meta, 30)
+        else:
+            ledger = await keyed_ledger(http, meta)  # this gateway holds its quiet writer
+            stored = await append(http, ledger["ledger_id"], 30)
+        lid, ensemble = ledger["ledger_id"], ledger["segments"][0]["bookies"]
+        back = next(b for b in ensemble if b != "bookie-2")
+        await swap_bookie_2_for_a_spare(stack)
+        await meta.mark_underreplicated(lid, [back, "bookie-2"])
+        replicator = replicator_settings(stack, open_ledger_rereplication_grace_period_ms=500)
+        await stack.start("replicator", "replicator", replicator)
+        await until(lambda: queue_empty(meta), "the queue to empty")
+        after = await meta.get_ledger(lid)
+        assert after.state.value == "CLOSED" and after.last_entry_id == 29
+        assert [s.bookies for s in after.segments] == [
+            ["bookie-4" if b == "bookie-2" else b for b in ensemble]
+        ]
+        assert await read_all(http, lid) == stored
 
 
 async def test_a_ledger_without_keys_backs_off_and_the_switch_stops_claims(

@@ -16,6 +16,7 @@ from shared.autorecovery_worker import (
     Plan,
     Reason,
     after_replication,
+    bookies_to_replace,
     failed_ledger_backoff_ms,
     grace_remaining_ms,
     hold_lease_ms,
@@ -174,3 +175,24 @@ def test_a_zero_replication_rate_is_refused() -> None:
     with pytest.raises(ValidationError):
         ReplicatorSettings(replication_rate_by_bytes=0)
     assert ReplicatorSettings(replication_rate_by_bytes=-1).replication_rate_by_bytes == -1
+
+
+@pytest.mark.parametrize(
+    ("marked", "alive", "open_segment", "intact", "replace"),
+    [
+        # Lost: replaced whatever else is said of it.
+        (("b2",), set(), set(), set(), ("b2",)),
+        (("b2",), set(), set(), {"b2"}, ("b2",)),
+        # Back, every entry it stores read back intact: a mark that outlived its cause.
+        (("b1", "b2"), {"b1"}, set(), {"b1"}, ("b2",)),
+        (("b1",), {"b1"}, set(), {"b1"}, ()),
+        # Alive but a replica is damaged (or did not answer): replaced.
+        (("b1", "b2"), {"b1"}, set(), set(), ("b1", "b2")),
+        # In the open last segment: not checkable yet, replaced once fenced and closed.
+        (("b1", "b2"), {"b1"}, {"b1", "b2", "b3"}, {"b1"}, ("b1", "b2")),
+    ],
+)
+def test_bookies_to_replace(
+    marked: tuple, alive: set, open_segment: set, intact: set, replace: tuple
+) -> None:
+    assert bookies_to_replace(marked, alive, open_segment, intact) == replace

@@ -3,9 +3,14 @@ rule of what a fragment stores (shared.protocol.replication), counted."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
 from quire.bench.autorecovery import held_by
+from quire.bench.procstat import Process, exited
 from shared.digest import DigestType
 from shared.models import LedgerMetadata, LedgerState, Segment
 from shared.quorum import write_set
@@ -38,3 +43,22 @@ def test_held_by_counts_each_entry_where_its_write_set_puts_it(qw: int, last: in
         assert held_by(metadata, bookie) == expected
     # Every entry is held write-quorum times over the ensemble.
     assert sum(held_by(metadata, b) for b in "abcd") == (last + 1) * qw
+
+
+def test_exited_names_the_processes_no_longer_running() -> None:
+    """What the bench checks before its kill and reports after a failed repair: a process
+    that died (a zombie until reaped, or gone) is named, a running one is not."""
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        processes = [Process("up", "journal", running.pid), Process("down", "journal", dead.pid)]
+        deadline = time.monotonic() + 30
+        while exited(processes) != ["down"]:  # a zombie once it exits: not reaped yet
+            assert time.monotonic() < deadline, exited(processes)
+            time.sleep(0.01)
+        dead.wait()  # reaped: gone altogether
+        assert exited(processes) == ["down"]
+    finally:
+        running.kill()
+        running.wait()
+    assert exited(processes) == ["up", "down"]
