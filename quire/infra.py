@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -73,7 +74,38 @@ def ended_with_parent(args: list[str], signum: int = signal.SIGTERM) -> dict[str
     return {"args": args, "preexec_fn": die_with_parent(signum)}
 
 
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS_FROM = 10000  # where free_port starts looking, below the ephemeral range
+FREE_PORT_ATTEMPTS = 64
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The range the kernel takes outgoing connections' local ports from."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_PORT_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now for a server of ours to listen on later.
+
+    Chosen below the kernel's ephemeral range when there is room: a port from bind(0)
+    lies inside that range, where the kernel also picks the local port of every outgoing
+    connection, so between our pick and the server's own bind a NATS or database client
+    could take it and the server would fail to start (seen: a ledgerstore's metrics port,
+    the replicator's, the gateway's, each leaving a cluster half up)."""
+    low, _ = ephemeral_port_range()
+    if low - LISTEN_PORTS_FROM >= 1000:
+        for _ in range(FREE_PORT_ATTEMPTS):
+            port = secrets.choice(range(LISTEN_PORTS_FROM, low))
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -25,3 +25,14 @@ def test_free_port_values(bad: int) -> None:
     from quire.infra import free_port
 
     assert free_port() > bad
+
+
+def test_free_port_is_outside_the_range_outgoing_connections_take() -> None:
+    from quire.infra import LISTEN_PORTS_FROM, ephemeral_port_range, free_port
+
+    low, high = ephemeral_port_range()
+    ports = {free_port() for _ in range(20)}
+    if low - LISTEN_PORTS_FROM >= 1000:
+        assert all(LISTEN_PORTS_FROM <= port < low for port in ports), (ports, low)
+    else:  # no room below it: bind(0), inside the range
+        assert all(low <= port <= high for port in ports), (ports, low, high)
