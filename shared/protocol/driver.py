@@ -752,6 +752,15 @@ class DeadlineWheel:
             self._timer = None
 
 
+@dataclass(slots=True)
+class _BatchRequest:
+    """One add request of the batcher to a bookie: the sends it carries."""
+
+    bookie_id: str
+    sends: list[tuple[SendAdds, OnAddReply, Traced]]
+    answered: bool = False
+
+
 class BookieAddBatcher:
     """The adds of every writer of a client to one bookie, as few requests as the load
     allows (BookKeeper's per-bookie channel, shared by all the client's ledgers): at most
@@ -856,9 +865,14 @@ class BookieAddBatcher:
         if not batch:
             return
         self._in_flight[bookie_id] = self._in_flight.get(bookie_id, 0) + 1
-        task = _detached_task(self._send_batch(bookie_id, batch))
+        request = _BatchRequest(bookie_id, batch)
+        task = _detached_task(self._send_batch(request))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
+        # A task cancelled before its first step (close(), or a probe that found the
+        # bookie gone in the same turn) never runs its body: this answers its sends then,
+        # and gives its request slot back.
+        task.add_done_callback(lambda done: self._answer(request, (), done))
         if self._probe_after_s:
             to_bookie = self._batches_to.setdefault(bookie_id, set())
             to_bookie.add(task)
@@ -887,9 +901,8 @@ class BookieAddBatcher:
             self._gone.add(task)
             task.cancel()
 
-    async def _send_batch(
-        self, bookie_id: str, batch: list[tuple[SendAdds, OnAddReply, Traced]]
-    ) -> None:
+    async def _send_batch(self, request: _BatchRequest) -> None:
+        bookie_id, batch = request.bookie_id, request.sends
         commands = [command for command, _, _ in batch]
         self._observer.bookie_add_batch(len(commands))
         replies: Sequence[AddReply] = ()
@@ -906,18 +919,27 @@ class BookieAddBatcher:
                 AddSendFailed(bookie_id, c.entry_ids, str(exc), exc.timed_out) for c in commands
             ]
         finally:
-            task = asyncio.current_task()
-            if not replies and task in self._gone:
-                self._gone.discard(task)
-                reason = "no responder any more (its process is gone)"
-                replies = [AddSendFailed(bookie_id, c.entry_ids, reason, False) for c in commands]
-            elif not replies:  # cancelled (the client is closing): still one answer each
-                replies = [AddSendFailed(bookie_id, c.entry_ids, "cancelled") for c in commands]
-            self._in_flight[bookie_id] -= 1
-            if self._queued.get(bookie_id) and not self._closed:
-                self._flush(bookie_id)
-            for (_, on_reply, _), reply in zip(batch, replies, strict=True):
-                on_reply(reply)
+            self._answer(request, replies, asyncio.current_task())
+
+    def _answer(
+        self, request: _BatchRequest, replies: Sequence[AddReply], task: asyncio.Future | None
+    ) -> None:
+        """Answer each send of the request, once; free its request slot."""
+        if request.answered:
+            return
+        request.answered = True
+        bookie_id, batch = request.bookie_id, request.sends
+        if not replies and task in self._gone:
+            self._gone.discard(task)  # type: ignore[arg-type]
+            reason = "no responder any more (its process is gone)"
+            replies = [AddSendFailed(bookie_id, c.entry_ids, reason, False) for c, _, _ in batch]
+        elif not replies:  # cancelled (the client is closing): still one answer each
+            replies = [AddSendFailed(bookie_id, c.entry_ids, "cancelled") for c, _, _ in batch]
+        self._in_flight[bookie_id] -= 1
+        if self._queued.get(bookie_id) and not self._closed:
+            self._flush(bookie_id)
+        for (_, on_reply, _), reply in zip(batch, replies, strict=True):
+            on_reply(reply)
 
     def _take_traced(self, batch: list[tuple[SendAdds, OnAddReply, Traced]]) -> Traced:
         """The span contexts the batch's sends carry (they leave the queue)."""
