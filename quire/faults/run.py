@@ -1,0 +1,296 @@
+"""The fault runner: each scenario on a fresh cluster, its workload under the nemesis, a heal,
+the final phase and the checker; per-run JSON, a summary printed and written to
+OUT/summary.json.
+
+Every service process reaches NATS (and the metadata service PostgreSQL) through a listener
+of the fault proxy of its own, and reads its fault-control directory (QUIRE_FAULTS_DIR); both
+are set through ClusterConfig.env_for at each (re)spawn. The cluster runs in this process
+with restart=True, so the nemesis can signal, hold and release its processes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+from sqlalchemy.engine import make_url
+
+from quire.cluster import Cluster, ClusterConfig
+from quire.faults import checker, final
+from quire.faults.history import History
+from quire.faults.nemesis import Nemesis, Schedule
+from quire.faults.proxy import FaultProxy
+from quire.faults.workload import Workload
+from quire.infra import free_port
+from shared.config import QuireSettings
+
+UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
+TRIGGER_AUDIT = "/api/v1/autorecovery/trigger_audit"
+REPAIR_TIMEOUT_S = 120.0
+BOOKIE_HALVES = ("journal", "ledgerstore")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    schedule: Schedule
+    fault_period_s: float  # how long the workload runs under the nemesis
+    control: bool = False  # fsync off on every bookie: the checker MUST see losses
+    bookies: int = 4
+    seeds: tuple[int, ...] = (1,)
+    workload: dict[str, Any] = field(default_factory=dict)  # Workload options
+
+
+PROCESS_FAULTS = {"kill": 3, "kill-hold": 1, "pause": 2}
+NETWORK_FAULTS = {"partition": 3, "nats-restart": 1, "postgres-restart": 1}
+DISK_FAULTS = {"power-loss": 2, "bitflip-journal": 1, "bitflip-entrylog": 1, "eio": 1}
+CONTROL = Schedule({"coordinated-power-loss": 1}, duration_s=(1.0, 2.0), gap_s=(4.0, 6.0))
+
+TIERS: dict[str, list[Scenario]] = {
+    "short": [
+        Scenario("processes", Schedule(PROCESS_FAULTS), 25.0),
+        Scenario("network", Schedule(NETWORK_FAULTS), 25.0),
+        Scenario("disk", Schedule(DISK_FAULTS), 25.0),
+        Scenario("control-no-fsync", CONTROL, 12.0, control=True),
+    ],
+    "long": [
+        Scenario("processes", Schedule(PROCESS_FAULTS | {"clock-jump": 1}), 90.0, seeds=(1, 2)),
+        Scenario("network", Schedule(NETWORK_FAULTS | {"pause": 1}), 90.0, seeds=(1, 2)),
+        Scenario(
+            "disk",
+            Schedule(DISK_FAULTS | {"enospc": 1, "coordinated-power-loss": 1, "disk-wipe": 1}),
+            90.0,
+            seeds=(1, 2),
+        ),
+        Scenario(
+            "mixed",
+            Schedule({kind: 1.0 for kind in ("kill", "pause", "partition", "clock-jump",
+                                             "power-loss", "eio", "nats-restart")}),
+            120.0,
+            seeds=(3,),
+        ),
+        Scenario("control-no-fsync", CONTROL, 20.0, control=True),
+    ],
+}
+
+
+class Run:
+    """One scenario with one seed on a fresh cluster under `run_dir`."""
+
+    def __init__(self, scenario: Scenario, seed: int, run_dir: Path) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.run_dir = run_dir
+        self.faults_root = run_dir / "faults"
+        self.proxy = FaultProxy()
+        self._listeners: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self.cluster = Cluster(
+            ClusterConfig(
+                data_dir=run_dir / "data",
+                bookies=scenario.bookies,
+                http_port=free_port(),
+                grpc_port=free_port(),
+                restart=True,
+                env_for=self.env_for,
+            ),
+            out=io.StringIO(),
+            err=open(run_dir / "cluster.stderr", "a"),  # noqa: SIM115 (closed in execute)
+        )
+
+    # -- the processes' environment -----------------------------------------------------
+
+    def faults_dir(self, name: str) -> Path:
+        return self.faults_root / name
+
+    def listeners(self, name: str) -> list[str]:
+        with self._lock:
+            return list(self._listeners.get(name, []))
+
+    def env_for(self, name: str) -> dict[str, str]:
+        """NATS (and PostgreSQL for the metadata service) through the process's own proxy
+        listeners, made at its first spawn and kept across its restarts; its fault-control
+        directory."""
+        directory = self.faults_dir(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        env = {"QUIRE_FAULTS_DIR": str(directory)}
+        with self._lock:
+            if name not in self._listeners:
+                nats = make_url(self.cluster.nats_url.replace("nats://", "postgresql://", 1))
+                names = [name]
+                self.proxy.listen(name, (nats.host, nats.port))
+                if name == "metadata":
+                    pg = make_url(self.cluster.database_url)
+                    self.proxy.listen("metadata.pg", (pg.host, pg.port))
+                    names.append("metadata.pg")
+                self._listeners[name] = names
+        env["QUIRE_NATS_URL"] = f"nats://{self.proxy.host}:{self.proxy.port(name)}"
+        if name == "metadata":
+            pg = make_url(self.cluster.database_url).set(
+                host=self.proxy.host, port=self.proxy.port("metadata.pg")
+            )
+            env["QUIRE_DATABASE_URL"] = pg.render_as_string(hide_password=False)
+        return env
+
+    def _prepare_control(self) -> None:
+        """fsync off on every bookie half, from its first start (the file is read then)."""
+        for bookie in self.cluster.config.bookie_ids:
+            for half in BOOKIE_HALVES:
+                directory = self.faults_dir(f"{bookie}.{half}")
+                directory.mkdir(parents=True, exist_ok=True)
+                (directory / "unsafe-no-fsync").touch()
+
+    # -- the run ------------------------------------------------------------------------
+
+    def execute(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "scenario": self.scenario.name,
+            "seed": self.seed,
+            "control": self.scenario.control,
+            "run_dir": str(self.run_dir),
+        }
+        rng = random.Random(self.seed)
+        workload: Workload | None = None
+        nemesis: Nemesis | None = None
+        started = time.monotonic()
+        try:
+            if self.scenario.control:
+                self._prepare_control()
+            self.cluster.start()
+            result["cluster_start_s"] = round(time.monotonic() - started, 1)
+            settings = self._settings()
+            history = History(self.run_dir / "history.jsonl")
+            workload = Workload(
+                history,
+                http_url=self.cluster.http_url,
+                grpc_address=self.cluster.grpc_address,
+                rng=random.Random(rng.random()),
+                **self.scenario.workload,
+            )
+            nemesis = Nemesis(
+                self.cluster,
+                self.proxy,
+                self.listeners,
+                self.faults_dir,
+                self.run_dir,
+                random.Random(rng.random()),
+                self.cluster.http_url,
+            )
+            workload.start()
+            nemesis.start(self.scenario.schedule)
+            time.sleep(self.scenario.fault_period_s)
+            nemesis.stop()
+            workload.stop()
+            result["faults"] = dict(nemesis.injected)
+            if nemesis.error is not None:
+                raise nemesis.error
+            nemesis.heal_all()
+            healed_at = time.monotonic()
+            result["repair_s"] = self._repair_time(healed_at)
+            final_data = final.run_final(
+                history, http_url=self.cluster.http_url, settings=settings
+            )
+            check = checker.check(history.load(), final_data)
+            result |= {"check": check.as_dict(), "ok": check.ok}
+        except Exception as exc:  # a run that could not finish is a failed run, with its cause
+            result["ok"] = False
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            (self.run_dir / "error.txt").write_text(traceback.format_exc())
+        finally:
+            if nemesis is not None:
+                result.setdefault("faults", dict(nemesis.injected))
+            for stop in (workload.stop if workload else None, nemesis.stop if nemesis else None):
+                if stop is not None:
+                    stop()
+            result["restarts"] = self.cluster.restarts() if self.cluster.services else {}
+            result["proxy"] = self.proxy.stats()
+            self.cluster.stop()
+            self.proxy.close()
+            self.cluster.err.close()
+            result["elapsed_s"] = round(time.monotonic() - started, 1)
+            _write_json(self.run_dir / "run.json", result)
+        return result
+
+    def _settings(self) -> QuireSettings:
+        user, password = self.cluster.nats_credentials or ("", "")
+        return QuireSettings(
+            nats_url=self.cluster.nats_url, nats_user=user, nats_password=password
+        )
+
+    def _repair_time(self, healed_at: float) -> float | None:
+        """Seconds from the heal until the auditor (asked to audit now) lists no ledger
+        under-replicated; None if that did not happen within REPAIR_TIMEOUT_S."""
+        url = self.cluster.http_url
+        with httpx.Client(timeout=10.0) as client:
+            client.put(f"{url}{TRIGGER_AUDIT}")
+            while time.monotonic() - healed_at < REPAIR_TIMEOUT_S:
+                try:
+                    response = client.get(f"{url}{UNDER_REPLICATED}")
+                    if response.status_code == 200 and not response.json():
+                        return round(time.monotonic() - healed_at, 2)
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        return None
+
+
+# -- the tier and its summary -----------------------------------------------------------
+
+
+def run_tier(
+    tier: str,
+    out: Path,
+    scenario: str | None = None,
+    seed: int | None = None,
+    stream: IO[str] = sys.stdout,
+) -> int:
+    scenarios = [s for s in TIERS[tier] if scenario is None or s.name == scenario]
+    if not scenarios:
+        raise SystemExit(f"no scenario {scenario!r} in tier {tier}")
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o711)  # PostgreSQL runs as another user when we are root
+    results = []
+    for sc in scenarios:
+        for s in (seed,) if seed is not None else sc.seeds:
+            run_dir = out / f"{sc.name}-seed{s}"
+            run_dir.mkdir(parents=True, exist_ok=False)
+            run_dir.chmod(0o711)
+            print(f"faults: {sc.name} seed {s} ...", file=stream, flush=True)
+            result = Run(sc, s, run_dir).execute()
+            results.append(result)
+            print(f"faults: {sc.name} seed {s}: {_verdict(result)}", file=stream, flush=True)
+    summary = summarise(tier, results)
+    _write_json(out / "summary.json", summary)
+    print_summary(summary, stream)
+    return 0 if summary["passed"] else 1
+
+
+def _verdict(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"FAILED ({result['error']})"
+    lost = result["check"]["lost"]
+    if result["control"]:
+        return f"control: {lost} lost ({'seen' if lost else 'NOT SEEN'})"
+    return "ok" if result["ok"] else "VIOLATIONS"
+
+
+def summarise(tier: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    ...
+
+
+def print_summary(summary: dict[str, Any], stream: IO[str]) -> None:
+    ...
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
