@@ -32,12 +32,22 @@ def up(
     bookies: Annotated[int, typer.Option(min=1, max=64, help="How many bookies to run.")] = 4,
     http_port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway HTTP port.")] = 7480,
     grpc_port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway gRPC port.")] = 7481,
+    no_restart: Annotated[
+        bool,
+        typer.Option(
+            "--no-restart",
+            help="Leave a process that dies down (reported only), e.g. for a test that "
+            "needs a bookie to stay lost.",
+        ),
+    ] = False,
 ) -> None:
     """Start a whole cluster on this machine and stay in the foreground.
 
     NATS and PostgreSQL are started too, unless QUIRE_NATS_URL / QUIRE_DATABASE_URL name
-    existing ones. Ctrl-C (or SIGTERM) stops everything cleanly; running it again on the
-    same data dir brings back every ledger and every acknowledged entry.
+    existing ones. A process that dies is reported and restarted on the same ports and
+    data, after a backoff (0.5 s, doubling to 30 s while it keeps dying). Ctrl-C (or
+    SIGTERM) stops everything cleanly; running it again on the same data dir brings back
+    every ledger and every acknowledged entry.
     """
     from quire.cluster import ClusterConfig, run_up
 
@@ -48,6 +58,7 @@ def up(
         grpc_port=grpc_port,
         nats_url=os.environ.get("QUIRE_NATS_URL") or None,
         database_url=os.environ.get("QUIRE_DATABASE_URL") or None,
+        restart=not no_restart,
     )
     raise typer.Exit(run_up(config))
 

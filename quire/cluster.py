@@ -3,9 +3,15 @@
 Starts NATS and PostgreSQL (unless QUIRE_NATS_URL / QUIRE_DATABASE_URL name existing
 ones), then the metadata service, N bookies (a journal and a ledgerstore each), the
 auditor, the replicator and the gateway, each as its own process. It prints the ready
-line once the gateway answers /readyz, keeps DIR/cluster.json up to date, reports a
-process that dies (the rest keeps serving), and on SIGINT or SIGTERM stops everything
-in order: gateway first, PostgreSQL and NATS last.
+line once the gateway answers /readyz, keeps DIR/cluster.json up to date, and on SIGINT
+or SIGTERM stops everything in order: gateway first, PostgreSQL and NATS last.
+
+It supervises what it started: a process that exits is reported and started again on the
+same ports, data dir and credentials, after a backoff that doubles from 0.5 s to 30 s
+while it keeps dying (reset once it stayed up 60 s), so a local cluster does not stay
+degraded because one process was killed. `restart=False` (`quire up --no-restart`) only
+reports it and leaves it down. The fault suite drives the same supervision: it signals a
+process, holds it down and releases it (`signal`, `hold`, `release`).
 
 Every service process serves Prometheus metrics on a port of its own (the gateway on its
 HTTP port, /metrics); DIR/prometheus/targets.json lists them all for Prometheus's
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -43,6 +50,10 @@ from quire.infra import (
 
 READY_TIMEOUT_S = 120.0
 MONITOR_INTERVAL_S = 0.5
+SUPERVISE_INTERVAL_S = 0.1  # how soon an exit is seen: the fault suite times its restarts
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 30.0
+BACKOFF_RESET_AFTER_S = 60.0  # up this long: the next exit is not part of a crash loop
 
 
 @dataclass
@@ -55,6 +66,11 @@ class ClusterConfig:
     nats_url: str | None = None  # existing NATS, from QUIRE_NATS_URL
     database_url: str | None = None  # existing PostgreSQL, from QUIRE_DATABASE_URL
     extra_env: dict[str, str] = field(default_factory=dict)
+    restart: bool = True  # restart a process that exits (False: `quire up --no-restart`)
+    # Called with a service process's name at each (re)spawn; its variables are applied
+    # last to that process's environment (the fault runner's proxy addresses and fault
+    # directories). Not called for the cluster's own NATS and PostgreSQL.
+    env_for: Callable[[str], dict[str, str]] | None = None
 
     @property
     def bookie_ids(self) -> list[str]:
@@ -63,13 +79,21 @@ class ClusterConfig:
 
 @dataclass
 class ServiceProcess:
+    """One supervised process, across its incarnations: `proc` is the current (or last)."""
+
     name: str
     kind: str
     proc: subprocess.Popen
     bookie_id: str | None = None
     log_path: Path | None = None
-    reported_dead: bool = False
     metrics_port: int | None = None  # its Prometheus metrics server (the gateway: HTTP port)
+    restarts: int = 0
+    held: bool = False  # exited: not restarted until released
+    started_at: float = field(default_factory=time.monotonic)
+    exit_seen: bool = False  # the current incarnation's exit was reported
+    restart_at: float | None = None  # monotonic; None: not scheduled
+    backoff_s: float = BACKOFF_INITIAL_S  # the wait before the next restart
+    spawning: bool = False  # a thread is starting its next incarnation
 
 
 AUTH_FILE = "auth.json"
@@ -120,8 +144,14 @@ class Cluster:
         self.nats_credentials: tuple[str, str] | None = None
         self.database_url = config.database_url or ""
         self.services: list[ServiceProcess] = []
+        # NATS and PostgreSQL when we started them, then the services: everything supervised.
+        self._processes: dict[str, ServiceProcess] = {}
+        self._postgres_password: str | None = None
         self._lock_file: IO[str] | None = None
         self._stopping = threading.Event()
+        # Guards the process table; its condition tells stop() that a spawn finished.
+        self._lock = threading.Condition(threading.RLock())
+        self._supervisor: threading.Thread | None = None
 
     # -- start --------------------------------------------------------------------------
 
@@ -138,12 +168,15 @@ class Cluster:
                     credentials=self.nats_credentials,
                 )
                 self.nats_url = self.nats.url
+                self._adopt(self.nats)
             if not self.database_url:
                 _, password = postgres_credentials(self.data_dir, create=True) or ("", "")
+                self._postgres_password = password
                 self.postgres = start_postgres(
                     self.data_dir / "postgres", host=self.config.host, password=password
                 )
                 self.database_url = self.postgres.url
+                self._adopt(self.postgres)
             self._spawn("metadata", "metadata")
             for bookie_id in self.config.bookie_ids:
                 (self.data_dir / bookie_id).mkdir(exist_ok=True)
@@ -154,6 +187,11 @@ class Cluster:
             self._spawn("gateway", "gateway")
             self.write_cluster_json()
             self.write_targets_json()
+            if self.config.restart:
+                self._supervisor = threading.Thread(
+                    target=self._supervise, name="quire-supervisor", daemon=True
+                )
+                self._supervisor.start()
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -165,6 +203,12 @@ class Cluster:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InfraError(f"another `quire up` is running on {self.data_dir}") from None
+
+    def _adopt(self, managed: ManagedProcess) -> None:
+        """Supervise NATS or PostgreSQL, which we started."""
+        self._processes[managed.name] = ServiceProcess(
+            managed.name, managed.kind, managed.proc, log_path=managed.log_path
+        )
 
     def _env(self, bookie_id: str | None) -> dict[str, str]:
         env = dict(os.environ)
@@ -198,17 +242,30 @@ class Cluster:
 
     def _spawn(self, name: str, kind: str, bookie_id: str | None = None) -> None:
         log_path = self.data_dir / "logs" / f"{name}.log"
-        env = self._env(bookie_id)
         metrics_port = self.config.http_port
         if kind != "gateway":  # the gateway serves /metrics on its HTTP port
             # A port free now, closed before the process binds it: another program could
             # take it in between, which on a developer's machine is rare enough; the
-            # process would then fail to start, reported like any other that dies.
+            # process would then fail to start, reported like any other that dies. Its
+            # restarts keep it, so targets.json stays true.
             metrics_port = free_port(self.config.host)
+        proc = self._launch_service(name, kind, bookie_id, metrics_port)
+        svc = ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
+        self.services.append(svc)
+        self._processes[name] = svc
+
+    def _launch_service(
+        self, name: str, kind: str, bookie_id: str | None, metrics_port: int
+    ) -> subprocess.Popen:
+        """An incarnation of a service process, its output appended to its log."""
+        env = self._env(bookie_id)
+        if kind != "gateway":
             env["QUIRE_METRICS_PORT"] = str(metrics_port)
             env["QUIRE_METRICS_HOST"] = self.config.host
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
+        if self.config.env_for is not None:
+            env.update(self.config.env_for(name))
+        with open(self.data_dir / "logs" / f"{name}.log", "ab") as log_file:
+            return subprocess.Popen(
                 **ended_with_parent([sys.executable, "-m", f"services.{kind}"]),
                 env=env,
                 stdout=log_file,
@@ -216,9 +273,30 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.services.append(
-            ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
-        )
+
+    def _relaunch(self, svc: ServiceProcess) -> subprocess.Popen:
+        """A new incarnation of `svc`; NATS and PostgreSQL on the same port and data."""
+        if svc.kind == "nats":
+            assert self.nats is not None
+            port = int(self.nats.url.rsplit(":", 1)[1])
+            self.nats = start_nats(
+                self.data_dir / "nats",
+                port=port,
+                host=self.config.host,
+                credentials=self.nats_credentials,
+            )
+            return self.nats.proc
+        if svc.kind == "postgres":
+            assert self.postgres is not None
+            self.postgres = start_postgres(
+                self.data_dir / "postgres",
+                port=self.postgres.extra["port"],
+                host=self.config.host,
+                password=self._postgres_password,
+            )
+            return self.postgres.proc
+        assert svc.metrics_port is not None
+        return self._launch_service(svc.name, svc.kind, svc.bookie_id, svc.metrics_port)
 
     @property
     def http_url(self) -> str:
@@ -243,12 +321,15 @@ class Cluster:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         # The probe is our own, on loopback: it need not verify our certificate.
+        gateway = self.service("gateway")
+        # Its first incarnation: a gateway that cannot start (its port taken) fails the
+        # start rather than being restarted in a loop the user never sees the end of.
+        first = gateway.proc
         with httpx.Client(timeout=2.0, verify=False) as client:
             while time.monotonic() < deadline:
-                gateway = self.service("gateway")
-                if gateway.proc.poll() is not None:
+                if first.poll() is not None:
                     raise InfraError(
-                        f"the gateway exited ({gateway.proc.returncode}); see {gateway.log_path}"
+                        f"the gateway exited ({first.returncode}); see {gateway.log_path}"
                     )
                 try:
                     if client.get(f"{self.http_url}/readyz").status_code == 200:
@@ -261,7 +342,8 @@ class Cluster:
                         return
                 except httpx.HTTPError:
                     pass
-                self.check_processes()
+                if self._supervisor is None:
+                    self.check_processes()
                 time.sleep(0.2)
         raise InfraError(
             f"the gateway was not ready within {READY_TIMEOUT_S:.0f} s; "
@@ -274,33 +356,26 @@ class Cluster:
     # -- cluster.json -------------------------------------------------------------------
 
     def cluster_info(self) -> dict:
-        rows = []
-        for managed in (self.nats, self.postgres):
-            if managed is not None:
-                rows.append(
-                    {
-                        "name": managed.name,
-                        "kind": managed.kind,
-                        "bookie_id": None,
-                        "pid": managed.pid,
-                    }
-                )
-        rows.extend(
-            {
-                "name": s.name,
-                "kind": s.kind,
-                "bookie_id": s.bookie_id,
-                "pid": s.proc.pid,
-                "log": str(s.log_path),
-                "metrics": self.metrics_url(s),
-            }
-            for s in self.services
-        )
+        """cluster.json: a row per process, its pid null while it is down."""
+        with self._lock:
+            rows = []
+            for svc in self._processes.values():
+                row = {
+                    "name": svc.name,
+                    "kind": svc.kind,
+                    "bookie_id": svc.bookie_id,
+                    "pid": self._pid(svc),
+                    "restarts": svc.restarts,
+                }
+                if svc in self.services:
+                    row |= {"log": str(svc.log_path), "metrics": self.metrics_url(svc)}
+                rows.append(row)
+            gateway_pid = self._pid(self.service("gateway"))
         return {
             "gateway": {
                 "http": self.http_url,
                 "grpc": self.grpc_address,
-                "pid": self.service("gateway").proc.pid,
+                "pid": gateway_pid,
             },
             "nats_url": self.nats_url,
             "database_url": without_password(self.database_url),
@@ -310,7 +385,9 @@ class Cluster:
         }
 
     def write_cluster_json(self) -> None:
-        _write_json(self.data_dir / "cluster.json", self.cluster_info())
+        with self._lock:  # one writer at a time: they share the temporary file
+            if self._lock_file is not None:  # the data dir is ours: started, not stopped
+                _write_json(self.data_dir / "cluster.json", self.cluster_info())
 
     # -- prometheus/targets.json ---------------------------------------------------------
 
@@ -343,38 +420,155 @@ class Cluster:
         path.parent.mkdir(exist_ok=True)
         _write_json(path, self.scrape_targets() if targets is None else targets)
 
-    # -- running ------------------------------------------------------------------------
+    # -- supervision --------------------------------------------------------------------
 
-    def check_processes(self) -> list[str]:
-        """Report (once) every process that died; the others keep serving."""
-        died = []
-        for svc in self.services:
-            code = svc.proc.poll()
-            if code is not None and not svc.reported_dead:
-                svc.reported_dead = True
-                died.append(svc.name)
-                print(
-                    f"quire: {svc.name} (pid {svc.proc.pid}) exited with code {code}; "
-                    f"see {svc.log_path}",
-                    file=self.err,
-                    flush=True,
+    def process_names(self) -> list[str]:
+        """Every process this cluster started: NATS and PostgreSQL (when it started them),
+        then the services."""
+        with self._lock:
+            return list(self._processes)
+
+    def pid(self, name: str) -> int | None:
+        """The pid of `name`'s current incarnation; None while it is down. A process
+        stopped by SIGSTOP is not down."""
+        with self._lock:
+            return self._pid(self._processes[name])
+
+    @staticmethod
+    def _pid(svc: ServiceProcess) -> int | None:
+        if svc.spawning or svc.proc.poll() is not None:
+            return None
+        return svc.proc.pid
+
+    def signal(self, name: str, sig: int) -> bool:
+        """Send `sig` to `name`'s current incarnation; False when it is down."""
+        with self._lock:
+            svc = self._processes[name]
+            if self._pid(svc) is None:
+                return False
+            svc.proc.send_signal(sig)
+            return True
+
+    def hold(self, name: str) -> None:
+        """When `name` exits it is not restarted until `release(name)`."""
+        with self._lock:
+            self._processes[name].held = True
+
+    def release(self, name: str) -> None:
+        """Supervise `name` again; if it is down, start it now (no backoff), in this
+        thread. Also with restart=False: releasing is asking for it back."""
+        with self._lock:
+            svc = self._processes[name]
+            if self._stopping.is_set() or svc.spawning or svc.proc.poll() is None:
+                svc.held = False
+                return
+            self._note_exit(svc, time.monotonic())
+            svc.held = False
+            svc.spawning = True
+        self._restart(svc)
+
+    def wait_running(self, name: str, timeout_s: float) -> int:
+        """The pid of `name` once it runs (its restart, for one just killed); TimeoutError
+        if it is still down after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid = self.pid(name)
+            if pid is not None:
+                return pid
+            if time.monotonic() >= deadline or self._stopping.is_set():
+                raise TimeoutError(f"{name} is not running after {timeout_s:g} s")
+            time.sleep(0.05)
+
+    def restarts(self) -> dict[str, int]:
+        with self._lock:
+            return {name: svc.restarts for name, svc in self._processes.items()}
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(SUPERVISE_INTERVAL_S):
+            self.supervise_once()
+
+    def supervise_once(self) -> None:
+        """Report every exit once and, with restart=True, start again each exited process
+        that is not held once its backoff has passed."""
+        now = time.monotonic()
+        due = []
+        with self._lock:
+            for svc in self._processes.values():
+                if self._stopping.is_set():
+                    return
+                if svc.spawning or svc.proc.poll() is None:
+                    continue
+                self._note_exit(svc, now)
+                if (
+                    self.config.restart
+                    and not svc.held
+                    and svc.restart_at is not None
+                    and now >= svc.restart_at
+                ):
+                    svc.spawning = True
+                    due.append(svc)
+        for svc in due:
+            self._restart(svc)
+
+    def _note_exit(self, svc: ServiceProcess, now: float) -> None:
+        """Once per incarnation (lock held): report the exit and schedule the restart."""
+        if svc.exit_seen:
+            return
+        svc.exit_seen = True
+        if now - svc.started_at >= BACKOFF_RESET_AFTER_S:
+            svc.backoff_s = BACKOFF_INITIAL_S
+        what = f"quire: {svc.name} (pid {svc.proc.pid}) exited with code {svc.proc.returncode}"
+        if not self.config.restart:
+            self._say(f"{what}; see {svc.log_path}")
+        elif svc.held:
+            self._say(f"{what}; held: not restarted until released; see {svc.log_path}")
+        else:
+            self._say(f"{what}; restarting in {svc.backoff_s:g}s; see {svc.log_path}")
+        self._schedule(svc, now)
+        self.write_cluster_json()
+
+    def _schedule(self, svc: ServiceProcess, now: float) -> None:
+        svc.restart_at = now + svc.backoff_s
+        svc.backoff_s = min(svc.backoff_s * 2, BACKOFF_MAX_S)
+
+    def _restart(self, svc: ServiceProcess) -> None:
+        """Start `svc`'s next incarnation (its `spawning` set by the caller), outside the
+        lock: NATS or PostgreSQL take a while to listen, and the fault runner's calls
+        must not wait for that."""
+        try:
+            proc = self._relaunch(svc)
+        except Exception as exc:  # the supervisor outlives any one failed start
+            with self._lock:
+                svc.spawning = False
+                self._schedule(svc, time.monotonic())
+                self._say(
+                    f"quire: restarting {svc.name} failed ({exc}); "
+                    f"trying again in {svc.restart_at - time.monotonic():.1f}s"
                 )
-        for managed in (self.nats, self.postgres):
-            if managed is not None and not managed.alive() and managed.name not in died:
-                if not getattr(managed, "reported_dead", False):
-                    managed.reported_dead = True  # type: ignore[attr-defined]
-                    died.append(managed.name)
-                    print(
-                        f"quire: {managed.name} (pid {managed.pid}) exited with code "
-                        f"{managed.proc.returncode}; see {managed.log_path}",
-                        file=self.err,
-                        flush=True,
-                    )
-        return died
+                self._lock.notify_all()
+            return
+        with self._lock:
+            svc.proc = proc
+            svc.restarts += 1
+            svc.started_at = time.monotonic()
+            svc.exit_seen = False
+            svc.restart_at = None
+            svc.spawning = False
+            self._lock.notify_all()
+            self._say(f"quire: {svc.name} restarted (pid {proc.pid}, restart {svc.restarts})")
+            self.write_cluster_json()
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.err, flush=True)
+
+    def check_processes(self) -> None:
+        """Without a supervisor thread (restart=False): report every process that exited."""
+        self.supervise_once()
 
     def run_until_stopped(self) -> None:
         while not self._stopping.wait(MONITOR_INTERVAL_S):
-            self.check_processes()
+            if self._supervisor is None:
+                self.check_processes()
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -383,14 +577,22 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop in dependency order: gateway, auditor and replicator, ledgerstores,
-        journals, metadata, then PostgreSQL and NATS."""
-        self._stopping.set()
+        journals, metadata, then PostgreSQL and NATS. Nothing is restarted from the moment
+        it is called; a restart under way is let finish, and what it started is stopped."""
+        with self._lock:
+            self._stopping.set()
+            while any(svc.spawning for svc in self._processes.values()):
+                self._lock.wait()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join()
         order = ["gateway", "auditor", "replicator", "ledgerstore", "journal", "metadata"]
         for kind in order:
             group = [s for s in self.services if s.kind == kind]
             for svc in group:
                 if svc.proc.poll() is None:
                     svc.proc.send_signal(signal.SIGTERM)
+                    # One stopped by SIGSTOP (the fault suite's pause) must run to exit.
+                    svc.proc.send_signal(signal.SIGCONT)
             for svc in group:
                 try:
                     svc.proc.wait(timeout=20)
@@ -401,12 +603,13 @@ class Cluster:
         for managed in (self.postgres, self.nats):
             if managed is not None:
                 managed.stop()
-        (self.data_dir / "cluster.json").unlink(missing_ok=True)
-        if (self.data_dir / "prometheus" / "targets.json").exists():
-            self.write_targets_json([])  # nothing to scrape any more
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
+        with self._lock:
+            (self.data_dir / "cluster.json").unlink(missing_ok=True)
+            if (self.data_dir / "prometheus" / "targets.json").exists():
+                self.write_targets_json([])  # nothing to scrape any more
+            if self._lock_file is not None:
+                self._lock_file.close()
+                self._lock_file = None
 
 
 def _write_json(path: Path, data: object) -> None:

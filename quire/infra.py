@@ -122,6 +122,8 @@ class ManagedProcess:
             return
         try:
             self.proc.send_signal(self.stop_signal)
+            # One stopped by SIGSTOP (the fault suite's pause) must run to exit.
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
