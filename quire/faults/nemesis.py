@@ -291,7 +291,8 @@ class Nemesis:
         """The next write or fsync of one bookie half fails: it fail-stops and the
         supervisor restarts it. Heal: the fault is withdrawn if it was not used, and the
         process runs again."""
-        name = f"{self.rng.choice(self._bookie_ids())}.{self.rng.choice(('journal', 'ledgerstore'))}"
+        bookie = self.rng.choice(self._bookie_ids())
+        name = f"{bookie}.{self.rng.choice(('journal', 'ledgerstore'))}"
         op = self.rng.choice(("write", "fsync"))
         directory = self.faults_dir(name)
         disk.fail_next(directory, op, errno_name)

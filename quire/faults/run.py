@@ -74,8 +74,20 @@ TIERS: dict[str, list[Scenario]] = {
         ),
         Scenario(
             "mixed",
-            Schedule({kind: 1.0 for kind in ("kill", "pause", "partition", "clock-jump",
-                                             "power-loss", "eio", "nats-restart")}),
+            Schedule(
+                {
+                    kind: 1.0
+                    for kind in (
+                        "kill",
+                        "pause",
+                        "partition",
+                        "clock-jump",
+                        "power-loss",
+                        "eio",
+                        "nats-restart",
+                    )
+                }
+            ),
             120.0,
             seeds=(3,),
         ),
@@ -197,9 +209,7 @@ class Run:
             nemesis.heal_all()
             healed_at = time.monotonic()
             result["repair_s"] = self._repair_time(healed_at)
-            final_data = final.run_final(
-                history, http_url=self.cluster.http_url, settings=settings
-            )
+            final_data = final.run_final(history, http_url=self.cluster.http_url, settings=settings)
             check = checker.check(history.load(), final_data)
             result |= {"check": check.as_dict(), "ok": check.ok}
         except Exception as exc:  # a run that could not finish is a failed run, with its cause
@@ -223,9 +233,7 @@ class Run:
 
     def _settings(self) -> QuireSettings:
         user, password = self.cluster.nats_credentials or ("", "")
-        return QuireSettings(
-            nats_url=self.cluster.nats_url, nats_user=user, nats_password=password
-        )
+        return QuireSettings(nats_url=self.cluster.nats_url, nats_user=user, nats_password=password)
 
     def _repair_time(self, healed_at: float) -> float | None:
         """Seconds from the heal until the auditor (asked to audit now) lists no ledger
@@ -284,12 +292,114 @@ def _verdict(result: dict[str, Any]) -> str:
     return "ok" if result["ok"] else "VIOLATIONS"
 
 
+OPERATIONS = ("attempted", "acked", "failed", "indeterminate")
+VIOLATIONS = (
+    "lost",
+    "unexpected",
+    "duplicates",
+    "non_dense",
+    "beyond_lac",
+    "ack_after_fence",
+    "closed_changed",
+    "corrupt",
+)
+
+
 def summarise(tier: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    ...
+    """Per scenario and in total: runs, faults by kind, operations, violations, repair and
+    recovery times; `passed` when every normal run finished with no violation and every
+    control run lost acknowledged entries."""
+    scenarios: dict[str, dict[str, Any]] = {}
+    for result in results:
+        row = scenarios.setdefault(result["scenario"], _empty_row(result["control"]))
+        _add(row, result)
+    total = _empty_row(False)
+    total.pop("control")
+    for result in results:
+        _add(total, result)
+    return {
+        "tier": tier,
+        "passed": all(_passed(r) for r in results),
+        "scenarios": scenarios,
+        "total": total,
+        "runs": results,
+    }
+
+
+def _passed(result: dict[str, Any]) -> bool:
+    if "error" in result:
+        return False
+    if result["control"]:
+        return result["check"]["lost"] > 0
+    return bool(result["ok"])
+
+
+def _empty_row(control: bool) -> dict[str, Any]:
+    return {
+        "control": control,
+        "runs": 0,
+        "failed_runs": 0,
+        "faults": {},
+        "operations": dict.fromkeys(OPERATIONS, 0),
+        "violations": dict.fromkeys(VIOLATIONS, 0),
+        "replicas_missing": 0,
+        "replicas_differing": 0,
+        "repair_s": [],
+        "recovery_s": [],
+    }
+
+
+def _add(row: dict[str, Any], result: dict[str, Any]) -> None:
+    row["runs"] += 1
+    row["failed_runs"] += not _passed(result)
+    faults = Counter(row["faults"])
+    faults.update(result.get("faults", {}))
+    row["faults"] = dict(sorted(faults.items()))
+    check = result.get("check")
+    if check is None:
+        return
+    for key in OPERATIONS:
+        row["operations"][key] += check["operations"][key]
+    for key in VIOLATIONS:
+        row["violations"][key] += check[key]
+    row["replicas_missing"] += check["replicas_missing"]
+    row["replicas_differing"] += check["replicas_differing"]
+    if result.get("repair_s") is not None:
+        row["repair_s"].append(result["repair_s"])
+    row["recovery_s"].extend(check.get("recovery_s", []))
 
 
 def print_summary(summary: dict[str, Any], stream: IO[str]) -> None:
-    ...
+    rows = [*summary["scenarios"].items(), ("TOTAL", summary["total"])]
+    print(f"\nfault suite, tier {summary['tier']}:", file=stream)
+    for name, row in rows:
+        ops = row["operations"]
+        v = row["violations"]
+        others = sum(n for k, n in v.items() if k not in ("lost", "unexpected"))
+        label = f"{name} (control: fsync off)" if row.get("control") else name
+        print(
+            f"  {label}: runs {row['runs']} (failed {row['failed_runs']}); "
+            f"ops attempted {ops['attempted']} acked {ops['acked']} failed {ops['failed']} "
+            f"indeterminate {ops['indeterminate']}; lost {v['lost']} unexpected "
+            f"{v['unexpected']} other violations {others}; replicas missing "
+            f"{row['replicas_missing']} differing {row['replicas_differing']}",
+            file=stream,
+        )
+        faults = ", ".join(f"{k} {n}" for k, n in row["faults"].items()) or "none"
+        print(f"    faults: {faults}", file=stream)
+        print(
+            f"    repair s: {_spread(row['repair_s'])}; recovery s: {_spread(row['recovery_s'])}",
+            file=stream,
+        )
+    verdict = "PASSED" if summary["passed"] else "FAILED"
+    print(f"fault suite {verdict}", file=stream, flush=True)
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"median {ordered[len(ordered) // 2]:.2f} max {ordered[-1]:.2f} (n={len(ordered)})"
 
 
 def _write_json(path: Path, data: object) -> None:
