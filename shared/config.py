@@ -371,6 +371,11 @@ class QuireSettings(BaseSettings):
     # port instead.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # QUIRE_FAULTS_DIR: set only by the fault suite (`quire/faults/`), one directory per
+    # process. It switches on the in-process fault hooks: the bookie's files go through
+    # `shared/bookie/fault_files.py:FaultFiles` and the wall clock reads an offset from it
+    # (`shared/clock.py`). Unset, the code paths are the production ones.
+    faults_dir: Path | None = None
 
     journal: JournalSettings = JournalSettings()
     ledgerstore: LedgerstoreSettings = LedgerstoreSettings()

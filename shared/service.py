@@ -28,7 +28,7 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
 
-from shared import __version__
+from shared import __version__, clock
 from shared.aio import cancel_all
 from shared.config import QuireSettings, load_settings
 from shared.events import EventPublisher, ensure_event_stream
@@ -263,6 +263,9 @@ def run_service(
     static = {"bookie_id": settings.bookie_id} if kind in ("journal", "ledgerstore") else {}
     setup_logging(name, settings.log_level, **static)
     setup_tracing(kind, instance=name, bookie_id=static.get("bookie_id"))
+    if settings.faults_dir is not None:
+        log.warning(f"fault injection enabled from {settings.faults_dir}")
+        clock.use_faults_dir(settings.faults_dir)
 
     async def amain() -> None:
         rt = ServiceRuntime(kind, settings, name, metadata(settings) if metadata else None)

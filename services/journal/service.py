@@ -43,6 +43,7 @@ from shared.bookie.cookie import (
     reconcile_offline,
     write_disk_cookie,
 )
+from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, parse_journal_delete
 from shared.bookie.journal_format import (
     JOURNAL_START,
@@ -106,6 +107,7 @@ class JournalService:
             rt.settings.bookie_dir / "journal",
             rt.settings.journal,
             on_commit=self._on_commit,
+            files=files_for(rt.settings.faults_dir),
             bookie_id=self.bookie_id,
         )
 
@@ -448,13 +450,13 @@ class JournalService:
             log.warning("metadata unavailable: cookie checked against the disk only")
             cookie = reconcile_offline(self.expected_cookie(), disk, self._has_data())
             if cookie != disk:
-                write_disk_cookie(bookie_dir, cookie)
+                write_disk_cookie(bookie_dir, cookie, self.journal.files)
             self.limbo = cookie.limbo
             return False
         meta = Cookie.decode(stored.data) if stored.data else None
         cookie, publish = reconcile(self.expected_cookie(instance_id), disk, meta, self._has_data())
         if cookie != disk:
-            write_disk_cookie(bookie_dir, cookie)
+            write_disk_cookie(bookie_dir, cookie, self.journal.files)
         self.limbo = cookie.limbo
         if publish:
             await client.put_cookie(
@@ -510,7 +512,7 @@ class JournalService:
         bookie_dir = self.rt.settings.bookie_dir
         cookie = read_disk_cookie(bookie_dir)
         if cookie is not None and cookie.limbo:
-            write_disk_cookie(bookie_dir, replace(cookie, limbo=False))
+            write_disk_cookie(bookie_dir, replace(cookie, limbo=False), self.journal.files)
             log.warning("bookie limbo cleared: its lost ledgers were re-replicated")
         self.limbo = False
         self._state_changed.set()  # registered at once, not at the next beat

@@ -40,6 +40,7 @@ from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.aio import wait_event
 from shared.bookie.cookie import Cookie, read_disk_cookie
+from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, GcRun, parse_flags
 from shared.bookie.journal_format import JournalFormatError, JournalPosition
 from shared.metaclient import MetadataClient
@@ -60,6 +61,7 @@ class LedgerstoreService:
             rt.settings.bookie_dir,
             self.settings,
             ledger_dirs=rt.settings.ledger_dirs,
+            files=files_for(rt.settings.faults_dir),
             on_corrupt=self._on_corrupt,
             skip_invalid_journal_records=rt.settings.journal.skip_replay_journal_invalid_record,
         )

@@ -10,8 +10,9 @@ At start the journal compares the three:
 - metadata has one, the disk none: the disk was wiped or replaced. The bookie starts, with
   a new cookie marked `limbo`: it answers UNKNOWN_LEDGER_STATE, never NO_ENTRY, for entries
   it may have held before (ledgers it has not seen since, and entries below the first it
-  has seen since). Nothing clears `limbo`: that would take re-replicating what the disk
-  lost, which no service does.
+  has seen since). The auditor has every ledger with a fragment on it re-replicated, then
+  asks the journal to clear `limbo` (`clear_limbo`): the operator's whole procedure for a
+  wiped bookie is to start it again (docs/storage.md).
 """
 
 from __future__ import annotations
