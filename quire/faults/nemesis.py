@@ -25,6 +25,8 @@ import httpx
 from quire.cluster import Cluster
 from quire.faults import disk
 from quire.faults.proxy import FaultProxy
+from shared.bookie.fault_files import FAIL_NEXT_FSYNC, FAIL_NEXT_WRITE
+from shared.clock import CLOCK_OFFSET_FILE
 
 KINDS = (
     "kill",
@@ -44,6 +46,12 @@ KINDS = (
 )
 
 SERVERS = ("nats", "postgres")
+# What a service's log says once it started (shared/service.py run_service), and what the
+# journal says when it refuses to start on a damaged journal (services/journal/journal.py).
+STARTED = '"msg": "started"'
+REFUSED = "refusing to start"
+SKIP_INVALID_JOURNAL_RECORD = "QUIRE_JOURNAL__SKIP_REPLAY_JOURNAL_INVALID_RECORD"
+FAIL_NEXT = {"write": FAIL_NEXT_WRITE, "fsync": FAIL_NEXT_FSYNC}
 RUNNING_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 120.0
 CLOCK_JUMP_MS = (5_000, 120_000)
@@ -105,6 +113,8 @@ class Nemesis:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.error: BaseException | None = None
+        # Environment the operator gave a process (on top of the runner's), by name.
+        self.operator_env: dict[str, dict[str, str]] = {}
 
     # -- the schedule -------------------------------------------------------------------
 
@@ -170,9 +180,9 @@ class Nemesis:
                 self.proxy.heal(name)
         for name in self._services():
             directory = self.faults_dir(name)
-            for leftover in ("fail-next-write", "fail-next-fsync"):
+            for leftover in FAIL_NEXT.values():
                 (directory / leftover).unlink(missing_ok=True)
-            if (directory / "clock-offset-ms").exists():
+            if (directory / CLOCK_OFFSET_FILE).exists():
                 disk.set_clock_offset(directory, 0)
         for name in self.cluster.process_names():
             self.cluster.release(name)
@@ -267,7 +277,9 @@ class Nemesis:
 
     def _bitflip(self, kind: str, files: str, half: str) -> Fault | None:
         """A bit flipped in one of a bookie's files while its process is down, so that the
-        restarted process reads the file from disk (replay, recovery, reads)."""
+        restarted process reads the file from disk (replay, recovery, reads). A journal
+        damaged before its tail refuses to start (docs/storage.md): the heal is then the
+        operator's, a restart that skips the damaged records."""
         bookie = self.rng.choice(self._bookie_ids())
         candidates = [
             p
@@ -279,7 +291,25 @@ class Nemesis:
         name = f"{bookie}.{half}"
         self._kill_held([name])
         report = disk.flip_bit(self.rng.choice(sorted(candidates)), self.rng)
-        return Fault(kind, name, time.time(), {"flip": report}, heal=lambda: self._release([name]))
+        return Fault(
+            kind, name, time.time(), {"flip": report}, heal=lambda: self._restart_damaged(name)
+        )
+
+    def _restart_damaged(self, name: str) -> None:
+        since = self._log_size(name)
+        self._release([name])
+        if self._wait_started(name, since) == "started":
+            return
+        # BookKeeper's skipReplayJournalInvalidRecord: the damaged batch is lost on this
+        # bookie, which from then on answers UNKNOWN_LEDGER_STATE (not NO_ENTRY) for what it
+        # lacks. Kept for the rest of the run: the damaged records stay in the file.
+        self.operator_env[name] = {SKIP_INVALID_JOURNAL_RECORD: "true"}
+        self._log("operator", kind="restart-skipping-damage", target=name)
+        self._kill_held([name])
+        since = self._log_size(name)
+        self._release([name])
+        if self._wait_started(name, since) != "started":
+            raise NemesisError(f"{name} refused to start even skipping damaged records")
 
     def _eio(self) -> Fault:
         return self._fail_next("eio", "EIO")
@@ -298,7 +328,7 @@ class Nemesis:
         disk.fail_next(directory, op, errno_name)
 
         def heal() -> None:
-            path = directory / f"fail-next-{op}"
+            path = directory / FAIL_NEXT[op]
             used = not path.exists()
             path.unlink(missing_ok=True)
             self._log("detail", kind=kind, target=name, used=used)
@@ -310,7 +340,9 @@ class Nemesis:
         bookie = self.rng.choice(self._bookie_ids())
         halves = [f"{bookie}.journal", f"{bookie}.ledgerstore"]
         self._kill_held(halves)
-        report = disk.wipe_bookie(self.cluster.data_dir, bookie)
+        report = disk.wipe_bookie(
+            self.cluster.data_dir, bookie, [self.faults_dir(h) for h in halves]
+        )
         return Fault(
             "disk-wipe", bookie, time.time(), {"report": report}, heal=lambda: self._release(halves)
         )
@@ -351,6 +383,26 @@ class Nemesis:
             raise NemesisError(
                 f"{name} not running {RUNNING_TIMEOUT_S:.0f} s after its heal"
             ) from None
+
+    def _log_size(self, name: str) -> int:
+        path = self.cluster.data_dir / "logs" / f"{name}.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def _wait_started(self, name: str, since: int) -> str:
+        """ "started" once `name`'s log (from byte `since`) says it started, "refused" if it
+        says the process refused to start (a damaged journal)."""
+        path = self.cluster.data_dir / "logs" / f"{name}.log"
+        deadline = time.monotonic() + RUNNING_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with open(path, "rb") as log:
+                log.seek(since)
+                text = log.read().decode(errors="replace")
+            if STARTED in text:
+                return "started"
+            if REFUSED in text:
+                return "refused"
+            time.sleep(0.1)
+        raise NemesisError(f"{name} did not start within {RUNNING_TIMEOUT_S:.0f} s")
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -32,6 +32,7 @@ from quire.faults.nemesis import Nemesis, Schedule
 from quire.faults.proxy import FaultProxy
 from quire.faults.workload import Workload
 from quire.infra import free_port
+from shared.bookie.fault_files import UNSAFE_NO_FSYNC
 from shared.config import QuireSettings
 
 UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
@@ -119,6 +120,16 @@ class Run:
             out=io.StringIO(),
             err=open(run_dir / "cluster.stderr", "a"),  # noqa: SIM115 (closed in execute)
         )
+        self.rng = random.Random(seed)
+        self.nemesis = Nemesis(
+            self.cluster,
+            self.proxy,
+            self.listeners,
+            self.faults_dir,
+            run_dir,
+            random.Random(self.rng.random()),
+            self.cluster.http_url,
+        )
 
     # -- the processes' environment -----------------------------------------------------
 
@@ -135,7 +146,7 @@ class Run:
         directory."""
         directory = self.faults_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
-        env = {"QUIRE_FAULTS_DIR": str(directory)}
+        env = {"QUIRE_FAULTS_DIR": str(directory), **self.nemesis.operator_env.get(name, {})}
         with self._lock:
             if name not in self._listeners:
                 nats = make_url(self.cluster.nats_url.replace("nats://", "postgresql://", 1))
@@ -160,7 +171,7 @@ class Run:
             for half in BOOKIE_HALVES:
                 directory = self.faults_dir(f"{bookie}.{half}")
                 directory.mkdir(parents=True, exist_ok=True)
-                (directory / "unsafe-no-fsync").touch()
+                (directory / UNSAFE_NO_FSYNC).touch()
 
     # -- the run ------------------------------------------------------------------------
 
@@ -171,9 +182,8 @@ class Run:
             "control": self.scenario.control,
             "run_dir": str(self.run_dir),
         }
-        rng = random.Random(self.seed)
         workload: Workload | None = None
-        nemesis: Nemesis | None = None
+        nemesis = self.nemesis
         started = time.monotonic()
         try:
             if self.scenario.control:
@@ -186,17 +196,8 @@ class Run:
                 history,
                 http_url=self.cluster.http_url,
                 grpc_address=self.cluster.grpc_address,
-                rng=random.Random(rng.random()),
+                rng=random.Random(self.rng.random()),
                 **self.scenario.workload,
-            )
-            nemesis = Nemesis(
-                self.cluster,
-                self.proxy,
-                self.listeners,
-                self.faults_dir,
-                self.run_dir,
-                random.Random(rng.random()),
-                self.cluster.http_url,
             )
             workload.start()
             nemesis.start(self.scenario.schedule)
@@ -217,11 +218,10 @@ class Run:
             result["error"] = f"{type(exc).__name__}: {exc}"
             (self.run_dir / "error.txt").write_text(traceback.format_exc())
         finally:
-            if nemesis is not None:
-                result.setdefault("faults", dict(nemesis.injected))
-            for stop in (workload.stop if workload else None, nemesis.stop if nemesis else None):
-                if stop is not None:
-                    stop()
+            result.setdefault("faults", dict(nemesis.injected))
+            nemesis.stop()
+            if workload is not None:
+                workload.stop()
             result["restarts"] = self.cluster.restarts() if self.cluster.services else {}
             result["proxy"] = self.proxy.stats()
             self.cluster.stop()
