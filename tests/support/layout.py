@@ -30,4 +30,5 @@ CORES = [
     "quire/sim/metadata.py",
     "quire/sim/clients.py",
     "quire/sim/ledger.py",
+    "quire/faults/checker.py",
 ]
