@@ -10,6 +10,7 @@ with restart=True, so the nemesis can signal, hold and release its processes.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import random
@@ -211,8 +212,8 @@ class Run:
             healed_at = time.monotonic()
             result["repair_s"] = self._repair_time(healed_at)
             final_data = final.run_final(history, http_url=self.cluster.http_url, settings=settings)
-            check = checker.check(history.load(), final_data)
-            result |= {"check": check.as_dict(), "ok": check.ok}
+            check = checker.check(history.ops(), final_data)
+            result |= {"check": dataclasses.asdict(check), "ok": check.ok}
         except Exception as exc:  # a run that could not finish is a failed run, with its cause
             result["ok"] = False
             result["error"] = f"{type(exc).__name__}: {exc}"
@@ -292,17 +293,8 @@ def _verdict(result: dict[str, Any]) -> str:
     return "ok" if result["ok"] else "VIOLATIONS"
 
 
-OPERATIONS = ("attempted", "acked", "failed", "indeterminate")
-VIOLATIONS = (
-    "lost",
-    "unexpected",
-    "duplicates",
-    "non_dense",
-    "beyond_lac",
-    "ack_after_fence",
-    "closed_changed",
-    "corrupt",
-)
+# The history's outcomes as the summary names them.
+OPERATIONS = {"attempted": "attempted", "acked": "ok", "failed": "fail", "indeterminate": "info"}
 
 
 def summarise(tier: str, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -341,9 +333,9 @@ def _empty_row(control: bool) -> dict[str, Any]:
         "failed_runs": 0,
         "faults": {},
         "operations": dict.fromkeys(OPERATIONS, 0),
-        "violations": dict.fromkeys(VIOLATIONS, 0),
-        "replicas_missing": 0,
-        "replicas_differing": 0,
+        "entries": dict.fromkeys(OPERATIONS, 0),
+        "violations": dict.fromkeys(checker.FATAL, 0),
+        "figures": dict.fromkeys(checker.FIGURES, 0),
         "repair_s": [],
         "recovery_s": [],
     }
@@ -358,31 +350,36 @@ def _add(row: dict[str, Any], result: dict[str, Any]) -> None:
     check = result.get("check")
     if check is None:
         return
-    for key in OPERATIONS:
-        row["operations"][key] += check["operations"][key]
-    for key in VIOLATIONS:
+    for name, outcome in OPERATIONS.items():
+        row["operations"][name] += sum(c[outcome] for c in check["operations"].values())
+        row["entries"][name] += check["entries"].get(outcome, 0)
+    for key in checker.FATAL:
         row["violations"][key] += check[key]
-    row["replicas_missing"] += check["replicas_missing"]
-    row["replicas_differing"] += check["replicas_differing"]
+    for key in checker.FIGURES:
+        row["figures"][key] += check[key]
     if result.get("repair_s") is not None:
         row["repair_s"].append(result["repair_s"])
-    row["recovery_s"].extend(check.get("recovery_s", []))
+    row["recovery_s"].extend(round(ms / 1000, 3) for ms in check["recovery_ms"])
 
 
 def print_summary(summary: dict[str, Any], stream: IO[str]) -> None:
     rows = [*summary["scenarios"].items(), ("TOTAL", summary["total"])]
     print(f"\nfault suite, tier {summary['tier']}:", file=stream)
     for name, row in rows:
-        ops = row["operations"]
-        v = row["violations"]
-        others = sum(n for k, n in v.items() if k not in ("lost", "unexpected"))
+        ops, entries, v = row["operations"], row["entries"], row["violations"]
+        others = {k: n for k, n in v.items() if k not in ("lost", "unexpected") and n}
         label = f"{name} (control: fsync off)" if row.get("control") else name
+        print(f"  {label}: runs {row['runs']}, failed {row['failed_runs']}", file=stream)
         print(
-            f"  {label}: runs {row['runs']} (failed {row['failed_runs']}); "
-            f"ops attempted {ops['attempted']} acked {ops['acked']} failed {ops['failed']} "
-            f"indeterminate {ops['indeterminate']}; lost {v['lost']} unexpected "
-            f"{v['unexpected']} other violations {others}; replicas missing "
-            f"{row['replicas_missing']} differing {row['replicas_differing']}",
+            f"    operations: attempted {ops['attempted']} acked {ops['acked']} failed "
+            f"{ops['failed']} indeterminate {ops['indeterminate']} (entries appended: "
+            f"attempted {entries['attempted']} acked {entries['acked']})",
+            file=stream,
+        )
+        print(
+            f"    lost {v['lost']}, unexpected {v['unexpected']}, other violations "
+            f"{others or 0}; replicas missing {row['figures']['replicas_missing']}, "
+            f"corrupt (detected) {row['figures']['replicas_corrupt']}",
             file=stream,
         )
         faults = ", ".join(f"{k} {n}" for k, n in row["faults"].items()) or "none"
