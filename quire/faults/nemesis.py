@@ -131,13 +131,19 @@ class Nemesis:
             self._thread.join()
 
     def _run(self, schedule: Schedule) -> None:
+        """Each kind once first, in a seeded order (a short run covers them all), then
+        kinds drawn by weight. A kind with no target yet (a bitflip before any record was
+        written) is tried again later."""
         kinds = sorted(schedule.weights)
         weights = [schedule.weights[k] for k in kinds]
+        first = self.rng.sample(kinds, len(kinds))
         try:
             while not self._stop.wait(self.rng.uniform(*schedule.gap_s)):
-                kind = self.rng.choices(kinds, weights)[0]
+                kind = first.pop(0) if first else self.rng.choices(kinds, weights)[0]
                 fault = self.inject(kind)
                 if fault is None:
+                    if kind not in self.injected:
+                        first.append(kind)
                     continue
                 self._stop.wait(self.rng.uniform(*schedule.duration_s))
                 self.heal(fault)

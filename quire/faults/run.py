@@ -53,6 +53,8 @@ class Scenario:
     workload: dict[str, Any] = field(default_factory=dict)  # Workload options
 
 
+# The short tier's pace: a fault every ~2.5 s on average.
+BRISK = {"duration_s": (1.0, 3.0), "gap_s": (0.5, 1.5)}
 PROCESS_FAULTS = {"kill": 3, "kill-hold": 1, "pause": 2}
 NETWORK_FAULTS = {"partition": 3, "nats-restart": 1, "postgres-restart": 1}
 DISK_FAULTS = {"power-loss": 2, "bitflip-journal": 1, "bitflip-entrylog": 1, "eio": 1}
@@ -60,9 +62,9 @@ CONTROL = Schedule({"coordinated-power-loss": 1}, duration_s=(1.0, 2.0), gap_s=(
 
 TIERS: dict[str, list[Scenario]] = {
     "short": [
-        Scenario("processes", Schedule(PROCESS_FAULTS), 25.0),
-        Scenario("network", Schedule(NETWORK_FAULTS), 25.0),
-        Scenario("disk", Schedule(DISK_FAULTS), 25.0),
+        Scenario("processes", Schedule(PROCESS_FAULTS, **BRISK), 25.0),
+        Scenario("network", Schedule(NETWORK_FAULTS, **BRISK), 25.0),
+        Scenario("disk", Schedule(DISK_FAULTS, **BRISK), 25.0),
         Scenario("control-no-fsync", CONTROL, 12.0, control=True),
     ],
     "long": [

@@ -198,7 +198,9 @@ async def test_schedule_is_the_seeds_and_everything_is_logged(tmp_path: Path) ->
         assert len(healed) == len(injected)  # each injection healed, the last by stop()
         assert all(h["kind"] == i["kind"] for i, h in zip(injected, healed, strict=True))
         assert sum(nemesis.injected.values()) == len(injected)
-        return [x["kind"] for x in injected][:8]
+        kinds = [x["kind"] for x in injected][:8]
+        assert set(kinds[:4]) == set(schedule.weights)  # each kind once first
+        return kinds
 
     assert await kinds_of(tmp_path / "a") == await kinds_of(tmp_path / "b")
 

@@ -1,0 +1,69 @@
+"""The fault suite's short tier, as `make faults` runs it: real clusters under the nemesis, the
+workload's history and the final read-back judged by the checker (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quire.faults.checker import FATAL
+from quire.faults.run import TIERS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+OPERATIONS = ("attempted", "acked", "failed", "indeterminate")
+
+
+@pytest.mark.timeout(900)
+def test_short_tier(cluster_dir) -> None:
+    out = cluster_dir("faults") / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "quire.faults", "--tier", "short", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    report = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert done.returncode == (0 if summary["passed"] else 1), report
+    assert "fault suite PASSED" in done.stdout, report
+
+    scenarios = {s.name: s for s in TIERS["short"]}
+    assert set(summary["scenarios"]) == set(scenarios)
+    for run in summary["runs"]:
+        assert "error" not in run, run.get("error")
+        check = run["check"]
+        if run["control"]:
+            # The control run (fsync off, every bookie losing power at once) must lose
+            # acknowledged entries: proof that the checker sees a loss.
+            assert check["lost"] > 0, run["run_dir"]
+        else:
+            assert {rule: check[rule] for rule in FATAL} == dict.fromkeys(FATAL, 0), check[
+                "examples"
+            ]
+        # Each kind the scenario schedules was injected at least once.
+        kinds = set(scenarios[run["scenario"]].schedule.weights)
+        assert kinds <= {kind for kind, n in run["faults"].items() if n > 0}, run["faults"]
+        assert check["operations"]["append"]["ok"] > 0  # the workload did work
+
+    for name, row in [*summary["scenarios"].items(), ("total", summary["total"])]:
+        ops, entries = row["operations"], row["entries"]
+        assert ops["acked"] + ops["failed"] + ops["indeterminate"] == ops["attempted"], name
+        assert entries["acked"] <= entries["attempted"], name
+    total = summary["total"]
+    assert total["runs"] == sum(row["runs"] for row in summary["scenarios"].values())
+    for key in OPERATIONS:
+        assert total["operations"][key] == sum(
+            row["operations"][key] for row in summary["scenarios"].values()
+        )
+    assert total["violations"]["lost"] == sum(
+        row["violations"]["lost"] for row in summary["scenarios"].values()
+    )
+    # The runs and their logs are kept for a failure's diagnosis.
+    for run in summary["runs"]:
+        assert (Path(run["run_dir"]) / "nemesis.jsonl").exists()
+        assert (Path(run["run_dir"]) / "history.jsonl").exists()
