@@ -186,6 +186,7 @@ class Run:
             "run_dir": str(self.run_dir),
         }
         workload: Workload | None = None
+        history: History | None = None
         nemesis = self.nemesis
         started = time.monotonic()
         try:
@@ -196,10 +197,10 @@ class Run:
             settings = self._settings()
             history = History(self.run_dir / "history.jsonl")
             workload = Workload(
+                self.cluster.http_url,
+                self.cluster.grpc_address,
                 history,
-                http_url=self.cluster.http_url,
-                grpc_address=self.cluster.grpc_address,
-                rng=random.Random(self.rng.random()),
+                seed=self.rng.randrange(2**32),
                 **self.scenario.workload,
             )
             workload.start()
@@ -213,7 +214,9 @@ class Run:
             nemesis.heal_all()
             healed_at = time.monotonic()
             result["repair_s"] = self._repair_time(healed_at)
-            final_data = final.run_final(history, http_url=self.cluster.http_url, settings=settings)
+            final_data = final.run_final_phase(
+                self.cluster.http_url, settings, final.ledgers_of(history.ops())
+            )
             check = checker.check(history.ops(), final_data)
             result |= {"check": dataclasses.asdict(check), "ok": check.ok}
         except Exception as exc:  # a run that could not finish is a failed run, with its cause
@@ -225,6 +228,9 @@ class Run:
             nemesis.stop()
             if workload is not None:
                 workload.stop()
+                result["workload"] = workload.stats()
+            if history is not None:
+                history.close()
             result["restarts"] = self.cluster.restarts() if self.cluster.services else {}
             result["proxy"] = self.proxy.stats()
             self.cluster.stop()
