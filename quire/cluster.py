@@ -188,10 +188,7 @@ class Cluster:
             self.write_cluster_json()
             self.write_targets_json()
             if self.config.restart:
-                self._supervisor = threading.Thread(
-                    target=self._supervise, name="quire-supervisor", daemon=True
-                )
-                self._supervisor.start()
+                self._start_supervisor()
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -266,13 +263,16 @@ class Cluster:
             env.update(self.config.env_for(name))
         with open(self.data_dir / "logs" / f"{name}.log", "ab") as log_file:
             return subprocess.Popen(
-                **ended_with_parent([sys.executable, "-m", f"services.{kind}"]),
+                **ended_with_parent(self._service_command(kind)),
                 env=env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    def _service_command(self, kind: str) -> list[str]:
+        return [sys.executable, "-m", f"services.{kind}"]
 
     def _relaunch(self, svc: ServiceProcess) -> subprocess.Popen:
         """A new incarnation of `svc`; NATS and PostgreSQL on the same port and data."""
@@ -482,6 +482,12 @@ class Cluster:
     def restarts(self) -> dict[str, int]:
         with self._lock:
             return {name: svc.restarts for name, svc in self._processes.items()}
+
+    def _start_supervisor(self) -> None:
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="quire-supervisor", daemon=True
+        )
+        self._supervisor.start()
 
     def _supervise(self) -> None:
         while not self._stopping.wait(SUPERVISE_INTERVAL_S):

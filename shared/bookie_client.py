@@ -14,14 +14,13 @@ several ledgers' adds sends in no span of its own. Any other request carries no 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
 from opentelemetry.trace import NonRecordingSpan, SpanContext, use_span
 
-from shared import wire
+from shared import clock, wire
 from shared.models import REGISTERED_AT, BookieInfo
 from shared.protocol.transport import BookieUnreachable
 from shared.requests import request
@@ -52,7 +51,7 @@ GC_ADMIN_TIMEOUT_S = 5.0
 
 def wall_clock_ms() -> int:
     """Registrations are wall-clock times (stamped by the bookie's machine)."""
-    return time.time_ns() // 1_000_000
+    return clock.wall_ms()
 
 
 def no_responders_retries(registered_at_ms: int | None, now_ms: int, grace_ms: int) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from nats.js.errors import BadRequestError
 from opentelemetry.trace import SpanContext
 from pydantic import BaseModel, Field
 
+from shared import clock
 from shared.subjects import Subjects
 from shared.telemetry import current_span_context, inject_headers, nats_client_span
 
@@ -48,7 +48,7 @@ class Event(BaseModel):
     schema_version: int = SCHEMA_VERSION
     event_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     kind: str  # dotted, e.g. "ledger.created"
-    ts_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
+    ts_ms: int = Field(default_factory=clock.wall_ms)
     source: str  # the service instance, e.g. "bookie-1.journal"
     ledger_id: int | None = None
     bookie_id: str | None = None

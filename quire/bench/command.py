@@ -108,8 +108,11 @@ class ClusterAccess:
 
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
-    """The processes cluster.json lists (its `services` rows)."""
-    return [Process(row["name"], row["kind"], int(row["pid"])) for row in rows]
+    """The processes cluster.json lists (its `services` rows) that are up: a row's pid is
+    null while its process waits for its restart."""
+    return [
+        Process(row["name"], row["kind"], int(row["pid"])) for row in rows if row["pid"] is not None
+    ]
 
 
 def _bookie_ids(rows: list[dict[str, Any]]) -> list[str]:
@@ -141,9 +144,11 @@ def cluster_access(
     bookies: int,
     grpc_address: str | None,
     extra_env: dict[str, str] | None = None,
+    restart: bool = True,
 ) -> Iterator[ClusterAccess]:
     """The running cluster that --gateway/--data-dir name, else one started here (with
-    `extra_env` on top of this process's environment)."""
+    `extra_env` on top of this process's environment; `restart=False`: a process that
+    exits stays down, as `quire up --no-restart`)."""
     if gateway or data_dir:
         yield _existing(gateway, data_dir, grpc_address)
         return
@@ -158,6 +163,7 @@ def cluster_access(
         http_port=free_port(),
         grpc_port=free_port(),
         extra_env=extra_env or {},
+        restart=restart,
     )
     cluster = Cluster(config, out=io.StringIO(), err=io.StringIO())
     err_console.print(f"starting a {bookies}-bookie cluster in {config.data_dir} ...")
@@ -869,7 +875,8 @@ def autorecovery(
         "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": str(max(50, lease_ms // 5)),
         "QUIRE_REPLICATOR__OPEN_LEDGER_REREPLICATION_GRACE_PERIOD_MS": str(grace_ms),
     }
-    with cluster_access(None, None, bookies, None, extra_env=env) as access:
+    # Its victim must stay lost: the cluster does not restart it (nor any other process).
+    with cluster_access(None, None, bookies, None, extra_env=env, restart=False) as access:
         machine = machine_info(access.fsync)
         figures = _run(
             run_autorecovery(access.settings, quorum, spec, access.processes, err_console.print)

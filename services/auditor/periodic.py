@@ -13,6 +13,7 @@ from typing import Any
 
 from services.auditor.checks import LedgerChecker
 from services.auditor.marking import Marker
+from shared import clock
 from shared.autorecovery import (
     FragmentCheck,
     MarkDecision,
@@ -130,7 +131,7 @@ class PeriodicChecks:
             log.info("audit check skipped: autorecovery disabled", extra={"check": name})
             return status.last_findings
         status.running = True
-        status.last_started_at = int(time.time() * 1000)
+        status.last_started_at = clock.wall_ms()
         started = time.monotonic()
         succeeded = False
         try:

@@ -61,6 +61,7 @@ from services.auditor.core import bookie_transitions
 from services.auditor.marking import Marker
 from services.auditor.metrics import auditor_metrics
 from services.auditor.periodic import CheckStatus, PeriodicChecks
+from shared import clock
 from shared.auditor_client import (
     DECOMMISSION,
     RECOVER_BOOKIE,
@@ -238,7 +239,7 @@ class Auditor:
 
     async def audit_lost_bookies(self, bookie_ids: frozenset[str]) -> int:
         log.warning("auditing lost bookies", extra={"bookies": sorted(bookie_ids)})
-        started_at, started = int(time.time() * 1000), time.monotonic()
+        started_at, started = clock.wall_ms(), time.monotonic()
         marked = await self.marker.mark_ledgers_on(set(bookie_ids), MarkReason.LOST_BOOKIE)
         self.last_lost_bookie_audit = {
             "started_at": started_at,

@@ -32,7 +32,7 @@ from opentelemetry.trace import Span, get_current_span
 from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, QueueFull
 from services.journal.metrics import count_add_request, journal_metrics
-from shared import wire
+from shared import clock, wire
 from shared.aio import wait_event
 from shared.bookie.cookie import (
     NO_INSTANCE,
@@ -479,7 +479,7 @@ class JournalService:
         info = {
             "journal_pid": os.getpid(),
             "bookie_dir": str(settings.bookie_dir.resolve()),
-            REGISTERED_AT: time.time_ns() // 1_000_000,
+            REGISTERED_AT: clock.wall_ms(),
         }
         registered = False
         while True:

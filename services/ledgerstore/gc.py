@@ -23,12 +23,12 @@ import asyncio
 import json
 import logging
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from shared import clock
 from shared.aio import wait_event
 from shared.bookie.cookie import NO_INSTANCE
 from shared.bookie.gc import (
@@ -104,7 +104,7 @@ def os_disk_usage(path: Path) -> tuple[int, int]:
 
 
 def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return clock.wall_ms()
 
 
 class GcError(Exception):

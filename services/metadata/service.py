@@ -22,6 +22,7 @@ from services.metadata.metrics import MetadataStats, metadata_metrics
 from services.metadata.outbox import OutboxPublisher
 from services.metadata.postgres import PostgresMetadataStore
 from services.metadata.store import BadVersion, CookieBadVersion, MetadataStore, StoreError
+from shared import clock
 from shared.metaclient import METADATA_OPS
 from shared.metrics import serve_metrics
 from shared.models import (
@@ -69,7 +70,7 @@ Operation = Callable[[Any], Awaitable[BaseModel]]
 
 
 def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return clock.wall_ms()
 
 
 class MetadataService:

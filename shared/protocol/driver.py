@@ -38,6 +38,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, use_span
 
+from shared import clock
 from shared.config import GatewaySettings
 from shared.digest import DigestManager, LedgerKeys, mac_key, master_key
 from shared.metaclient import MetadataError
@@ -152,7 +153,7 @@ def monotonic_us() -> int:
 
 def wall_clock_ms() -> int:
     """Bookie leases are wall-clock times (they are compared across machines)."""
-    return time.time_ns() // 1_000_000
+    return clock.wall_ms()
 
 
 def password_hash(salt_hex: str, password: bytes) -> str:

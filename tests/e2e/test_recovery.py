@@ -28,6 +28,7 @@ def cluster(cluster_dir) -> Iterator[QuireUp]:
     up = QuireUp(
         data_dir,
         bookies=4,
+        restart=False,  # a killed bookie stays lost (quire up --no-restart)
         env={
             "QUIRE_METADATA__BOOKIE_LEASE_MS": "3000",
             "QUIRE_METADATA__BOOKIE_HEARTBEAT_MS": "500",

@@ -46,6 +46,7 @@ class QuireUp:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
+    restart: bool = True  # False: `--no-restart`, for a test that kills a process for good
     proc: subprocess.Popen | None = None
     ready_line: str = ""
     stderr_path: Path | None = None
@@ -72,6 +73,7 @@ class QuireUp:
                     str(self.http_port),
                     "--grpc-port",
                     str(self.grpc_port),
+                    *([] if self.restart else ["--no-restart"]),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -118,7 +120,9 @@ class QuireUp:
         return json.loads((self.data_dir / "cluster.json").read_text())
 
     def pids(self) -> list[int]:
-        return [row["pid"] for row in self.cluster_json()["services"]]
+        """The processes of cluster.json that are up (a row's pid is null while its
+        process is down, waiting for its restart)."""
+        return [row["pid"] for row in self.cluster_json()["services"] if row["pid"] is not None]
 
     def stop(self, timeout_s: float = 90.0) -> int:
         """SIGTERM, as a user's Ctrl-C would; the exit code."""

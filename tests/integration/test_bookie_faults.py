@@ -1,0 +1,261 @@
+"""Disk faults in a real bookie's processes (journal + ledgerstore as subprocesses with
+QUIRE_FAULTS_DIR, against real NATS), injected as the fault suite does it
+(quire/faults/disk.py): a power loss after kill -9 keeps every acknowledged entry, and
+loses some once fsync is off (proof the model bites); bit flips are never served as data;
+an injected EIO or ENOSPC fail-stops the process, and nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from quire.faults import disk as faults_disk
+from shared import wire
+from shared.bookie.fault_files import UNSAFE_NO_FSYNC
+from shared.config import QuireSettings
+from shared.disk import FAIL_STOP_EXIT_CODE
+from shared.status import BookieStatus
+from tests.integration.test_bookie import KEY, Bookie, frame
+from tests.support.wait import until
+
+KINDS = ("journal", "ledgerstore")
+# Short: the add in flight when a process dies is only answered by this timeout.
+ADD_TIMEOUT_S = 2.0
+FLAGS = wire.add_flags("crc32c")  # the digest of `frame`: the bookie verifies what it reads
+
+
+class FaultyBookie:
+    """One bookie's two processes, each with its own faults dir, restartable."""
+
+    def __init__(self, settings: QuireSettings, tmp_path: Path, **env: str) -> None:
+        self.settings = settings
+        self.log_dir = tmp_path
+        self.env = env
+        self.faults = {kind: tmp_path / "faults" / f"{settings.bookie_id}.{kind}" for kind in KINDS}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, kind: str) -> None:
+        env = dict(
+            os.environ,
+            QUIRE_NATS_URL=self.settings.nats_url,
+            QUIRE_SUBJECT_PREFIX=self.settings.subject_prefix,
+            QUIRE_DATA_DIR=str(self.settings.data_dir),
+            QUIRE_BOOKIE_ID=self.settings.bookie_id,
+            QUIRE_FAULTS_DIR=str(self.faults[kind]),
+            QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS="100",
+            **self.env,
+        )
+        with open(self.log_dir / f"{kind}.log", "ab") as log_file:
+            self.procs[kind] = subprocess.Popen(
+                [sys.executable, "-m", f"services.{kind}"],
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).parents[2],
+                start_new_session=True,
+            )
+
+    async def start(self, client: Bookie) -> None:
+        for kind in KINDS:
+            self.spawn(kind)
+        await self.serving(client)
+
+    async def serving(self, client: Bookie) -> None:
+        async def answers() -> bool:
+            for kind, proc in self.procs.items():
+                assert proc.poll() is None, f"{kind} exited: {self.log(kind)[-3000:]}"
+            try:
+                await client.read_lac(0)  # the ledgerstore serves
+                await client.call("info", b"", timeout=1)  # and the journal
+            except Exception:
+                return False
+            return True
+
+        await until(answers, "the bookie serves")
+
+    def kill_9(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait(timeout=10)
+
+    async def exited(self, kind: str) -> int:
+        proc = self.procs[kind]
+        await until(lambda: proc.poll() is not None, f"{kind} exits")
+        return proc.returncode
+
+    def log(self, kind: str) -> str:
+        return (self.log_dir / f"{kind}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@asynccontextmanager
+async def faulty_bookie(settings, tmp_path, **env):
+    bookie = FaultyBookie(settings, tmp_path, **env)
+    try:
+        yield bookie
+    finally:
+        bookie.stop()
+
+
+class Writers:
+    """Writers on several ledgers, one add at a time each, keeping what was acknowledged.
+    An add that fails or times out is indeterminate: never counted."""
+
+    def __init__(self, client: Bookie, ledgers: tuple[int, ...]) -> None:
+        self.client = client
+        self.acked: dict[tuple[int, int], bytes] = {}
+        self._tasks = [asyncio.create_task(self._write(ledger)) for ledger in ledgers]
+
+    async def _write(self, ledger_id: int) -> None:
+        for e in range(100_000):
+            data = frame(ledger_id, e, e - 1, payload=os.urandom(200))
+            request = wire.encode_add_request([wire.AddItem(FLAGS, KEY, data)])
+            try:
+                reply = await self.client.call("add", request, timeout=ADD_TIMEOUT_S)
+            except Exception:
+                return  # the bookie died under us: the outcome is unknown
+            status, results = wire.decode_add_reply(reply)
+            assert (status, [r.status for r in results]) == (BookieStatus.OK, [BookieStatus.OK])
+            self.acked[(ledger_id, e)] = data
+
+    async def finished(self) -> None:
+        await asyncio.gather(*self._tasks)
+
+
+async def reads_back(client: Bookie, acked: dict[tuple[int, int], bytes]) -> dict[str, list]:
+    """The acknowledged entries by what a read of them gives: "ok" (the bytes written),
+    "wrong" (other bytes with OK: never allowed), or the status name."""
+    outcome: dict[str, list] = {}
+    pairs = sorted(acked)
+    for at in range(0, len(pairs), 200):
+        for r in await client.read(pairs[at : at + 200]):
+            key = (r.ledger_id, r.entry_id)
+            if r.status is BookieStatus.OK:
+                name = "ok" if r.frame == acked[key] else "wrong"
+            else:
+                name = r.status.name
+            outcome.setdefault(name, []).append(key)
+    return outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["lose", "tear"])
+async def test_power_loss_after_kill_9_keeps_every_acknowledged_entry(
+    nc, settings, tmp_path, mode: str
+) -> None:
+    client = Bookie(nc, settings)
+    async with faulty_bookie(settings, tmp_path) as bookie:
+        await bookie.start(client)
+        writers = Writers(client, (30, 31, 32))
+        await until(lambda: len(writers.acked) >= 600, "600 acked adds")
+        bookie.kill_9()
+        await writers.finished()
+        done = faults_disk.power_loss(list(bookie.faults.values()), mode, random.Random(7))
+        assert done["mode"] == mode
+        await bookie.start(client)
+        outcome = await reads_back(client, writers.acked)
+        assert set(outcome) == {"ok"}, {k: v[:5] for k, v in outcome.items() if k != "ok"}
+
+
+@pytest.mark.slow
+async def test_with_fsync_off_a_power_loss_loses_acknowledged_entries(
+    nc, settings, tmp_path
+) -> None:
+    client = Bookie(nc, settings)
+    async with faulty_bookie(settings, tmp_path) as bookie:
+        for faults_dir in bookie.faults.values():
+            faults_dir.mkdir(parents=True)
+            (faults_dir / UNSAFE_NO_FSYNC).touch()
+        await bookie.start(client)
+        writers = Writers(client, (30, 31, 32))
+        await until(lambda: len(writers.acked) >= 300, "300 acked adds")
+        bookie.kill_9()
+        await writers.finished()
+        done = faults_disk.power_loss(list(bookie.faults.values()), "lose", random.Random(7))
+        assert done["cut"]
+        await bookie.start(client)
+        outcome = await reads_back(client, writers.acked)
+        assert "wrong" not in outcome
+        assert len(outcome.get("ok", [])) < len(writers.acked)
+
+
+@pytest.mark.slow
+async def test_bit_flips_in_entry_logs_are_never_served_as_data(nc, settings, tmp_path) -> None:
+    client = Bookie(nc, settings)
+    async with faulty_bookie(settings, tmp_path) as bookie:
+        await bookie.start(client)
+        acked = {(50, e): frame(50, e, e - 1, payload=os.urandom(300)) for e in range(40)}
+        for e in range(40):
+            assert await client.add([acked[(50, e)]], flags=FLAGS) == [BookieStatus.OK]
+        bookie.kill_9()  # a clean restart: everything is flushed to the entry log first
+        await bookie.start(client)
+        (log_path,) = faults_disk.bookie_files(settings.data_dir, settings.bookie_id)["entrylog"]
+        await until(lambda: log_path.stat().st_size > 40 * 300, "entries in the entry log")
+        rng = random.Random(11)
+        flips = [faults_disk.flip_bit(log_path, rng) for _ in range(8)]
+        assert all(f["flipped"] for f in flips)
+        outcome = await reads_back(client, acked)
+        assert "wrong" not in outcome and set(outcome) <= {"ok", "CORRUPT"}
+        hit = {(f["ledger_id"], f["entry_id"]) for f in flips if f["in"] == "data"}
+        assert hit <= set(outcome.get("CORRUPT", []))
+        # And after a restart (the read cache gone, the log scanned again).
+        bookie.kill_9()
+        await bookie.start(client)
+        again = await reads_back(client, acked)
+        assert "wrong" not in again and set(again.get("CORRUPT", [])) == hit
+
+
+@pytest.mark.slow
+async def test_injected_eio_on_journal_fsync_fail_stops_and_loses_nothing(
+    nc, settings, tmp_path
+) -> None:
+    client = Bookie(nc, settings)
+    async with faulty_bookie(settings, tmp_path) as bookie:
+        await bookie.start(client)
+        writers = Writers(client, (60, 61))
+        await until(lambda: len(writers.acked) >= 100, "100 acked adds")
+        faults_disk.fail_next(bookie.faults["journal"], "fsync", "EIO")
+        assert await bookie.exited("journal") == FAIL_STOP_EXIT_CODE
+        bookie.kill_9()
+        await writers.finished()
+        await bookie.start(client)
+        outcome = await reads_back(client, writers.acked)
+        assert set(outcome) == {"ok"}, {k: v[:5] for k, v in outcome.items() if k != "ok"}
+
+
+@pytest.mark.slow
+async def test_injected_enospc_on_entry_log_write_fail_stops_and_loses_nothing(
+    nc, settings, tmp_path
+) -> None:
+    client = Bookie(nc, settings)
+    async with faulty_bookie(settings, tmp_path) as bookie:
+        await bookie.start(client)
+        writers = Writers(client, (62, 63))
+        await until(lambda: len(writers.acked) >= 100, "100 acked adds")
+        faults_disk.fail_next(bookie.faults["ledgerstore"], "write", "ENOSPC")
+        assert await bookie.exited("ledgerstore") == FAIL_STOP_EXIT_CODE
+        bookie.kill_9()
+        await writers.finished()
+        await bookie.start(client)
+        outcome = await reads_back(client, writers.acked)
+        assert set(outcome) == {"ok"}, {k: v[:5] for k, v in outcome.items() if k != "ok"}
