@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", help="only this scenario of the tier")
     parser.add_argument("--seed", type=int, help="only this seed (default: the scenario's)")
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: the runs' cleanup (heal, stop every cluster) runs either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     return run_tier(args.tier, args.out, args.scenario, args.seed)
 
 

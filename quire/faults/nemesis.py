@@ -100,6 +100,8 @@ class Nemesis:
         run_dir: Path,
         rng: random.Random,
         ready_url: str,
+        power_loss_modes: tuple[str, ...] = disk.POWER_LOSS_MODES,
+        unsafe_no_fsync: bool = False,
     ) -> None:
         self.cluster = cluster
         self.proxy = proxy
@@ -107,6 +109,8 @@ class Nemesis:
         self.faults_dir = faults_dir  # a process's QUIRE_FAULTS_DIR
         self.rng = rng
         self.ready_url = ready_url
+        self.power_loss_modes = power_loss_modes
+        self.unsafe_no_fsync = unsafe_no_fsync  # the control run: bookies skip their fsyncs
         self.log_path = run_dir / "nemesis.jsonl"
         self.injected: Counter[str] = Counter()
         self.last_heal_at: float | None = None
@@ -215,7 +219,7 @@ class Nemesis:
     def _kill_hold(self) -> Fault:
         name = self.rng.choice(self._services())
         self._kill_held([name])
-        return Fault("kill-hold", name, time.time(), heal=lambda: self._release([name]))
+        return Fault("kill-hold", name, time.time(), heal=lambda: self._bring_back([name]))
 
     def _pause(self) -> Fault:
         name = self.rng.choice(self._services() + self._servers())
@@ -271,14 +275,16 @@ class Nemesis:
     def _lose_power(self, kind: str, target: str, bookies: list[str]) -> Fault:
         halves = [f"{b}.{half}" for b in bookies for half in ("journal", "ledgerstore")]
         self._kill_held(halves)
-        mode = self.rng.choice(("lose", "tear"))
+        mode = self.rng.choice(self.power_loss_modes)
         report = disk.power_loss([self.faults_dir(h) for h in halves], mode, self.rng)
         return Fault(
             kind,
             target,
             time.time(),
             {"mode": mode, "report": report},
-            heal=lambda: self._release(halves),
+            # Without fsync (the control run) a power loss cuts what the journal had
+            # checkpointed: it refuses to start, as it should, and the operator steps in.
+            heal=lambda: self._bring_back(halves, damage_expected=self.unsafe_no_fsync),
         )
 
     def _bitflip_journal(self) -> Fault | None:
@@ -304,24 +310,34 @@ class Nemesis:
         self._kill_held([name])
         report = disk.flip_bit(self.rng.choice(sorted(candidates)), self.rng)
         return Fault(
-            kind, name, time.time(), {"flip": report}, heal=lambda: self._restart_damaged(name)
+            kind,
+            name,
+            time.time(),
+            {"flip": report},
+            heal=lambda: self._bring_back([name], damage_expected=True),
         )
 
-    def _restart_damaged(self, name: str) -> None:
-        since = self._log_size(name)
-        self._release([name])
-        if self._wait_started(name, since) == "started":
-            return
-        # BookKeeper's skipReplayJournalInvalidRecord: the damaged batch is lost on this
-        # bookie, which from then on answers UNKNOWN_LEDGER_STATE (not NO_ENTRY) for what it
-        # lacks. Kept for the rest of the run: the damaged records stay in the file.
-        self.operator_env[name] = {SKIP_INVALID_JOURNAL_RECORD: "true"}
-        self._log("operator", kind="restart-skipping-damage", target=name)
-        self._kill_held([name])
-        since = self._log_size(name)
-        self._release([name])
-        if self._wait_started(name, since) != "started":
-            raise NemesisError(f"{name} refused to start even skipping damaged records")
+    def _bring_back(self, names: list[str], damage_expected: bool = False) -> None:
+        """Release held processes and wait until each service among them has started. A
+        journal that refuses to start on damage is restarted the operator's way when the
+        fault damaged it on purpose; otherwise its refusal is a finding of the run."""
+        since = {name: self._log_size(name) for name in names}
+        self._release(names)
+        for name in names:
+            if name in SERVERS or self._wait_started(name, since[name]) == "started":
+                continue
+            if not damage_expected:
+                raise NemesisError(f"{name} refused to start after the fault; see its log")
+            # BookKeeper's skipReplayJournalInvalidRecord: the damaged batch is lost on this
+            # bookie, which from then on answers UNKNOWN_LEDGER_STATE (not NO_ENTRY) for
+            # what it lacks. Kept for the rest of the run: the damage stays in the file.
+            self.operator_env[name] = {SKIP_INVALID_JOURNAL_RECORD: "true"}
+            self._log("operator", kind="restart-skipping-damage", target=name)
+            self._kill_held([name])
+            again = self._log_size(name)
+            self._release([name])
+            if self._wait_started(name, again) != "started":
+                raise NemesisError(f"{name} refused to start even skipping damaged records")
 
     def _eio(self) -> Fault:
         return self._fail_next("eio", "EIO")
@@ -356,7 +372,11 @@ class Nemesis:
             self.cluster.data_dir, bookie, [self.faults_dir(h) for h in halves]
         )
         return Fault(
-            "disk-wipe", bookie, time.time(), {"report": report}, heal=lambda: self._release(halves)
+            "disk-wipe",
+            bookie,
+            time.time(),
+            {"report": report},
+            heal=lambda: self._bring_back(halves),
         )
 
     # -- helpers ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import httpx
 from sqlalchemy.engine import make_url
 
 from quire.cluster import Cluster, ClusterConfig
-from quire.faults import checker, final
+from quire.faults import checker, disk, final
 from quire.faults.history import History
 from quire.faults.nemesis import Nemesis, Schedule
 from quire.faults.proxy import FaultProxy
@@ -38,7 +38,6 @@ from shared.config import QuireSettings
 
 UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
 TRIGGER_AUDIT = "/api/v1/autorecovery/trigger_audit"
-REPAIR_TIMEOUT_S = 120.0
 BOOKIE_HALVES = ("journal", "ledgerstore")
 
 
@@ -48,7 +47,11 @@ class Scenario:
     schedule: Schedule
     fault_period_s: float  # how long the workload runs under the nemesis
     control: bool = False  # fsync off on every bookie: the checker MUST see losses
-    bookies: int = 4
+    # Five: a ledger striped over four bookies (the workload makes some) keeps a bookie
+    # outside its ensemble to re-replicate a missing fragment to.
+    bookies: int = 5
+    repair_timeout_s: float = 60.0  # 0: not measured
+    final_deadline_s: float = final.DEADLINE_S
     seeds: tuple[int, ...] = (1,)
     workload: dict[str, Any] = field(default_factory=dict)  # Workload options
 
@@ -60,12 +63,17 @@ NETWORK_FAULTS = {"partition": 3, "nats-restart": 1, "postgres-restart": 1}
 DISK_FAULTS = {"power-loss": 2, "bitflip-journal": 1, "bitflip-entrylog": 1, "eio": 1}
 CONTROL = Schedule({"coordinated-power-loss": 1}, duration_s=(1.0, 2.0), gap_s=(4.0, 6.0))
 
+# Every bookie's journal cut below what it checkpointed: nothing to repair from, and the
+# ledgers whose entries are gone everywhere cannot be recovered; the final phase gives up on
+# them sooner than on a healthy cluster (the checker counts them unrecovered).
+CONTROL_RUN: dict[str, Any] = {"control": True, "repair_timeout_s": 0, "final_deadline_s": 20.0}
+
 TIERS: dict[str, list[Scenario]] = {
     "short": [
         Scenario("processes", Schedule(PROCESS_FAULTS, **BRISK), 25.0),
         Scenario("network", Schedule(NETWORK_FAULTS, **BRISK), 25.0),
         Scenario("disk", Schedule(DISK_FAULTS, **BRISK), 25.0),
-        Scenario("control-no-fsync", CONTROL, 12.0, control=True),
+        Scenario("control-no-fsync", CONTROL, 12.0, **CONTROL_RUN),
     ],
     "long": [
         Scenario("processes", Schedule(PROCESS_FAULTS | {"clock-jump": 1}), 90.0, seeds=(1, 2)),
@@ -95,7 +103,7 @@ TIERS: dict[str, list[Scenario]] = {
             120.0,
             seeds=(3,),
         ),
-        Scenario("control-no-fsync", CONTROL, 20.0, control=True),
+        Scenario("control-no-fsync", CONTROL, 20.0, **CONTROL_RUN),
     ],
 }
 
@@ -132,6 +140,10 @@ class Run:
             run_dir,
             random.Random(self.rng.random()),
             self.cluster.http_url,
+            # The control run loses what was not fsynced, all of it: a torn tail could keep
+            # the very bytes whose loss it must show.
+            power_loss_modes=("lose",) if scenario.control else disk.POWER_LOSS_MODES,
+            unsafe_no_fsync=scenario.control,
         )
 
     # -- the processes' environment -----------------------------------------------------
@@ -213,9 +225,13 @@ class Run:
                 raise nemesis.error
             nemesis.heal_all()
             healed_at = time.monotonic()
-            result["repair_s"] = self._repair_time(healed_at)
+            if self.scenario.repair_timeout_s:
+                result["repair_s"] = self._repair_time(healed_at, self.scenario.repair_timeout_s)
             final_data = final.run_final_phase(
-                self.cluster.http_url, settings, final.ledgers_of(history.ops())
+                self.cluster.http_url,
+                settings,
+                final.ledgers_of(history.ops()),
+                self.scenario.final_deadline_s,
             )
             check = checker.check(history.ops(), final_data)
             result |= {"check": dataclasses.asdict(check), "ok": check.ok}
@@ -245,13 +261,13 @@ class Run:
         user, password = self.cluster.nats_credentials or ("", "")
         return QuireSettings(nats_url=self.cluster.nats_url, nats_user=user, nats_password=password)
 
-    def _repair_time(self, healed_at: float) -> float | None:
+    def _repair_time(self, healed_at: float, timeout_s: float) -> float | None:
         """Seconds from the heal until the auditor (asked to audit now) lists no ledger
-        under-replicated; None if that did not happen within REPAIR_TIMEOUT_S."""
+        under-replicated; None if that did not happen within `timeout_s`."""
         url = self.cluster.http_url
         with httpx.Client(timeout=10.0) as client:
             client.put(f"{url}{TRIGGER_AUDIT}")
-            while time.monotonic() - healed_at < REPAIR_TIMEOUT_S:
+            while time.monotonic() - healed_at < timeout_s:
                 try:
                     response = client.get(f"{url}{UNDER_REPLICATED}")
                     if response.status_code == 200 and not response.json():
