@@ -88,12 +88,14 @@ class ServiceProcess:
     log_path: Path | None = None
     metrics_port: int | None = None  # its Prometheus metrics server (the gateway: HTTP port)
     restarts: int = 0
-    held: bool = False  # exited: not restarted until released
+    held: bool = False  # once it exits, not restarted until released
     started_at: float = field(default_factory=time.monotonic)
     exit_seen: bool = False  # the current incarnation's exit was reported
     restart_at: float | None = None  # monotonic; None: not scheduled
     backoff_s: float = BACKOFF_INITIAL_S  # the wait before the next restart
-    spawning: bool = False  # a thread is starting its next incarnation
+    spawning: bool = False  # the supervisor is starting its next incarnation
+    release_asked: bool = False  # release(): start it at the supervisor's next pass
+    attempts: int = 0  # restarts tried, failed or not: what a release waits for
 
 
 AUTH_FILE = "auth.json"
@@ -152,47 +154,61 @@ class Cluster:
         # Guards the process table; its condition tells stop() that a spawn finished.
         self._lock = threading.Condition(threading.RLock())
         self._supervisor: threading.Thread | None = None
+        self._launched = threading.Event()  # the first processes started (or failed to)
+        self._wake = threading.Event()  # a release asks the supervisor to act now
+        self._finished = threading.Event()  # stopped: the supervisor thread may end
 
     # -- start --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start every process (in the supervisor thread, see `_supervise`) and wait for
+        the gateway to be ready."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
         (self.data_dir / "logs").mkdir(exist_ok=True)
+        failure: list[BaseException] = []
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(failure,), name="quire-supervisor", daemon=True
+        )
+        self._supervisor.start()
         try:
-            if not self.nats_url:
-                self.nats_credentials = nats_credentials(self.data_dir, create=True)
-                self.nats = start_nats(
-                    self.data_dir / "nats",
-                    host=self.config.host,
-                    credentials=self.nats_credentials,
-                )
-                self.nats_url = self.nats.url
-                self._adopt(self.nats)
-            if not self.database_url:
-                _, password = postgres_credentials(self.data_dir, create=True) or ("", "")
-                self._postgres_password = password
-                self.postgres = start_postgres(
-                    self.data_dir / "postgres", host=self.config.host, password=password
-                )
-                self.database_url = self.postgres.url
-                self._adopt(self.postgres)
-            self._spawn("metadata", "metadata")
-            for bookie_id in self.config.bookie_ids:
-                (self.data_dir / bookie_id).mkdir(exist_ok=True)
-                self._spawn(f"{bookie_id}.journal", "journal", bookie_id)
-                self._spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id)
-            self._spawn("auditor", "auditor")
-            self._spawn("replicator", "replicator")
-            self._spawn("gateway", "gateway")
-            self.write_cluster_json()
-            self.write_targets_json()
-            if self.config.restart:
-                self._start_supervisor()
+            self._launched.wait()
+            if failure:
+                raise failure[0]
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
+
+    def _launch(self) -> None:
+        """Every process, in dependency order."""
+        if not self.nats_url:
+            self.nats_credentials = nats_credentials(self.data_dir, create=True)
+            self.nats = start_nats(
+                self.data_dir / "nats",
+                host=self.config.host,
+                credentials=self.nats_credentials,
+            )
+            self.nats_url = self.nats.url
+            self._adopt(self.nats)
+        if not self.database_url:
+            _, password = postgres_credentials(self.data_dir, create=True) or ("", "")
+            self._postgres_password = password
+            self.postgres = start_postgres(
+                self.data_dir / "postgres", host=self.config.host, password=password
+            )
+            self.database_url = self.postgres.url
+            self._adopt(self.postgres)
+        self._spawn("metadata", "metadata")
+        for bookie_id in self.config.bookie_ids:
+            (self.data_dir / bookie_id).mkdir(exist_ok=True)
+            self._spawn(f"{bookie_id}.journal", "journal", bookie_id)
+            self._spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id)
+        self._spawn("auditor", "auditor")
+        self._spawn("replicator", "replicator")
+        self._spawn("gateway", "gateway")
+        self.write_cluster_json()
+        self.write_targets_json()
 
     def _lock_data_dir(self) -> None:
         self._lock_file = open(self.data_dir / ".lock", "w")  # noqa: SIM115 (held while up)
@@ -203,9 +219,10 @@ class Cluster:
 
     def _adopt(self, managed: ManagedProcess) -> None:
         """Supervise NATS or PostgreSQL, which we started."""
-        self._processes[managed.name] = ServiceProcess(
-            managed.name, managed.kind, managed.proc, log_path=managed.log_path
-        )
+        with self._lock:
+            self._processes[managed.name] = ServiceProcess(
+                managed.name, managed.kind, managed.proc, log_path=managed.log_path
+            )
 
     def _env(self, bookie_id: str | None) -> dict[str, str]:
         env = dict(os.environ)
@@ -248,8 +265,9 @@ class Cluster:
             metrics_port = free_port(self.config.host)
         proc = self._launch_service(name, kind, bookie_id, metrics_port)
         svc = ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
-        self.services.append(svc)
-        self._processes[name] = svc
+        with self._lock:
+            self.services.append(svc)
+            self._processes[name] = svc
 
     def _launch_service(
         self, name: str, kind: str, bookie_id: str | None, metrics_port: int
@@ -342,8 +360,6 @@ class Cluster:
                         return
                 except httpx.HTTPError:
                     pass
-                if self._supervisor is None:
-                    self.check_processes()
                 time.sleep(0.2)
         raise InfraError(
             f"the gateway was not ready within {READY_TIMEOUT_S:.0f} s; "
@@ -455,17 +471,23 @@ class Cluster:
             self._processes[name].held = True
 
     def release(self, name: str) -> None:
-        """Supervise `name` again; if it is down, start it now (no backoff), in this
-        thread. Also with restart=False: releasing is asking for it back."""
+        """Supervise `name` again; if it is down, have it started now (no backoff) and
+        return once that was tried. Also with restart=False: releasing asks for it back."""
         with self._lock:
             svc = self._processes[name]
             if self._stopping.is_set() or svc.spawning or svc.proc.poll() is None:
                 svc.held = False
                 return
-            self._note_exit(svc, time.monotonic())
+            self._note_exit(svc, time.monotonic())  # reported as held, if it was
             svc.held = False
-            svc.spawning = True
-        self._restart(svc)
+            svc.release_asked = True
+            tried = svc.attempts
+            self._wake.set()
+            supervisor = self._supervisor
+            while svc.attempts == tried and not self._stopping.is_set():
+                if supervisor is None or not supervisor.is_alive():
+                    raise InfraError(f"{name} cannot be released: the cluster is not running")
+                self._lock.wait(0.5)
 
     def wait_running(self, name: str, timeout_s: float) -> int:
         """The pid of `name` once it runs (its restart, for one just killed); TimeoutError
@@ -483,34 +505,41 @@ class Cluster:
         with self._lock:
             return {name: svc.restarts for name, svc in self._processes.items()}
 
-    def _start_supervisor(self) -> None:
-        self._supervisor = threading.Thread(
-            target=self._supervise, name="quire-supervisor", daemon=True
-        )
-        self._supervisor.start()
+    def _supervise(self, failure: list[BaseException]) -> None:
+        """The supervisor thread: it starts every process, then restarts them, until the
+        cluster has stopped. One long-lived thread does all of it because a process
+        started through `ended_with_parent` gets SIGTERM when the THREAD that started it
+        ends (PR_SET_PDEATHSIG follows the thread): started by a short-lived thread (a
+        fault runner's release), it would be killed a moment later."""
+        try:
+            self._launch()
+        except BaseException as exc:  # start() raises it in the caller, then stops
+            failure.append(exc)
+        finally:
+            self._launched.set()
+        while not self._finished.is_set():
+            self._wake.wait(SUPERVISE_INTERVAL_S)
+            self._wake.clear()
+            try:
+                self._supervise_once()
+            except OSError as exc:  # cluster.json not written (a full disk): go on
+                self._say(f"quire: supervision: {exc}")
 
-    def _supervise(self) -> None:
-        while not self._stopping.wait(SUPERVISE_INTERVAL_S):
-            self.supervise_once()
-
-    def supervise_once(self) -> None:
-        """Report every exit once and, with restart=True, start again each exited process
-        that is not held once its backoff has passed."""
+    def _supervise_once(self) -> None:
+        """Report every exit once; start again each exited process that is due: with
+        restart=True, not held and its backoff passed; in any case, when released."""
         now = time.monotonic()
         due = []
         with self._lock:
+            if self._stopping.is_set():
+                return
             for svc in self._processes.values():
-                if self._stopping.is_set():
-                    return
                 if svc.spawning or svc.proc.poll() is None:
                     continue
                 self._note_exit(svc, now)
-                if (
-                    self.config.restart
-                    and not svc.held
-                    and svc.restart_at is not None
-                    and now >= svc.restart_at
-                ):
+                backoff_over = svc.restart_at is not None and now >= svc.restart_at
+                if svc.release_asked or (self.config.restart and not svc.held and backoff_over):
+                    svc.release_asked = False
                     svc.spawning = True
                     due.append(svc)
         for svc in due:
@@ -546,6 +575,7 @@ class Cluster:
         except Exception as exc:  # the supervisor outlives any one failed start
             with self._lock:
                 svc.spawning = False
+                svc.attempts += 1
                 self._schedule(svc, time.monotonic())
                 self._say(
                     f"quire: restarting {svc.name} failed ({exc}); "
@@ -556,6 +586,7 @@ class Cluster:
         with self._lock:
             svc.proc = proc
             svc.restarts += 1
+            svc.attempts += 1
             svc.started_at = time.monotonic()
             svc.exit_seen = False
             svc.restart_at = None
@@ -567,14 +598,11 @@ class Cluster:
     def _say(self, line: str) -> None:
         print(line, file=self.err, flush=True)
 
-    def check_processes(self) -> None:
-        """Without a supervisor thread (restart=False): report every process that exited."""
-        self.supervise_once()
-
     def run_until_stopped(self) -> None:
+        """Wait for SIGINT or SIGTERM (`request_stop`); the supervisor thread reports and
+        restarts meanwhile."""
         while not self._stopping.wait(MONITOR_INTERVAL_S):
-            if self._supervisor is None:
-                self.check_processes()
+            pass
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -585,12 +613,12 @@ class Cluster:
         """Stop in dependency order: gateway, auditor and replicator, ledgerstores,
         journals, metadata, then PostgreSQL and NATS. Nothing is restarted from the moment
         it is called; a restart under way is let finish, and what it started is stopped."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._launched.wait()  # a start under way finishes first: what it started stops
         with self._lock:
-            self._stopping.set()
             while any(svc.spawning for svc in self._processes.values()):
                 self._lock.wait()
-        if self._supervisor is not None and self._supervisor is not threading.current_thread():
-            self._supervisor.join()
         order = ["gateway", "auditor", "replicator", "ledgerstore", "journal", "metadata"]
         for kind in order:
             group = [s for s in self.services if s.kind == kind]
@@ -616,6 +644,11 @@ class Cluster:
             if self._lock_file is not None:
                 self._lock_file.close()
                 self._lock_file = None
+        # Only now: the processes it started get SIGTERM when it ends (PR_SET_PDEATHSIG).
+        self._finished.set()
+        self._wake.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join()
 
 
 def _write_json(path: Path, data: object) -> None:
@@ -648,5 +681,11 @@ def run_up(config: ClusterConfig) -> int:
     cluster.run_until_stopped()
     print("quire: stopping", file=sys.stderr, flush=True)
     cluster.stop()
-    print("quire: stopped", file=sys.stderr, flush=True)
+    print(f"quire: stopped ({restarts_summary(cluster.restarts())})", file=sys.stderr, flush=True)
     return 0
+
+
+def restarts_summary(restarts: dict[str, int]) -> str:
+    """What the supervision did while the cluster was up, in one line's words."""
+    restarted = [f"{name} {count}" for name, count in restarts.items() if count]
+    return "restarts while up: " + (", ".join(restarted) if restarted else "none")

@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quire.bench.histogram import Histogram
@@ -48,6 +49,10 @@ WRITE_CONCURRENCY = 16  # ledgers written at once
 POLL_S = 0.5  # how often the metadata store is looked at while waiting for the repair
 READ_CONCURRENCY = 8  # ledgers read back at once
 BASELINE_S = 5.0  # the foreground writer runs this long before the kill
+
+
+class RepairTimeout(RuntimeError):
+    """The repair did not finish within the spec's timeout."""
 
 
 @dataclass(frozen=True)
@@ -184,9 +189,11 @@ async def wait_for_repair(
                 timeline.repaired_s = now
                 return timeline
         if time.monotonic() > deadline:
-            raise RuntimeError(
+            # The queue rows (marks and claims) say which worker held what, for the logs.
+            raise RepairTimeout(
                 f"not repaired after {timeout_s:.0f} s: {len(queued.ledgers)} ledgers still "
-                f"queued, {len(remaining)} still name {victim}: {remaining[:20]}"
+                f"queued, {len(remaining)} still name {victim}: {remaining[:20]}; queued: "
+                f"{[q.model_dump() for q in queued.ledgers[:5]]}"
             )
         progress(
             f"{now:6.1f} s after the kill: lost={timeline.lost_s is not None} "
@@ -320,7 +327,10 @@ async def run_autorecovery(
     spec: AutorecoverySpec,
     processes: Sequence[Process],
     progress: Callable[[str], None],
+    data_dir: Path,
 ) -> dict[str, Any]:
+    """The figures; raises RepairTimeout naming `data_dir` (the cluster's, whose logs
+    tell what the auditor and the replicators did) when the repair does not finish."""
     target = InProcessTarget(settings, quorum)
     await target.open()
     try:
@@ -354,15 +364,18 @@ async def run_autorecovery(
         foreground.killed_at = killed_at
         kill_bookie(processes, victim)
         closed_ids = {m.ledger_id for m in before if m.state is LedgerState.CLOSED}
-        timeline = await wait_for_repair(
-            target,
-            list(written.last_entry),
-            closed_ids,
-            victim,
-            killed_at,
-            spec.timeout_s,
-            progress,
-        )
+        try:
+            timeline = await wait_for_repair(
+                target,
+                list(written.last_entry),
+                closed_ids,
+                victim,
+                killed_at,
+                spec.timeout_s,
+                progress,
+            )
+        except RepairTimeout as exc:
+            raise RepairTimeout(f"{exc}; the cluster's logs: {data_dir / 'logs'}") from None
         live = {
             b.bookie_id
             for b in await target.client.meta.list_bookies()  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """`quire bench` (and `quire bench recovery`): the command line around the load runner.
 
 Without --gateway/--data-dir it starts its own cluster (the `quire up` Cluster class) in a
-temporary data dir and removes it afterwards; with them it uses the running one."""
+temporary data dir and removes it afterwards (`autorecovery` keeps it when it fails); with
+them it uses the running one."""
 
 from __future__ import annotations
 
@@ -145,10 +146,12 @@ def cluster_access(
     grpc_address: str | None,
     extra_env: dict[str, str] | None = None,
     restart: bool = True,
+    keep_on_error: bool = False,
 ) -> Iterator[ClusterAccess]:
     """The running cluster that --gateway/--data-dir name, else one started here (with
     `extra_env` on top of this process's environment; `restart=False`: a process that
-    exits stays down, as `quire up --no-restart`)."""
+    exits stays down, as `quire up --no-restart`). With `keep_on_error`, a cluster
+    started here keeps its data dir (its services' logs) when the body raises."""
     if gateway or data_dir:
         yield _existing(gateway, data_dir, grpc_address)
         return
@@ -167,6 +170,7 @@ def cluster_access(
     )
     cluster = Cluster(config, out=io.StringIO(), err=io.StringIO())
     err_console.print(f"starting a {bookies}-bookie cluster in {config.data_dir} ...")
+    failed = False
     try:
         cluster.start()
         user, password = cluster.nats_credentials or ("", "")
@@ -184,9 +188,15 @@ def cluster_access(
             _bookie_ids(info["services"]),
             _ledgerstore_metrics(info["services"]),
         )
+    except BaseException:
+        failed = True
+        raise
     finally:
         cluster.stop()
-        shutil.rmtree(parent, ignore_errors=True)
+        if failed and keep_on_error:
+            err_console.print(f"kept the cluster's data dir: {config.data_dir} (logs in logs/)")
+        else:
+            shutil.rmtree(parent, ignore_errors=True)
 
 
 def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | None):
@@ -876,10 +886,21 @@ def autorecovery(
         "QUIRE_REPLICATOR__OPEN_LEDGER_REREPLICATION_GRACE_PERIOD_MS": str(grace_ms),
     }
     # Its victim must stay lost: the cluster does not restart it (nor any other process).
-    with cluster_access(None, None, bookies, None, extra_env=env, restart=False) as access:
+    # A failed repair is diagnosed from the replicator's and auditor's logs: kept.
+    with cluster_access(
+        None, None, bookies, None, extra_env=env, restart=False, keep_on_error=True
+    ) as access:
         machine = machine_info(access.fsync)
+        assert access.data_dir is not None
         figures = _run(
-            run_autorecovery(access.settings, quorum, spec, access.processes, err_console.print)
+            run_autorecovery(
+                access.settings,
+                quorum,
+                spec,
+                access.processes,
+                err_console.print,
+                access.data_dir,
+            )
         )
     machine["load_average_at_end"] = load_average()
     report = {

@@ -37,8 +37,11 @@ from shared.bookie.index_schema import INDEX_FILE
 from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
     LAST_MARK,
+    RECORD_HEAD_SIZE,
     SNAPSHOT,
     EntryRecord,
+    JournalPosition,
+    decode_last_mark,
     parse_journal_file_name,
     scan_records,
 )
@@ -117,11 +120,13 @@ def _entrylog_targets(data: bytes) -> list[tuple[int, int, int, int]]:
 def flip_bit(path: Path, rng: random.Random) -> dict:
     """Flip one bit of `path` (a journal file or an entry log), in a whole record: its
     header or its data, never the file header or a tail still being written. Returns
-    {"path", "flipped", "offset", "bit", "ledger_id", "entry_id", "in": "head"|"data"}
-    ("flipped": False when the file holds no whole record yet)."""
+    {"path", "flipped", "offset", "bit", "ledger_id", "entry_id", "in": "head"|"data"},
+    and for a journal file "checkpointed" (below the LastLogMark); "flipped": False when
+    the file holds no whole record yet."""
     data = path.read_bytes()
-    if parse_journal_file_name(path.name) is not None:
-        targets, head_size = _journal_targets(data), 8
+    file_id = parse_journal_file_name(path.name)
+    if file_id is not None:
+        targets, head_size = _journal_targets(data), RECORD_HEAD_SIZE
     elif parse_entry_log_name(path.name) is not None:
         targets, head_size = _entrylog_targets(data), ENTRY_HEAD_SIZE
     else:
@@ -136,7 +141,7 @@ def flip_bit(path: Path, rng: random.Random) -> dict:
         byte = f.read(1)[0]
         f.seek(offset)
         f.write(bytes([byte ^ (1 << bit)]))
-    return {
+    flipped = {
         "path": str(path),
         "flipped": True,
         "offset": offset,
@@ -145,6 +150,13 @@ def flip_bit(path: Path, rng: random.Random) -> dict:
         "entry_id": entry_id,
         "in": "head" if offset < start + head_size else "data",
     }
+    if file_id is not None:
+        # Journal records the ledgerstore has checkpointed are never read again (replay
+        # starts past them); the others are damage the journal sees at its next start.
+        mark_path = path.parent / LAST_MARK
+        mark = decode_last_mark(mark_path.read_bytes()) if mark_path.exists() else None
+        flipped["checkpointed"] = mark is not None and JournalPosition(file_id, end) <= mark
+    return flipped
 
 
 def fail_next(faults_dir: Path, op: str, errno_name: str) -> None:

@@ -8,11 +8,12 @@ moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
     lastMark             {"file": n, "offset": m}: the ledgerstore has checkpointed up to
                          here; journal files wholly before file n are deleted
     ledgers.snapshot     the durable ledger facts (key, fenced, LAC, last entry) as of a
-                         position, written just before files are deleted, so that replay
-                         still knows every fence and key (replay = snapshot + records after
-                         it); each time it gets a segment with the ledgers changed since
-                         the last, and is rewritten whole once it holds more than
-                         SNAPSHOT_ROWS_PER_LEDGER_MAX rows a ledger
+                         position, written just before each LastLogMark move, so that
+                         replay still knows every fence and key (replay = snapshot +
+                         records after it; nothing before it is read); each time it gets a
+                         segment with the ledgers changed since the last, and is rewritten
+                         whole once it holds more than SNAPSHOT_ROWS_PER_LEDGER_MAX rows a
+                         ledger
 
 Durability: a batch is written with one write and made durable with fdatasync before any
 add of it is answered. A write or fsync error is fatal: the process exits at once
@@ -210,6 +211,8 @@ def replay(
         state.restore(snapshot.records)
     durable = start
     for file_id in ids:
+        if file_id < start.file_id:
+            continue  # wholly before the snapshot: its facts are in it
         durable = _ReplayFile(
             directory / journal_file_name(file_id),
             file_id,
@@ -268,7 +271,12 @@ class _ReplayFile:
                 self.files.close(fd)
             return JournalPosition(self.file_id, FILE_HEADER_SIZE)
         batched = file_format_version(data) >= 2
+        # What precedes the snapshot's position is never read again: its facts are in the
+        # snapshot and its entries in the ledgerstore (the mark is not past the snapshot),
+        # so a bit flipped there at rest cannot keep the bookie from starting.
         at = FILE_HEADER_SIZE
+        if self.file_id == self.start.file_id:
+            at = max(at, self.start.offset)
         while True:
             scan = scan_records(memoryview(data)[at:], at)
             for scanned in scan.records:
@@ -673,10 +681,11 @@ class Journal:
             mark = min(requested, self.durable_position)
             if self.mark is not None and mark <= self.mark:
                 return self.mark, []
-            if mark.file_id > 1 and (self.mark is None or mark.file_id > self.mark.file_id):
-                # Replay starts at the mark's file from now on: the facts of the files
-                # before it (fences, keys) must be in the snapshot first.
-                await self._write_snapshot()
+            # Replay starts at the snapshot's position: the facts of everything before the
+            # mark (fences, keys) must be in the snapshot before the mark moves. Written at
+            # every move (a segment of the ledgers changed since the last), so replay never
+            # reads what the ledgerstore has checkpointed: damage there is not fatal.
+            await self._write_snapshot()
             await asyncio.to_thread(
                 self.files.write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
             )

@@ -85,7 +85,8 @@ class Compaction:
         still locates there, sorted by ledger and entry."""
         log_id, dir_index = self.meta.log_id, self.meta.dir
         by_ledger: dict[int, list[tuple[int, int, int]]] = {}
-        for ledger_id, entry_id, offset, length in self.logger.scan(log_id):
+        # Strict: the old log is deleted after, so an entry its scan cannot see would be lost.
+        for ledger_id, entry_id, offset, length in self.logger.scan(log_id, strict=True):
             if ledger_id in self.meta.ledgers:
                 by_ledger.setdefault(ledger_id, []).append((entry_id, offset, length))
         live: list[tuple[int, int, int, int]] = []

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from shared import clock
 from shared.aio import wait_event
 from shared.bookie.cookie import NO_INSTANCE
+from shared.bookie.entrylog_format import EntryLogFormatError
 from shared.bookie.gc import (
     JOURNAL_DELETE_MAX_LEDGERS,
     MAJOR,
@@ -486,7 +487,15 @@ class GarbageCollector:
                     "quire.bytes": meta.size_bytes,
                 }
                 with internal_span("compaction.run", attributes=attributes) as span:
-                    result = await self.store.compact_entry_log(meta.dir, meta.log_id, should_stop)
+                    try:
+                        result = await self.store.compact_entry_log(
+                            meta.dir, meta.log_id, should_stop
+                        )
+                    except EntryLogFormatError as exc:
+                        # Damaged at rest: kept whole (its entries still read, each frame
+                        # verified); the other logs are compacted all the same.
+                        log.error("gc: entry log not compacted", extra={"err": str(exc)})
+                        continue
                     if span is not None:
                         span.set_attributes(
                             {

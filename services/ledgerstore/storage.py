@@ -54,6 +54,7 @@ from shared.bookie.journal_format import (
     next_valid_record,
     scan_records,
 )
+from shared.digest import HEADER_SIZE, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +252,13 @@ class EntryLogger:
     def path(self, log_id: int) -> Path:
         return self.directory / entry_log_name(log_id)
 
-    def scan(self, log_id: int) -> list[tuple[int, int, int, int]]:
+    def scan(self, log_id: int, strict: bool = False) -> list[tuple[int, int, int, int]]:
         """(ledger, entry, offset, frame length) of every entry in a sealed log, in file
         order, from its entry heads read in large chunks (BookKeeper's
-        extractEntryLogMetadataByScanning). A head cut short ends the scan."""
+        extractEntryLogMetadataByScanning). A head cut short ends the scan. `strict`
+        (compaction, which deletes the log after): raise EntryLogFormatError instead
+        unless the heads chain exactly to the end of the log and each names the entry
+        its frame's header names, since an entry behind a damaged head would be lost."""
         found: list[tuple[int, int, int, int]] = []
         with self._read_fd(log_id) as fd:
             size = os.fstat(fd).st_size
@@ -266,13 +270,41 @@ class EntryLogger:
                     head = chunk[at : at + ENTRY_HEAD_SIZE]
                     ledger_id, entry_id, length = decode_entry_head(head)
                     if length < 0 or offset + at + ENTRY_HEAD_SIZE + length > size:
-                        return found
+                        return self._scan_ended(log_id, found, offset + at, size, strict)
+                    if strict:
+                        self._check_head(fd, log_id, chunk, at, offset, (ledger_id, entry_id))
                     found.append((ledger_id, entry_id, offset + at, length))
                     at += ENTRY_HEAD_SIZE + length
                 if at == 0:
-                    return found
+                    break
                 offset += at
+        return self._scan_ended(log_id, found, offset, size, strict)
+
+    @staticmethod
+    def _scan_ended(
+        log_id: int, found: list[tuple[int, int, int, int]], end: int, size: int, strict: bool
+    ) -> list[tuple[int, int, int, int]]:
+        if strict and end != size:
+            raise EntryLogFormatError(
+                f"entry log {log_id}: no whole entry at offset {end} of {size} bytes (a "
+                "damaged entry head)"
+            )
         return found
+
+    @staticmethod
+    def _check_head(
+        fd: int, log_id: int, chunk: bytes, at: int, offset: int, named: tuple[int, int]
+    ) -> None:
+        """The head at `chunk[at:]` names the entry its frame's header names."""
+        start = at + ENTRY_HEAD_SIZE
+        header = chunk[start : start + HEADER_SIZE]
+        if len(header) < HEADER_SIZE:  # past this chunk
+            header = os.pread(fd, HEADER_SIZE, offset + start)
+        if len(header) < HEADER_SIZE or parse_header(header)[:2] != named:
+            raise EntryLogFormatError(
+                f"entry log {log_id}: the entry head at offset {offset + at} names "
+                f"{named}, its frame another entry (a damaged head or frame)"
+            )
 
     def forget(self, log_id: int) -> None:
         """Close the read descriptor of a log about to be unlinked (a read using it now

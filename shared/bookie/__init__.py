@@ -14,5 +14,7 @@ IO:
     journal_dir      listing the journal directory
     files            FileLayer: every write, sync, truncate of the bookie's files (the fault
                      tests swap it)
+    fault_files      FaultFiles: the FileLayer of a process run by the fault suite
+                     (QUIRE_FAULTS_DIR): files.log, injected EIO/ENOSPC, unsafe-no-fsync
     cookie           the bookie's identity cookie on disk and its reconciliation
 """

@@ -14,6 +14,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RAW = {**AUTH, "Content-Type": "application/octet-stream"}
 REPAIR_TIMEOUT_S = 180.0
+KEPT_LOG_LINES = 100  # of each log a failed bench kept, in the failure's message
 
 
 @pytest.fixture(scope="module")
@@ -186,10 +188,22 @@ def test_bench_autorecovery_smoke(cluster_dir) -> None:
         env=env,
         timeout=300,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr + done.stdout
+    assert done.returncode == 0, done.stderr + done.stdout + kept_logs(parent)
     figures = json.loads(report_path.read_text())["autorecovery"]
     assert figures["ledgers_on_victim"] >= 1 and figures["entries_on_victim"] >= 50
     assert 0 < figures["first_mark_after_s"] <= figures["repaired_after_s"]
     assert figures["check"]["problems"] == []
     assert figures["check"]["entries_read"] == 12 * 50
     assert figures["check"]["states"] == {"CLOSED": 12}
+
+
+def kept_logs(parent: Path, services: tuple[str, ...] = ("replicator", "auditor")) -> str:
+    """What a failed bench left (it keeps its cluster's data dir under TMPDIR, which the
+    session removes at its end): the last lines of each service's log, for the failure's
+    message."""
+    parts = []
+    for log_path in sorted(parent.glob("quire-bench-*/quire-data/logs/*.log")):
+        if log_path.stem in services:
+            tail = log_path.read_text(errors="replace").splitlines()[-KEPT_LOG_LINES:]
+            parts.append("\n".join([f"\n--- {log_path} (last {len(tail)} lines)", *tail]))
+    return "".join(parts)

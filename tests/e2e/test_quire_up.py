@@ -1,7 +1,9 @@
 """End to end: `quire up` as a user runs it, driven through the HTTP API.
 
 One cluster per module (starting one costs seconds); the tests run in file order and
-build on each other: write, restart cleanly, kill -9 everything, restart, read again.
+build on each other: write, restart cleanly (with --no-restart: a dead bookie is left
+down), kill -9 everything, restart (supervised), read again, kill -9 single processes
+and see the supervision bring them back.
 """
 
 from __future__ import annotations
@@ -482,8 +484,10 @@ def test_open_ledger_with_acknowledged_entries(cluster: QuireUp) -> None:
 def test_clean_restart_brings_everything_back(cluster: QuireUp) -> None:
     pids = cluster.pids()
     assert cluster.stop() == 0
+    assert cluster.stderr().splitlines()[-1] == "quire: stopped (restarts while up: none)"
     assert wait_gone(pids) == [], "quire up left processes behind"
     assert not (cluster.data_dir / "cluster.json").exists()
+    cluster.restart = False  # the tests up to the kill -9 of everything run with --no-restart
     cluster.start()
     with cluster.client() as client:
         assert client.get(f"/v1/ledgers/{STATE['closed']}").json()["state"] == "CLOSED"
@@ -501,37 +505,42 @@ def test_new_ledgers_after_restart(cluster: QuireUp) -> None:
         assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
 
 
-def test_kill_9_everything_then_restart_loses_nothing_acknowledged(cluster: QuireUp) -> None:
-    killed = cluster.kill_everything()
-    assert killed
-    cluster.start()
-    with cluster.client() as client:
-        for lid in ACKED:
-            assert read_all(client, lid, unconfirmed=True) == ACKED[lid], lid
-        ledgers = client.get("/v1/ledgers", params={"limit": 1000}).json()["ledgers"]
-        assert set(ACKED) <= {row["ledger_id"] for row in ledgers}
+def row_of(cluster: QuireUp, name: str) -> dict:
+    return next(r for r in cluster.cluster_json()["services"] if r["name"] == name)
 
 
-def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireUp) -> None:
+def restarted(cluster: QuireUp, name: str, old_pid: int, restarts: int = 1) -> int:
+    """The pid of `name`'s restart, once cluster.json lists it."""
+
+    def new_pid() -> int | None:
+        row = row_of(cluster, name)
+        if row["pid"] in (None, old_pid) or row["restarts"] != restarts:
+            return None
+        return row["pid"] if pid_alive(row["pid"]) else None
+
+    return asyncio.run(until(new_pid, f"{name} restarted", 60))
+
+
+def test_no_restart_leaves_a_dead_bookie_down_and_the_cluster_keeps_serving(
+    cluster: QuireUp,
+) -> None:
     with cluster.client() as client:
         ledger = create_ledger(client)
         lid = ledger["ledger_id"]
         append_one(client, lid, b"before")
         victim = ledger["segments"][0]["bookies"][0]
-        row = next(
-            r for r in cluster.cluster_json()["services"] if r["name"] == f"{victim}.journal"
-        )
+        row = row_of(cluster, f"{victim}.journal")
+        seen = len(cluster.stderr())  # what this run of quire up said after the kill
         os.kill(row["pid"], signal.SIGKILL)
         # Qw=3, Qa=2: adds still complete on the two living bookies.
         for i in range(20):
             append_one(client, lid, payload(lid, i))
         assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
-    deadline = time.monotonic() + 10
-    while f"{victim}.journal" not in cluster.stderr() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert f"quire: {victim}.journal (pid {row['pid']}) exited" in cluster.stderr()
+    reported = f"quire: {victim}.journal (pid {row['pid']}) exited with code -9; see "
+    asyncio.run(until(lambda: reported in cluster.stderr()[seen:], "the exit reported", 10))
     assert cluster.proc is not None and cluster.proc.poll() is None
-    # Its lease lapses: the registry says lost, and the auditor publishes bookie.lost.
+    # Left down, its lease lapses: the registry says lost, and the auditor publishes
+    # bookie.lost.
     with cluster.client() as client:
         deadline = time.monotonic() + 15
         state = None
@@ -540,6 +549,8 @@ def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireU
             state = next(b["state"] for b in bookies if b["bookie_id"] == victim)
             time.sleep(0.3)
         assert state == "lost"
+    assert row_of(cluster, f"{victim}.journal")["pid"] is None
+    assert "restart" not in cluster.stderr()[seen:]
 
     async def lost_event() -> bool:
         nc = await cluster.nats_connect()
@@ -556,3 +567,114 @@ def test_a_dead_bookie_is_reported_and_the_cluster_keeps_serving(cluster: QuireU
         return found
 
     assert asyncio.run(lost_event())
+
+
+def test_kill_9_everything_then_restart_loses_nothing_acknowledged(cluster: QuireUp) -> None:
+    killed = cluster.kill_everything()
+    assert killed
+    cluster.restart = True  # supervised again, for the tests below
+    cluster.start()
+    with cluster.client() as client:
+        for lid in ACKED:
+            assert read_all(client, lid, unconfirmed=True) == ACKED[lid], lid
+        ledgers = client.get("/v1/ledgers", params={"limit": 1000}).json()["ledgers"]
+        assert set(ACKED) <= {row["ledger_id"] for row in ledgers}
+
+
+def test_a_killed_bookie_and_gateway_come_back_and_serve(cluster: QuireUp) -> None:
+    with cluster.client() as client:
+        ledger = create_ledger(client)
+        lid = ledger["ledger_id"]
+        append_one(client, lid, b"before")
+        victim = ledger["segments"][0]["bookies"][0]
+        journal = row_of(cluster, f"{victim}.journal")["pid"]
+        os.kill(journal, signal.SIGKILL)
+        # Qw=3, Qa=2: adds complete on the two others while it comes back.
+        for i in range(20):
+            append_one(client, lid, payload(lid, i))
+        back = restarted(cluster, f"{victim}.journal", journal)
+        assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
+    assert f"quire: {victim}.journal (pid {journal}) exited with code -9; restarting in" in (
+        cluster.stderr()
+    )
+    assert f"quire: {victim}.journal restarted (pid {back}, restart 1)" in cluster.stderr()
+    gateway = cluster.cluster_json()["gateway"]["pid"]
+    os.kill(gateway, signal.SIGKILL)
+    new_gateway = restarted(cluster, "gateway", gateway)
+    assert cluster.cluster_json()["gateway"]["pid"] == new_gateway
+
+    def serving() -> dict | None:
+        try:
+            with cluster.client() as client:
+                resp = client.post(
+                    "/v1/ledgers",
+                    json={"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2, "password": "p"},
+                )
+        except httpx.HTTPError:
+            return None
+        return resp.json() if resp.status_code == 201 else None
+
+    created = asyncio.run(until(serving, "the restarted gateway creating a ledger", 60))
+
+    def all_writable() -> bool:
+        with cluster.client() as client:
+            bookies = client.get("/v1/bookies").json()["bookies"]
+        return len(bookies) == 4 and {b["state"] for b in bookies} == {"writable"}
+
+    asyncio.run(until(all_writable, "every bookie writable", 60))
+    with cluster.client() as client:
+        # The restarted journal serves its share: a new ledger on every bookie takes it.
+        lid = create_ledger(client, ensemble_size=4, write_quorum=4, ack_quorum=4)["ledger_id"]
+        append_batch(client, lid, [payload(lid, i) for i in range(50)])
+        assert read_all(client, lid) == ACKED[lid]
+        assert created["ledger_id"] != lid
+    assert cluster.proc is not None and cluster.proc.poll() is None
+
+
+async def events_stored(cluster: QuireUp) -> int:
+    """The last sequence number of the event stream."""
+    nc = await cluster.nats_connect()
+    try:
+        js = nc.jetstream()
+        name = await js.find_stream_name_by_subject("quire.events.>")
+        return (await js.stream_info(name)).state.last_seq
+    finally:
+        await nc.drain()
+
+
+def test_nats_and_postgres_come_back_on_their_port_with_their_data(cluster: QuireUp) -> None:
+    before = cluster.cluster_json()
+    events_before = asyncio.run(events_stored(cluster))
+    nats_pid, postgres_pid = row_of(cluster, "nats")["pid"], row_of(cluster, "postgres")["pid"]
+    os.kill(nats_pid, signal.SIGKILL)
+    os.kill(postgres_pid, signal.SIGKILL)
+    restarted(cluster, "nats", nats_pid)
+    restarted(cluster, "postgres", postgres_pid)
+    after = cluster.cluster_json()
+    assert (after["nats_url"], after["database_url"]) == (
+        before["nats_url"],
+        before["database_url"],
+    )
+
+    def created() -> int | None:
+        # The metadata service reconnects to both; until then a create fails.
+        with cluster.client() as client:
+            resp = client.post(
+                "/v1/ledgers",
+                json={"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2, "password": PASSWORD},
+            )
+        return resp.json()["ledger_id"] if resp.status_code == 201 else None
+
+    lid = asyncio.run(until(created, "a ledger created after NATS and PostgreSQL restarted", 90))
+    ACKED[lid] = {}
+    with cluster.client() as client:
+        append_batch(client, lid, [payload(lid, i) for i in range(20)])
+        # Every ledger still there, every acknowledged entry (the database and the bookies'
+        # data kept).
+        listed = client.get("/v1/ledgers", params={"limit": 1000}).json()["ledgers"]
+        assert set(ACKED) <= {row["ledger_id"] for row in listed}
+        for one in ACKED:
+            assert read_all(client, one, unconfirmed=True) == ACKED[one], one
+
+    # JetStream's store kept: no event stored before the kill is gone.
+    assert asyncio.run(events_stored(cluster)) >= events_before

@@ -20,6 +20,7 @@ import pytest
 from quire.faults import disk as faults_disk
 from shared import wire
 from shared.bookie.fault_files import UNSAFE_NO_FSYNC
+from shared.bookie.journal_format import LAST_MARK, decode_last_mark
 from shared.config import QuireSettings
 from shared.disk import FAIL_STOP_EXIT_CODE
 from shared.status import BookieStatus
@@ -259,3 +260,36 @@ async def test_injected_enospc_on_entry_log_write_fail_stops_and_loses_nothing(
         await bookie.start(client)
         outcome = await reads_back(client, writers.acked)
         assert set(outcome) == {"ok"}, {k: v[:5] for k, v in outcome.items() if k != "ok"}
+
+
+@pytest.mark.slow
+async def test_a_bit_flipped_in_checkpointed_journal_records_does_not_stop_the_bookie(
+    nc, settings, tmp_path
+) -> None:
+    # Regression: replay read the whole journal file, and a bad record below the
+    # LastLogMark refused the start, forever (a crash loop under supervision), though
+    # those entries were in the ledgerstore and a snapshot could hold their facts.
+    client = Bookie(nc, settings)
+    async with faulty_bookie(settings, tmp_path) as bookie:
+        await bookie.start(client)
+        acked = {(50, e): frame(50, e, e - 1, payload=os.urandom(300)) for e in range(40)}
+        for e in range(40):
+            assert await client.add([acked[(50, e)]], flags=FLAGS) == [BookieStatus.OK]
+        assert await client.fence(50) is not None  # a fact the restart must still know
+        (journal,) = faults_disk.bookie_files(settings.data_dir, settings.bookie_id)["journal"]
+
+        def checkpointed() -> bool:
+            mark = settings.bookie_dir / "journal" / LAST_MARK
+            return mark.exists() and decode_last_mark(mark.read_bytes()).offset == (
+                journal.stat().st_size
+            )
+
+        await until(checkpointed, "the ledgerstore checkpoints every record")
+        bookie.kill_9()
+        flips = [faults_disk.flip_bit(journal, random.Random(seed)) for seed in range(3)]
+        assert all(f["flipped"] for f in flips)
+        await bookie.start(client)
+        outcome = await reads_back(client, acked)
+        assert set(outcome) == {"ok"}, {k: v[:5] for k, v in outcome.items() if k != "ok"}
+        statuses = await client.add([frame(50, 40, 39)], flags=FLAGS)
+        assert statuses == [BookieStatus.FENCED]

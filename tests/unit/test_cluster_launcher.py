@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.cluster import Cluster, ClusterConfig
+from quire.cluster import Cluster, ClusterConfig, restarts_summary
 
 
 @pytest.mark.parametrize(
@@ -24,3 +24,11 @@ def test_ready_line_parts(
     cluster = Cluster(ClusterConfig(data_dir=tmp_path, extra_env=env))
     assert cluster.http_url == url
     assert cluster.auth_note == note
+
+
+def test_the_stop_line_says_what_was_restarted() -> None:
+    assert restarts_summary({"nats": 0, "gateway": 0}) == "restarts while up: none"
+    assert (
+        restarts_summary({"nats": 1, "metadata": 0, "bookie-2.journal": 3})
+        == "restarts while up: nats 1, bookie-2.journal 3"
+    )

@@ -21,7 +21,11 @@ from services.ledgerstore.compaction import Compaction
 from services.ledgerstore.store import LedgerStore
 from shared import wire
 from shared.bookie import index_schema as sql
-from shared.bookie.entrylog_format import ENTRY_HEAD_SIZE, ENTRYLOG_HEADER_SIZE
+from shared.bookie.entrylog_format import (
+    ENTRY_HEAD_SIZE,
+    ENTRYLOG_HEADER_SIZE,
+    EntryLogFormatError,
+)
 from shared.bookie.files import OS_FILES, FileLayer
 from shared.bookie.journal_format import (
     EntryRecord,
@@ -709,3 +713,39 @@ async def test_writes_deletions_and_collections_interleaved_keep_every_live_entr
     check_usage(again)
     await assert_live(again, [(ledger, e) for ledger, ids in live.items() for e in ids])
     await again.close()
+
+
+@pytest.mark.parametrize("field_offset", [0, 11, 19])  # the head's size, ledger, entry
+async def test_compaction_never_drops_an_entry_whose_head_is_damaged(
+    tmp_path: Path, field_offset: int
+) -> None:
+    live = await build(tmp_path)
+    store = await open_store(tmp_path)
+    # Regression: compaction found a log's entries by their heads alone, so an entry
+    # behind a damaged head was not copied, and went with the old log (IO_ERROR after).
+    # In each sealed log, one bit of the head of its first live entry flipped at rest.
+    damaged = set()
+    for meta in store.entry_logs():
+        for ledger, _, offset, _ in store.loggers[0].scan(meta.log_id):
+            if ledger in KEPT:
+                path = store.loggers[0].path(meta.log_id)
+                with open(path, "r+b") as f:
+                    f.seek(offset + field_offset)
+                    byte = f.read(1)[0]
+                    f.seek(offset + field_offset)
+                    f.write(bytes([byte ^ 0x04]))
+                damaged.add(meta.log_id)
+                break
+    assert damaged
+    await store.delete_dead_entry_logs()
+    for meta in store.entry_logs():
+        if meta.log_id in damaged:
+            with pytest.raises(EntryLogFormatError, match="damaged"):
+                await store.compact_entry_log(meta.dir, meta.log_id, lambda: False)
+        else:
+            assert not (await store.compact_entry_log(meta.dir, meta.log_id, lambda: False)).aborted
+    await store.delete_dead_entry_logs()
+    assert damaged <= {meta.log_id for meta in store.entry_logs()}  # kept whole
+    await assert_live(store, live)
+    check_usage(store)
+    await store.close()

@@ -22,10 +22,15 @@ from shared.bookie.fault_files import (
     replay_files_log,
 )
 from shared.bookie.files import OS_FILES
+from shared.bookie.index_schema import INDEX_FILE
 from shared.bookie.journal_format import (
+    LAST_MARK,
+    SNAPSHOT,
     EntryRecord,
+    JournalPosition,
     encode_batch,
     encode_file_header,
+    encode_last_mark,
     encode_record,
     journal_file_name,
 )
@@ -181,3 +186,36 @@ async def test_clock_offset_is_read_from_the_faults_dir(tmp_path):
     finally:
         clock.use_faults_dir(None)
     assert abs(clock.wall_s() - time.time()) < 5
+
+
+def test_flip_bit_says_whether_journal_records_were_checkpointed(tmp_path):
+    digest = DigestManager(DigestType.CRC32C, b"")
+    journal = tmp_path / journal_file_name(1)
+    _journal(journal, [digest.sign(7, e, e - 1, 4, b"data") for e in range(3)])
+    assert faults_disk.flip_bit(journal, random.Random(1))["checkpointed"] is False
+    (tmp_path / LAST_MARK).write_bytes(encode_last_mark(JournalPosition(1, journal.stat().st_size)))
+    assert faults_disk.flip_bit(journal, random.Random(1))["checkpointed"] is True
+
+
+def test_bookie_files_and_wipe(tmp_path):
+    bookie = tmp_path / "bookie-1"
+    (bookie / "journal").mkdir(parents=True)
+    (bookie / "ledgers").mkdir()
+    for name in (journal_file_name(1), LAST_MARK, SNAPSHOT):
+        (bookie / "journal" / name).write_bytes(b"x")
+    for name in (entry_log_name(1), INDEX_FILE, INDEX_FILE + "-wal"):
+        (bookie / "ledgers" / name).write_bytes(b"x")
+    (bookie / "cookie").write_text("{}")
+    files = faults_disk.bookie_files(tmp_path, "bookie-1")
+    assert {kind: len(paths) for kind, paths in files.items()} == {
+        "journal": 1,
+        "journal_meta": 2,
+        "entrylog": 1,
+        "index": 2,
+        "cookie": 1,
+    }
+    faults = tmp_path / "faults"
+    FaultFiles(faults)  # creates its files.log
+    done = faults_disk.wipe_bookie(tmp_path, "bookie-1", [faults])
+    assert done["removed"]["journal"] == 1
+    assert not bookie.exists() and not (faults / FILES_LOG).exists()
