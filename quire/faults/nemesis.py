@@ -16,7 +16,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,11 +119,6 @@ class Nemesis:
         self.error: BaseException | None = None
         # Environment the operator gave a process (on top of the runner's), by name.
         self.operator_env: dict[str, dict[str, str]] = {}
-        # Cluster.release starts a held process in the calling thread, and a process started
-        # by `quire up`'s launcher gets SIGTERM when the THREAD that started it ends
-        # (PR_SET_PDEATHSIG follows the thread): releases go through one thread that lives
-        # until close(), after the cluster stopped, not through the short-lived schedule's.
-        self._releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemesis-release")
 
     # -- the schedule -------------------------------------------------------------------
 
@@ -201,7 +195,7 @@ class Nemesis:
             if (directory / CLOCK_OFFSET_FILE).exists():
                 disk.set_clock_offset(directory, 0)
         for name in self.cluster.process_names():
-            self._releaser.submit(self.cluster.release, name).result()
+            self.cluster.release(name)
             if self.cluster.pid(name) is not None:
                 self.cluster.signal(name, signal.SIGCONT)
         for name in self.cluster.process_names():
@@ -402,13 +396,9 @@ class Nemesis:
                 raise NemesisError(f"{names} still up {RUNNING_TIMEOUT_S:.0f} s after kill -9")
             time.sleep(0.05)
 
-    def close(self) -> None:
-        """After the cluster stopped: end the thread that restarted held processes."""
-        self._releaser.shutdown()
-
     def _release(self, names: list[str]) -> None:
         for name in names:
-            self._releaser.submit(self.cluster.release, name).result()
+            self.cluster.release(name)
         for name in names:
             self._wait_running(name)
 

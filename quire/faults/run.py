@@ -250,7 +250,6 @@ class Run:
             result["restarts"] = self.cluster.restarts() if self.cluster.services else {}
             result["proxy"] = self.proxy.stats()
             self.cluster.stop()
-            nemesis.close()
             self.proxy.close()
             self.cluster.err.close()
             result["elapsed_s"] = round(time.monotonic() - started, 1)
