@@ -57,52 +57,32 @@ class Scenario:
 
 
 # The short tier's pace: a fault every ~2.5 s on average.
-BRISK = {"duration_s": (1.0, 3.0), "gap_s": (0.5, 1.5)}
+BRISK: dict[str, Any] = {"duration_s": (1.0, 3.0), "gap_s": (0.5, 1.5)}
+# The long tier's: faults long enough for leases to lapse and ensembles to change.
+STEADY: dict[str, Any] = {"duration_s": (2.0, 12.0), "gap_s": (1.0, 4.0)}
 PROCESS_FAULTS = {"kill": 3, "kill-hold": 1, "pause": 2}
 NETWORK_FAULTS = {"partition": 3, "nats-restart": 1, "postgres-restart": 1}
 DISK_FAULTS = {"power-loss": 2, "bitflip-journal": 1, "bitflip-entrylog": 1, "eio": 1}
+MORE_DISK_FAULTS = {"enospc": 1, "coordinated-power-loss": 1, "disk-wipe": 1}
 CONTROL = Schedule({"coordinated-power-loss": 1}, duration_s=(1.0, 2.0), gap_s=(4.0, 6.0))
-
 # Every bookie's journal cut below what it checkpointed: nothing to repair from, and the
 # ledgers whose entries are gone everywhere cannot be recovered; the final phase gives up on
 # them sooner than on a healthy cluster (the checker counts them unrecovered).
 CONTROL_RUN: dict[str, Any] = {"control": True, "repair_timeout_s": 0, "final_deadline_s": 20.0}
+SHORT: dict[str, Any] = {"repair_timeout_s": 30.0}
+LONG: dict[str, Any] = {"repair_timeout_s": 90.0, "seeds": (1, 2)}
 
 TIERS: dict[str, list[Scenario]] = {
     "short": [
-        Scenario("processes", Schedule(PROCESS_FAULTS, **BRISK), 25.0),
-        Scenario("network", Schedule(NETWORK_FAULTS, **BRISK), 25.0),
-        Scenario("disk", Schedule(DISK_FAULTS, **BRISK), 25.0),
+        Scenario("processes", Schedule(PROCESS_FAULTS, **BRISK), 25.0, **SHORT),
+        Scenario("network", Schedule(NETWORK_FAULTS, **BRISK), 25.0, **SHORT),
+        Scenario("disk", Schedule(DISK_FAULTS, **BRISK), 25.0, **SHORT),
         Scenario("control-no-fsync", CONTROL, 12.0, **CONTROL_RUN),
     ],
     "long": [
-        Scenario("processes", Schedule(PROCESS_FAULTS | {"clock-jump": 1}), 90.0, seeds=(1, 2)),
-        Scenario("network", Schedule(NETWORK_FAULTS | {"pause": 1}), 90.0, seeds=(1, 2)),
-        Scenario(
-            "disk",
-            Schedule(DISK_FAULTS | {"enospc": 1, "coordinated-power-loss": 1, "disk-wipe": 1}),
-            90.0,
-            seeds=(1, 2),
-        ),
-        Scenario(
-            "mixed",
-            Schedule(
-                {
-                    kind: 1.0
-                    for kind in (
-                        "kill",
-                        "pause",
-                        "partition",
-                        "clock-jump",
-                        "power-loss",
-                        "eio",
-                        "nats-restart",
-                    )
-                }
-            ),
-            120.0,
-            seeds=(3,),
-        ),
+        Scenario("processes", Schedule(PROCESS_FAULTS | {"clock-jump": 1}, **STEADY), 75.0, **LONG),
+        Scenario("network", Schedule(NETWORK_FAULTS | {"clock-jump": 1}, **STEADY), 75.0, **LONG),
+        Scenario("disk", Schedule(DISK_FAULTS | MORE_DISK_FAULTS, **STEADY), 75.0, **LONG),
         Scenario("control-no-fsync", CONTROL, 20.0, **CONTROL_RUN),
     ],
 }
