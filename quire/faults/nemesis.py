@@ -113,6 +113,7 @@ class Nemesis:
         self.log_path = run_dir / "nemesis.jsonl"
         self.injected: Counter[str] = Counter()
         self.last_heal_at: float | None = None
+        self._kinds: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -123,10 +124,15 @@ class Nemesis:
     # -- the schedule -------------------------------------------------------------------
 
     def start(self, schedule: Schedule) -> None:
+        self._kinds = set(schedule.weights)
         self._thread = threading.Thread(
             target=self._run, args=(schedule,), name="nemesis", daemon=True
         )
         self._thread.start()
+
+    def covered(self) -> bool:
+        """Every kind of the schedule injected at least once."""
+        return self._kinds <= set(self.injected)
 
     def stop(self) -> None:
         """End the schedule; the fault under way (if any) is healed before this returns."""

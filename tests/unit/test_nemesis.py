@@ -192,7 +192,7 @@ async def test_schedule_is_the_seeds_and_everything_is_logged(tmp_path: Path) ->
 
             await until(lambda: heals() >= 8, "8 faults healed")
             nemesis.heal_all()
-        assert nemesis.error is None
+        assert nemesis.error is None and nemesis.covered()
         injected = [x for x in log_lines(where) if x["event"] == "inject"]
         healed = [x for x in log_lines(where) if x["event"] == "heal"]
         assert len(healed) == len(injected)  # each injection healed, the last by stop()
