@@ -229,16 +229,23 @@ class Nemesis:
         )
 
     def _partition(self) -> Fault:
+        """Mostly a blackhole (a cut link: the process notices only by its timeouts), now
+        and then a reset (its connections closed and refused: it notices at once and keeps
+        reconnecting)."""
         name = self.rng.choice(self._services())
         cut = self.listeners(name)
+        mode = self.rng.choices(("blackhole", "reset"), (3, 1))[0]
         for listener in cut:
-            self.proxy.partition(listener)
+            if mode == "blackhole":
+                self.proxy.partition(listener)
+            else:
+                self.proxy.reset(listener)
 
         def heal() -> None:
             for listener in cut:
                 self.proxy.heal(listener)
 
-        return Fault("partition", name, time.time(), {"listeners": cut}, heal)
+        return Fault("partition", name, time.time(), {"listeners": cut, "mode": mode}, heal)
 
     def _nats_restart(self) -> Fault | None:
         return self._server_restart("nats")

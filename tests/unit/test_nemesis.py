@@ -144,7 +144,8 @@ def test_partition_cuts_every_listener_of_the_process(tmp_path: Path, proxy: Fau
     nemesis.rng = random.Random(0)
     while (fault := nemesis.inject("partition")).target != "metadata":
         nemesis.heal(fault)
-    assert proxy.state("metadata") == proxy.state("metadata.pg") == "partitioned"
+    cut = {"blackhole": "partitioned", "reset": "reset"}[fault.details["mode"]]
+    assert proxy.state("metadata") == proxy.state("metadata.pg") == cut
     nemesis.heal(fault)
     assert {proxy.state(n) for n in proxy.names()} == {"open"}
 
