@@ -39,12 +39,23 @@ def test_totals_and_a_passing_tier() -> None:
     assert row["operations"] == {"attempted": 30, "acked": 24, "failed": 2, "indeterminate": 4}
     assert row["entries"]["acked"] == 42
     assert row["recovery_s"] == [0.12, 0.08, 0.12, 0.08]
-    assert summary["total"]["violations"]["lost"] == 4
+    # The control's deliberate losses stay in its row, out of the total.
+    assert summary["scenarios"]["c"]["violations"]["lost"] == 4
+    assert summary["total"]["violations"]["lost"] == 0 and summary["total"]["runs"] == 2
     assert summary["passed"]
     out = io.StringIO()
     print_summary(summary, out)
     assert "c (control: fsync off): runs 1, failed 0" in out.getvalue()
     assert out.getvalue().rstrip().endswith("fault suite PASSED")
+
+
+def test_a_run_not_repaired_in_time_is_counted() -> None:
+    summary = summarise("short", [run("p"), {**run("p"), "repair_s": None}])
+    assert summary["scenarios"]["p"]["repair_s"] == [1.5]
+    assert summary["scenarios"]["p"]["unrepaired_runs"] == 1
+    out = io.StringIO()
+    print_summary(summary, out)
+    assert "(not repaired in time: 1 runs)" in out.getvalue()
 
 
 def test_a_violation_an_error_or_a_control_without_loss_fails() -> None:
