@@ -111,7 +111,7 @@ class Op:
 
     `value` by kind, invoke / ok (fail and info carry `code` and `detail`, and reads the
     entries they got before the error):
-    - create: {"ensemble_size", "write_quorum", "ack_quorum"} / {"ledger_id"}
+    - create: {"ensemble_size", "write_quorum", "ack_quorum", "password"} / {"ledger_id"}
     - append: {"payloads": [bytes]} / {"first", "last", "lac"}
     - read, tail: {"from", "to", "unconfirmed"} / {"entries": [[entry_id, bytes, lac]]}
       (lac: the LAC the gateway reported with that entry, None when it did not say)
@@ -123,7 +123,7 @@ class Op:
     index: int  # position in the history: real-time order
     op_id: int  # an invoke and its completion share it
     type: str  # invoke, ok, fail, info
-    process: str  # who did it: writer-0, reader-1, recoverer, final
+    process: str  # who did it: writer-0, reader-1, recoverer
     kind: str
     ledger: int | None
     value: Mapping[str, Any] = field(default_factory=dict)
@@ -420,8 +420,10 @@ def _check_reads(
             and entry_id > f.last_entry_id
         ):
             result.count("beyond_lac", f"{what}: the ledger closed at {f.last_entry_id}")
-    reported = [(call, lac) for call, _, _, lac in seen.reads if lac is not None]
-    for call, lac in [*seen.lacs, *reported]:
+    # Each LAC once per operation (a read reports its LAC with every entry).
+    reported = {(call.invoke.op_id, lac): call for call, _, _, lac in seen.reads if lac is not None}
+    reported |= {(call.invoke.op_id, lac): call for call, lac in seen.lacs}
+    for (_, lac), call in sorted(reported.items(), key=lambda item: item[0]):
         ledger = call.invoke.ledger
         f = finals.get(ledger) if ledger is not None else None
         if f is not None and f.last_entry_id is not None and lac > f.last_entry_id:

@@ -40,6 +40,7 @@ from shared.subjects import Subjects
 DEADLINE_S = 120.0
 RETRY_S = 0.5
 CALL_TIMEOUT_S = 30.0
+STEP_RETRY_S = 45.0
 LEDGERS_AT_ONCE = 4
 REPLICA_BATCH_ENTRIES = 100
 REPLICA_TRIES = 4
@@ -51,6 +52,7 @@ RETRIED_STATUSES = frozenset(
     {"UNREACHABLE", "TOO_MANY_REQUESTS", "UNKNOWN_LEDGER_STATE", "IO_ERROR"}
 )
 UNREACHABLE = "UNREACHABLE"
+NOT_ASKED = "NOT_ASKED"
 
 
 def ledgers_of(history: Iterable[Op]) -> dict[int, str]:
@@ -95,10 +97,12 @@ async def final_phase(
 
 
 async def _retrying(what: Any, deadline: float) -> tuple[Any, str | None]:
-    """(the result of `what()`, None), retried on transient errors until the deadline;
-    (None, the last error) if it never succeeded."""
+    """(the result of `what()`, None), retried on transient errors for STEP_RETRY_S at
+    most (one ledger that never recovers must not use up the others' time) and not past
+    the phase's deadline; (None, the last error) if it never succeeded."""
     error = "not tried: the final phase's deadline had passed"
-    while time.monotonic() < deadline:
+    give_up = min(deadline, time.monotonic() + STEP_RETRY_S)
+    while time.monotonic() < give_up:
         try:
             return await what(), None
         except QuireClientError as exc:
@@ -181,17 +185,17 @@ async def _read_replica(
     digest: DigestManager,
     deadline: float,
 ) -> list[ReplicaRead]:
-    """The entries as one bookie answers them; transient answers asked again a few times."""
-    got: dict[int, ReplicaRead] = {}
+    """The entries as one bookie answers them; transient answers asked again a few times,
+    and nothing asked once the deadline has passed (NOT_ASKED: counted missing)."""
+    got = {e: ReplicaRead(bookie_id, e, NOT_ASKED) for e in entry_ids}
     todo = list(entry_ids)
     for attempt in range(REPLICA_TRIES):
-        if attempt:
-            await asyncio.sleep(RETRY_S)
-        results = await _ask(bookies, ledger_id, bookie_id, todo, digest)
-        got.update(results)
-        todo = [e for e in todo if got[e].status in RETRIED_STATUSES]
         if not todo or time.monotonic() > deadline:
             break
+        if attempt:
+            await asyncio.sleep(RETRY_S)
+        got.update(await _ask(bookies, ledger_id, bookie_id, todo, digest))
+        todo = [e for e in todo if got[e].status in RETRIED_STATUSES]
     return [got[e] for e in entry_ids]
 
 
@@ -211,11 +215,11 @@ async def _ask(
     missing = status.name if status is not BookieStatus.OK else "NOT_IN_REPLY"
     answers = {e: ReplicaRead(bookie_id, e, missing) for e in entry_ids}
     for result in results:
-        answers[result.entry_id] = _replica_read(bookie_id, ledger_id, result, digest)
+        answers[result.entry_id] = replica_read(bookie_id, ledger_id, result, digest)
     return answers
 
 
-def _replica_read(
+def replica_read(
     bookie_id: str, ledger_id: int, result: wire.ReadResult, digest: DigestManager
 ) -> ReplicaRead:
     if result.status is not BookieStatus.OK:

@@ -247,6 +247,11 @@ class _ReplayFile:
     files: FileLayer
 
     def run(self, state: BookieLedgerState) -> JournalPosition:
+        # What is replayed is trusted from now on (applied, counted durable, read by the
+        # ledgerstore): a batch whose fsync a crash cut short may be in the page cache
+        # only, and a later power loss would tear it, in a file that is then not the last
+        # (refused at the next start). Made durable first.
+        self.files.sync_file(self.path)
         data = self.path.read_bytes()
         try:
             complete = check_file_header(data, self.file_id)

@@ -105,7 +105,9 @@ class FaultFiles(FileLayer):
     # -- the operations -------------------------------------------------------------------
 
     def create(self, path: Path, header: bytes) -> int:
-        self._record(CREATE, str(path.absolute()))
+        if path.exists():  # not logged: a power loss must not take the file that was there
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        self._record(CREATE, str(path.absolute()))  # first: the kill may come before the log
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self._track(fd, path)
         try:
@@ -145,6 +147,14 @@ class FaultFiles(FileLayer):
     def fsync(self, fd: int) -> None:
         if not self.unsafe_no_fsync:
             self._sync(fd, os.fsync)
+
+    def sync_file(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        self._track(fd, path)
+        try:
+            self.fsync(fd)
+        finally:
+            self.close(fd)
 
     def close(self, fd: int) -> None:
         with self._lock:

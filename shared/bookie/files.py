@@ -49,6 +49,15 @@ class FileLayer:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def sync_file(self, path: Path) -> None:
+        """fsync an existing file: what a process that crashed wrote to it may still be in
+        the page cache only, and a power loss would take it."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+
     def truncate(self, path: Path, size: int) -> None:
         """Cut `path` to `size` bytes, durably."""
         with open(path, "r+b") as f:

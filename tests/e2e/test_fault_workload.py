@@ -5,6 +5,7 @@ acknowledged entry dropped and another's bytes changed shows the counts it must.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,12 +32,29 @@ def cluster(cluster_dir) -> Iterator[QuireUp]:
         yield up
 
 
-def enough(stats: dict) -> bool:
-    """Every kind of operation has succeeded a few times (appends many)."""
-    ops = stats["operations"]
-    ok = {kind: counts.get("ok", 0) for kind, counts in ops.items()}
-    wanted = {"append": 150, "recover": 3, "close": 3, "read": 10, "tail": 2, "lac": 2, "get": 3}
-    return all(ok.get(kind, 0) >= n for kind, n in wanted.items())
+WANTED_OK = {"append": 150, "recover": 3, "close": 3, "read": 10, "tail": 2, "lac": 2, "get": 3}
+SHAPES = {(3, 3), (4, 3), (3, 2)}  # (ensemble, write quorum): striping exercised
+VIAS = {"http", "grpc", "grpc-stream"}
+
+
+def missing(ops: list) -> list[str]:
+    """What the run has not done yet: every kind of operation a few times (appends many),
+    every quorum shape, both transports and AppendStream, and a writer fenced."""
+    done = calls(ops)
+    ok = Counter(c.invoke.kind for c in done if c.outcome == "ok")
+    shapes = {
+        (c.invoke.value["ensemble_size"], c.invoke.value["write_quorum"])
+        for c in done
+        if c.invoke.kind == "create" and c.outcome == "ok"
+    }
+    vias = {c.invoke.value.get("via") for c in done if c.outcome == "ok"}
+    fenced = any(c.result.get("code") == "LEDGER_FENCED" for c in done)
+    return [
+        *(f"{n} {kind} ok" for kind, n in WANTED_OK.items() if ok[kind] < n),
+        *(f"a ledger E{e} Qw{w}" for e, w in SHAPES - shapes),
+        *(f"an append via {via}" for via in VIAS - vias),
+        *([] if fenced else ["a writer fenced by a recover"]),
+    ]
 
 
 def run_workload(cluster: QuireUp, path: Path) -> History:
@@ -56,8 +74,8 @@ def run_workload(cluster: QuireUp, path: Path) -> History:
     workload.start()
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not enough(workload.stats()):
-            assert time.monotonic() < deadline, f"the workload did too little: {workload.stats()}"
+        while todo := missing(history.ops()):
+            assert time.monotonic() < deadline, f"the workload did not do: {todo}"
             time.sleep(0.2)
     finally:
         workload.stop()
@@ -85,24 +103,19 @@ def test_no_faults_no_violations(run) -> None:
     result = check(ops, finals)
     figures = summary(result)
     assert result.ok, figures
-    assert (result.replicas_missing, result.replicas_corrupt) == (0, 0), figures
+    assert result.replicas_corrupt == 0, figures
+    # Every entry is held by at least an ack quorum of its write set. Not necessarily by all
+    # of it: a recover may fence a bookie before the writer's add reaches it, once the
+    # others acknowledged the entry (autorecovery's work, as in BookKeeper).
+    for f in finals:
+        held = Counter(r.entry_id for r in f.replicas if r.status == "OK")
+        assert all(held[entry_id] >= f.ack_quorum for entry_id, _ in f.entries), f.ledger_id
     assert all(f.state == "CLOSED" and f.read_error is None for f in finals)
     assert len(finals) == len(ledgers_of(ops)) >= 10
     assert figures["entries"]["acked"] >= 150
     assert result.final_entries >= figures["entries"]["acked"]
     assert len(result.recovery_ms) == len(finals)
-    # Both transports, AppendStream, the striped quorums and the fencing all happened.
-    vias = {c.invoke.value.get("via") for c in calls(ops) if c.outcome == "ok"}
-    assert {"http", "grpc", "grpc-stream"} <= vias
-    shapes = {
-        (c.invoke.value["ensemble_size"], c.invoke.value["write_quorum"])
-        for c in calls(ops)
-        if c.invoke.kind == "create"
-    }
-    assert {(3, 3), (4, 3), (3, 2)} <= shapes
-    fenced = [c for c in calls(ops) if c.result.get("code") == "LEDGER_FENCED"]
-    assert fenced, "no writer was fenced by the recoverer"
-    assert any(r.status == "OK" for f in finals for r in f.replicas)
+    assert missing(ops) == []
     # Reads saw entries, with the LAC the gateway reported (the beyond-LAC rule's input).
     seen = [e for c in calls(ops) if c.invoke.kind == "read" for e in c.result.get("entries", ())]
     assert any(lac is not None for _, _, lac in seen)

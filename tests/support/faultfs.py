@@ -131,6 +131,15 @@ class FaultyFiles(FileLayer):
         if self._fds.pop(fd, None) is not None:
             os.close(fd)
 
+    def sync_file(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        self._fds[fd] = path.resolve()
+        self._state(path)
+        try:
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
     def truncate(self, path: Path, size: int) -> None:
         self._step(f"truncate {path.name}")
         with open(path, "r+b") as f:

@@ -9,6 +9,7 @@ import asyncio
 import io
 import json
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -19,14 +20,16 @@ import pytest
 
 import quire.cluster
 from quire.cluster import Cluster, ClusterConfig, ServiceProcess
-from quire.infra import free_port
+from quire.infra import ManagedProcess, free_port
 from tests.support.wait import until
 
 # A service process's stand-in: it records its environment, then exits, lives a second,
 # or runs until signalled, as DIR/<name>.mode says at its start; the gateway answers
-# /readyz so that the Cluster's start completes as it does for the real one.
+# /readyz so that the Cluster's start completes as it does for the real one. Like a real
+# service it handles SIGTERM (a clean exit), so a paused one acts on it only once resumed.
 CHILD = """
-import http.server, json, os, sys, time
+import http.server, json, os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 out, name = os.environ["SUP_OUT"], os.environ["SUP_NAME"]
 with open(os.path.join(out, f"{name}.{os.getpid()}.env"), "w") as f:
     json.dump(dict(os.environ), f)
@@ -50,6 +53,14 @@ if name == "gateway":
     http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
 while True:
     time.sleep(3600)
+"""
+
+
+CHILD_HANDLING_SIGTERM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("ready", flush=True)
+time.sleep(3600)
 """
 
 
@@ -242,6 +253,8 @@ def test_a_held_process_stays_down_until_released(harness: Harness) -> None:
 def test_a_paused_process_is_alive_and_stop_still_ends_it(harness: Harness) -> None:
     cluster = harness.start()
     paused = cluster.pid("metadata")
+    assert paused is not None
+    harness.env_of("metadata", paused)  # written after its SIGTERM handler was set
     assert cluster.signal("metadata", signal.SIGSTOP)
     assert cluster.signal("replicator", signal.SIGKILL)
     wait(lambda: cluster.restarts()["replicator"] == 1, "the replicator's restart")
@@ -249,8 +262,22 @@ def test_a_paused_process_is_alive_and_stop_still_ends_it(harness: Harness) -> N
     assert "quire: metadata" not in stderr(cluster)
     metadata = cluster.service("metadata").proc
     cluster.stop()
-    assert metadata.poll() is not None
-    assert "did not stop in time" not in stderr(cluster)  # SIGTERM, then SIGCONT to act on it
+    # Its clean exit on SIGTERM (a SIGCONT let it act on it), not a kill after 20 s.
+    assert metadata.returncode == 0
+    assert "did not stop in time" not in stderr(cluster)
+
+
+def test_a_paused_server_is_stopped_by_its_stop_signal() -> None:
+    """NATS and PostgreSQL (ManagedProcess) paused by the fault suite stop as well."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD_HANDLING_SIGTERM], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # its handler set
+    server = ManagedProcess("nats", "nats", proc)
+    proc.send_signal(signal.SIGSTOP)
+    server.stop(timeout_s=20)
+    assert proc.returncode == 0  # its own exit on SIGTERM: not killed after the wait
+    proc.stdout.close()
 
 
 def test_no_restart_reports_the_exit_and_leaves_it_down(harness: Harness) -> None:

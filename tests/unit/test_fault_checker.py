@@ -246,6 +246,13 @@ def lac_past_close(h: H) -> list[Final]:
     return [closed(payloads)]
 
 
+def lac_past_close_in_a_read(h: H) -> list[Final]:
+    """A read reports its LAC with each entry: one violation for the read, not per entry."""
+    payloads = acked(h, 3)
+    h.read(1, [(0, payloads[0], 4), (1, payloads[1], 4)], kind="tail")
+    return [closed(payloads)]
+
+
 def corrupt_read(h: H) -> list[Final]:
     payloads = acked(h, 2)
     h.read(1, [(0, payloads[0], 1), (1, b"flipped", 1)], type_="fail")
@@ -387,6 +394,7 @@ CASES = [
     Case("confirmed read past the close", confirmed_past_close, {"beyond_lac": 1}),
     Case("read of other bytes than the final", read_other_bytes, {"beyond_lac": 1}),
     Case("LAC past the close", lac_past_close, {"beyond_lac": 1}),
+    Case("LAC past the close in a read", lac_past_close_in_a_read, {"beyond_lac": 1}),
     Case("corrupt bytes in a failed read", corrupt_read, {"corrupt": 1}),
     Case("corrupt bytes in an unconfirmed read", corrupt_unconfirmed_read, {"corrupt": 1}),
     Case(

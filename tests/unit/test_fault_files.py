@@ -73,6 +73,16 @@ def test_records_durable_sizes_and_names(dirs):
     assert fates(faults)[str(path)].durable_size == 12
 
 
+def test_a_create_over_an_existing_file_fails_and_is_not_logged(dirs):
+    data, faults = dirs
+    files = FaultFiles(faults)
+    (data / "a.log").write_bytes(b"there")
+    with pytest.raises(FileExistsError):
+        files.create(data / "a.log", b"HEAD")
+    faults_disk.power_loss([faults], "lose", random.Random(1))
+    assert (data / "a.log").read_bytes() == b"there"
+
+
 def test_power_loss_lose_and_tear(dirs):
     data, faults = dirs
     files = FaultFiles(faults)
@@ -145,8 +155,22 @@ def test_unsafe_no_fsync_skips_data_syncs_only(dirs):
     files.fdatasync(fd)
     files.fsync(fd)
     files.close(fd)
+    with open(data / "a.log", "ab") as f:  # as a process that died wrote it
+        f.write(b"y")
+    files.sync_file(data / "a.log")  # replay's sync: a data sync too
     faults_disk.power_loss([faults], "lose", random.Random(1))
     assert (data / "a.log").read_bytes() == b"HEAD"
+
+
+def test_sync_file_makes_what_a_dead_process_wrote_durable(dirs):
+    data, faults = dirs
+    files = FaultFiles(faults)
+    fd = files.create(data / "a.log", b"HEAD")
+    files.write(fd, b"x" * 10)  # then the process died, before its fsync
+    files.close(fd)
+    FaultFiles(faults).sync_file(data / "a.log")  # the next incarnation, at replay
+    faults_disk.power_loss([faults], "lose", random.Random(1))
+    assert (data / "a.log").stat().st_size == 14
 
 
 def _journal(path, entries):
