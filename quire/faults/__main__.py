@@ -20,8 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", help="only this scenario of the tier")
     parser.add_argument("--seed", type=int, help="only this seed (default: the scenario's)")
     args = parser.parse_args(argv)
-    # SIGTERM as Ctrl-C: the runs' cleanup (heal, stop every cluster) runs either way.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM as Ctrl-C, and Ctrl-C even when started in the background of a script (which
+    # ignores SIGINT): the runs' cleanup (heal, stop every cluster) runs either way.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
     return run_tier(args.tier, args.out, args.scenario, args.seed)
 
 
