@@ -4,8 +4,10 @@ workload's history and the final read-back judged by the checker (docs/reliabili
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,15 +21,20 @@ OPERATIONS = ("attempted", "acked", "failed", "indeterminate")
 
 
 @pytest.mark.timeout(900)
-def test_short_tier(cluster_dir) -> None:
-    out = cluster_dir("faults") / "out"
+def test_short_tier() -> None:
+    # Outside the session's temp tree: a failed run's logs and data stay for its diagnosis
+    # (the failure names the directory); a passed one is removed.
+    parent = Path(tempfile.mkdtemp(prefix="quire-faults-"))
+    parent.chmod(0o711)  # PostgreSQL runs as another user when we are root
+    out = parent / "out"
     done = subprocess.run(
         [sys.executable, "-m", "quire.faults", "--tier", "short", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=840,
     )
-    report = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
+    report = f"runs kept in {out}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
+    assert (out / "summary.json").exists(), report
     summary = json.loads((out / "summary.json").read_text())
     assert done.returncode == (0 if summary["passed"] else 1), report
     assert "fault suite PASSED" in done.stdout, report
@@ -35,7 +42,7 @@ def test_short_tier(cluster_dir) -> None:
     scenarios = {s.name: s for s in TIERS["short"]}
     assert set(summary["scenarios"]) == set(scenarios)
     for run in summary["runs"]:
-        assert "error" not in run, run.get("error")
+        assert "error" not in run, f"{run.get('error')}; {report}"
         check = run["check"]
         if run["control"]:
             # The control run (fsync off, every bookie losing power at once) must lose
@@ -61,7 +68,7 @@ def test_short_tier(cluster_dir) -> None:
     for key in OPERATIONS:
         assert total["operations"][key] == sum(row["operations"][key] for row in normal)
     assert total["violations"] == dict.fromkeys(FATAL, 0)
-    # The runs and their logs are kept for a failure's diagnosis.
     for run in summary["runs"]:
         assert (Path(run["run_dir"]) / "nemesis.jsonl").exists()
         assert (Path(run["run_dir"]) / "history.jsonl").exists()
+    shutil.rmtree(parent)
