@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint lock proto dashboards clean
+.PHONY: run test faults lint lock proto dashboards clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "Quire needs Python 3.11 or newer" >&2; exit 1; }
@@ -22,6 +22,16 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fault suite (docs/reliability.md): the scenarios of tier TIER (short: a few minutes, also
+# run by `make test`; long: every fault kind, ~20 min) on fresh local clusters; runs, logs and
+# summary.json in OUT. Fails when a run lost or invented an acknowledged entry (or broke another
+# rule) or when the control run (fsync off) shows no loss.
+TIER ?= short
+OUT ?= faults-out
+faults: $(STAMP)
+	rm -rf $(OUT)
+	$(BIN)/python -m quire.faults --tier $(TIER) --out $(OUT)
 
 # The deterministic simulator: SEEDS seeds of the real protocol cores under faults; ends with
 # the line "N seeds, F failures". One seed: $(BIN)/python -m quire.sim --seed S --log
