@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
 
-from quire.faults.run import TIERS, run_tier
+# Before gRPC is imported: the cluster forks its processes (which exec at once) while the
+# workload's gRPC threads run, and gRPC's fork handlers would only log that they skipped.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from quire.faults.run import TIERS, run_tier  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
