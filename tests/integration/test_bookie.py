@@ -452,7 +452,11 @@ async def test_without_a_digest_type_the_bookie_does_not_verify_the_payload(nc, 
 # -- real processes -----------------------------------------------------------------------
 
 
-def spawn(kind: str, settings: QuireSettings, log_dir: Path) -> subprocess.Popen:
+def spawn(
+    kind: str, settings: QuireSettings, log_dir: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """One of the bookie's processes (`kind`: journal or ledgerstore), logging to log_dir;
+    `extra_env` last."""
     env = dict(
         os.environ,
         QUIRE_NATS_URL=settings.nats_url,
@@ -462,6 +466,7 @@ def spawn(kind: str, settings: QuireSettings, log_dir: Path) -> subprocess.Popen
         # Checkpoints during the test: the restart resumes from a persisted position.
         QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS="100",
     )
+    env.update(extra_env or {})
     with open(log_dir / f"{kind}.log", "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, "-m", f"services.{kind}"],

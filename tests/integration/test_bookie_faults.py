@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -25,13 +24,22 @@ from shared.bookie.journal_format import LAST_MARK, decode_last_mark, journal_fi
 from shared.config import QuireSettings
 from shared.disk import FAIL_STOP_EXIT_CODE
 from shared.status import BookieStatus
-from tests.integration.test_bookie import KEY, Bookie, frame
+from tests.integration.test_bookie import KEY, Bookie, frame, spawn
 from tests.support.wait import until
 
 KINDS = ("journal", "ledgerstore")
 # Short: the add in flight when a process dies is only answered by this timeout.
 ADD_TIMEOUT_S = 2.0
 FLAGS = wire.add_flags("crc32c")  # the digest of `frame`: the bookie verifies what it reads
+
+
+async def add_40_entries(client: Bookie, ledger_id: int) -> dict[tuple[int, int], bytes]:
+    """Entries 0-39 of the ledger, 300 random bytes each, one add at a time, each acked."""
+    acked = {}
+    for e in range(40):
+        acked[(ledger_id, e)] = frame(ledger_id, e, e - 1, payload=os.urandom(300))
+        assert await client.add([acked[(ledger_id, e)]], flags=FLAGS) == [BookieStatus.OK]
+    return acked
 
 
 class FaultyBookie:
@@ -45,25 +53,8 @@ class FaultyBookie:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def spawn(self, kind: str) -> None:
-        env = dict(
-            os.environ,
-            QUIRE_NATS_URL=self.settings.nats_url,
-            QUIRE_SUBJECT_PREFIX=self.settings.subject_prefix,
-            QUIRE_DATA_DIR=str(self.settings.data_dir),
-            QUIRE_BOOKIE_ID=self.settings.bookie_id,
-            QUIRE_FAULTS_DIR=str(self.faults[kind]),
-            QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS="100",
-        )
-        env.update(self.env)
-        with open(self.log_dir / f"{kind}.log", "ab") as log_file:
-            self.procs[kind] = subprocess.Popen(
-                [sys.executable, "-m", f"services.{kind}"],
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=Path(__file__).parents[2],
-                start_new_session=True,
-            )
+        extra_env = {"QUIRE_FAULTS_DIR": str(self.faults[kind]), **self.env}
+        self.procs[kind] = spawn(kind, self.settings, self.log_dir, extra_env)
 
     async def start(self, client: Bookie) -> None:
         for kind in KINDS:
@@ -206,9 +197,7 @@ async def test_bit_flips_in_entry_logs_are_never_served_as_data(nc, settings, tm
     client = Bookie(nc, settings)
     async with faulty_bookie(settings, tmp_path) as bookie:
         await bookie.start(client)
-        acked = {(50, e): frame(50, e, e - 1, payload=os.urandom(300)) for e in range(40)}
-        for e in range(40):
-            assert await client.add([acked[(50, e)]], flags=FLAGS) == [BookieStatus.OK]
+        acked = await add_40_entries(client, 50)
         bookie.kill_9()  # a clean restart: everything is flushed to the entry log first
         await bookie.start(client)
 
@@ -271,9 +260,7 @@ async def test_a_bit_flipped_in_checkpointed_journal_records_does_not_stop_the_b
     client = Bookie(nc, settings)
     async with faulty_bookie(settings, tmp_path) as bookie:
         await bookie.start(client)
-        acked = {(50, e): frame(50, e, e - 1, payload=os.urandom(300)) for e in range(40)}
-        for e in range(40):
-            assert await client.add([acked[(50, e)]], flags=FLAGS) == [BookieStatus.OK]
+        acked = await add_40_entries(client, 50)
         assert await client.fence(50) is not None  # a fact the restart must still know
         (journal,) = faults_disk.bookie_files(settings.data_dir, settings.bookie_id)["journal"]
 
