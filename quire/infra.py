@@ -77,6 +77,7 @@ def ended_with_parent(args: list[str], signum: int = signal.SIGTERM) -> dict[str
 EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LISTEN_PORTS_FROM = 10000  # where free_port starts looking, below the ephemeral range
 FREE_PORT_ATTEMPTS = 64
+_handed_out: set[int] = set()  # ports free_port gave this process
 
 
 def ephemeral_port_range() -> tuple[int, int]:
@@ -100,6 +101,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     if low - LISTEN_PORTS_FROM >= 1000:
         for _ in range(FREE_PORT_ATTEMPTS):
             port = secrets.choice(range(LISTEN_PORTS_FROM, low))
+            if port in _handed_out:  # picked before and maybe not bound yet: never twice
+                continue
+            _handed_out.add(port)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind((host, port))
@@ -256,7 +260,13 @@ def _launch_cluster(directory: Path, nodes: list[tuple[str, str]]) -> list[Manag
             servers.append(_launch_nats(directory / f"n{i + 1}" / "nats.conf", name, url))
         for server in servers:
             port = int(server.url.rsplit(":", 1)[1])
-            wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
+            try:
+                wait_for_port("127.0.0.1", port, 20, server.proc, what="nats-server")
+            except InfraError as exc:
+                # The directory may be a temporary one, gone with the error: say why here.
+                assert server.log_path is not None
+                tail = server.log_path.read_text(errors="replace")[-2000:]
+                raise InfraError(f"{exc}; {server.log_path} ends:\n{tail}") from None
     except BaseException:
         for server in servers:
             server.stop()

@@ -32,6 +32,7 @@ def test_free_port_is_outside_the_range_outgoing_connections_take() -> None:
 
     low, high = ephemeral_port_range()
     ports = {free_port() for _ in range(20)}
+    assert len(ports) == 20  # never the same port twice to one process
     if low - LISTEN_PORTS_FROM >= 1000:
         assert all(LISTEN_PORTS_FROM <= port < low for port in ports), (ports, low)
     else:  # no room below it: bind(0), inside the range
