@@ -79,11 +79,18 @@ def _ledger(message: pb.Ledger) -> Ledger:
 
 class GrpcClient(QuireClient):
     def __init__(
-        self, target: str, *, token: str | None = None, tls_ca: bytes | None = None
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """`token`: the bearer token, when the gateway wants one; `tls_ca`: PEM roots to
-        trust, which also turns TLS on."""
+        trust, which also turns TLS on; `channel_options`: gRPC channel arguments, for
+        this client's every channel."""
         self._tls_ca = tls_ca
+        self._options = list(channel_options)
         self._channel = self._open(target)
         self._stub = pb_grpc.LedgersStub(self._channel)
         self._token = token
@@ -91,6 +98,7 @@ class GrpcClient(QuireClient):
         self._writers: dict[str, tuple[grpc.aio.Channel, pb_grpc.LedgersStub]] = {}
 
     def _open(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        options = [*self._options, *options]
         if self._tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(self._tls_ca)
             return grpc.aio.secure_channel(target, credentials, options)
