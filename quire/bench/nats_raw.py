@@ -6,7 +6,8 @@ every Quire process uses (docs/scaling.md): `python -m quire.bench.nats_raw`.
 - `request`: a responder process answers each request with a small reply (as a bookie
   answers an add), the bench keeps `--in-flight` requests outstanding: requests/s.
 
-Without `--nats-url` it starts its own nats-server in a temporary directory.
+Without `--nats-url` it starts its own nats-server in a temporary directory, and then also
+reports the server's CPU per 1,000 messages (a request and its reply are two).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nats
+
+from quire.bench.procstat import Process, cpu_seconds
 
 SUBJECT = "bench.nats.publish"
 SERVICE = "bench.nats.request"
@@ -133,11 +137,24 @@ async def request(url: str, count: int, size: int, in_flight: int) -> dict[str, 
     }
 
 
-async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    return {
-        "publish": await publish(url, args.count, args.size),
-        "request": await request(url, args.requests, args.size, args.in_flight),
+async def run(
+    args: argparse.Namespace, url: str, server_cpu: Callable[[], float] | None = None
+) -> dict[str, Any]:
+    phases = {
+        "publish": (lambda: publish(url, args.count, args.size), args.count),
+        "request": (
+            lambda: request(url, args.requests, args.size, args.in_flight),
+            2 * args.requests,
+        ),
     }
+    results = {}
+    for name, (phase, messages) in phases.items():
+        before = server_cpu() if server_cpu else 0.0
+        results[name] = await phase()
+        if server_cpu:
+            used = server_cpu() - before
+            results[name]["server_cpu_ms_per_1000_messages"] = round(used / messages * 1e6, 1)
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -156,8 +173,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         with tempfile.TemporaryDirectory(prefix="quire-nats-bench-") as tmp:
             server = start_nats(Path(tmp))
+            process = Process("nats-server", "nats", server.pid)
+
+            def cpu() -> float:
+                return cpu_seconds([process])["nats-server"]
+
             try:
-                results = asyncio.run(run(args, server.url))
+                results = asyncio.run(run(args, server.url, cpu))
             finally:
                 server.stop()
     text = json.dumps(results, indent=2)
