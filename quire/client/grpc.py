@@ -40,11 +40,21 @@ def _writer_of(error: grpc.aio.AioRpcError) -> str | None:
     return trailing.get(WRITER_GRPC_KEY)
 
 
+# gRPC core's words for a call that found no connection to make (refused, unresolvable,
+# timed out connecting): the request was never sent.
+NOT_CONNECTED = "failed to connect to all addresses"
+
+
 def _from_writer(error: grpc.aio.AioRpcError, writer: str) -> QuireClientError:
-    """An error from the writer a gateway redirected to: one that is no gateway's answer
-    (no code of Quire's) but UNAVAILABLE means its gateway cannot be reached."""
+    """An error from the writer a gateway redirected to: UNAVAILABLE because no connection
+    to it could be made means its gateway cannot be reached (a connection lost during
+    the call is no such proof: the append may have gone through)."""
     trailing = dict(error.trailing_metadata() or ())
-    if error.code() is grpc.StatusCode.UNAVAILABLE and ERROR_CODE_KEY not in trailing:
+    if (
+        error.code() is grpc.StatusCode.UNAVAILABLE
+        and ERROR_CODE_KEY not in trailing
+        and NOT_CONNECTED in (error.details() or "")
+    ):
         detail = f"the ledger's writer at {writer} does not answer: {error.details()}"
         return QuireClientError(WRITER_UNREACHABLE, detail, error.code().name)
     return _client_error(error)
