@@ -89,7 +89,8 @@ class JournalService:
         self.rt = rt
         self.bookie_id = rt.settings.bookie_id
         # The disks of this bookie: the journal's and every ledger directory.
-        self.disk_dirs = [rt.settings.bookie_dir / "journal", *rt.settings.ledger_dirs]
+        (self.journal_dir,) = rt.settings.journal_dirs  # one: JournalSettings checks it
+        self.disk_dirs = [self.journal_dir, *rt.settings.ledger_dirs]
         self.disk_usage = disk_usage
         self.read_only = False
         self.disk_usage_fraction = 0.0
@@ -104,7 +105,7 @@ class JournalService:
         self._announce_timer: asyncio.TimerHandle | None = None
         self._announcing: set[asyncio.Task[None]] = set()
         self.journal = Journal(
-            rt.settings.bookie_dir / "journal",
+            self.journal_dir,
             rt.settings.journal,
             on_commit=self._on_commit,
             files=files_for(rt.settings.faults_dir),
@@ -426,14 +427,13 @@ class JournalService:
         settings = self.rt.settings
         return Cookie(
             bookie_id=self.bookie_id,
-            journal_dir=str((settings.bookie_dir / "journal").resolve()),
+            journal_dir=str(self.journal_dir.resolve()),
             ledger_dirs=[str(d.resolve()) for d in settings.ledger_dirs],
             instance_id=instance_id,
         )
 
     def _has_data(self) -> bool:
-        dirs = [self.rt.settings.bookie_dir / "journal", *self.rt.settings.ledger_dirs]
-        return any(d.exists() and any(d.iterdir()) for d in dirs)
+        return any(d.exists() and any(d.iterdir()) for d in self.disk_dirs)
 
     async def establish_identity(self, client: MetadataClient) -> bool:
         """Check the cookie on disk against this bookie and against metadata; write what is

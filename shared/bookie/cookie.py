@@ -137,6 +137,7 @@ def reconcile_offline(expected: Cookie, disk: Cookie | None, has_data: bool) -> 
 def _refusal(problem: str) -> str:
     return (
         f"refusing to start: {problem}. If the directories moved, fix the settings "
-        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
+        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_JOURNAL__JOURNAL_DIRECTORIES, "
+        "QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
         "disk belongs to another bookie or cluster, use another data dir"
     )

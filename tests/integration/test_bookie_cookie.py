@@ -12,7 +12,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from shared.bookie.cookie import COOKIE_FILE, Cookie, CookieMismatch, reconcile
-from shared.config import QuireSettings
+from shared.bookie.journal_dir import journal_files
+from shared.config import JournalSettings, QuireSettings
 from shared.metaclient import MetadataClient
 from shared.status import BookieStatus
 from shared.subjects import Subjects
@@ -62,6 +63,40 @@ async def test_cookie_mismatch_refuses_and_a_wiped_disk_answers_unknown(
             )
             results = await client.read([(71, 1), (71, 5)])
             assert [r.status for r in results] == [BookieStatus.OK, BookieStatus.NO_ENTRY]
+
+
+async def test_a_journal_on_its_own_disk_is_served_and_recorded_in_the_cookie(
+    nc, settings: QuireSettings, fresh_database_url: str, tmp_path
+) -> None:
+    journal_disk = tmp_path / "journal-disk"  # outside the bookie's dir, as a mount is
+    settings = settings.model_copy(
+        update={
+            "database_url": fresh_database_url,
+            "journal": settings.journal.model_copy(
+                update={"journal_directories": [str(journal_disk)]}
+            ),
+        }
+    )
+    journal_dir = journal_disk / settings.bookie_id
+    client = Bookie(nc, settings)
+    frames = [frame(90, e, e - 1) for e in range(5)]
+    async with running_service("metadata", settings):
+        async with bookie(settings):
+            assert await client.add(frames) == [BookieStatus.OK] * 5
+            # The ledgerstore found them by following the journal there.
+            assert [r.frame for r in await client.read([(90, e) for e in range(5)])] == frames
+        assert journal_files(journal_dir) and not (settings.bookie_dir / "journal").exists()
+        on_disk = json.loads((settings.bookie_dir / COOKIE_FILE).read_text())
+        assert on_disk["journal_dir"] == str(journal_dir.resolve())
+        async with bookie(settings):
+            assert [r.frame for r in await client.read([(90, e) for e in range(5)])] == frames
+            assert await client.add([frame(90, 5, 4)]) == [BookieStatus.OK]
+
+        # Back to the default journal directory: not the disk the cookie names.
+        default = settings.model_copy(update={"journal": JournalSettings()})
+        with pytest.raises(CookieMismatch, match="journal_dir"):
+            async with running_service("journal", default):
+                pass
 
 
 async def test_a_disk_wiped_while_metadata_was_away_is_found_once_it_answers(
