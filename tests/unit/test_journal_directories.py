@@ -1,5 +1,5 @@
-"""journal.journal_directories: where a bookie's journal lives, by the same path rules as
-ledgerstore.ledger_directories, and one of them."""
+"""journal.journal_directories: where a bookie's journals live (one per directory), by the
+same path rules as ledgerstore.ledger_directories."""
 
 from __future__ import annotations
 
@@ -30,11 +30,16 @@ def test_relative_under_the_bookie_absolute_with_the_bookie_id(
     ]
 
 
-def test_more_than_one_journal_directory_is_refused_with_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch,
+def test_several_journal_directories_each_named_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("QUIRE_JOURNAL__JOURNAL_DIRECTORIES", '["/mnt/j1","/mnt/j2"]')
-    with pytest.raises(ValidationError, match="one journal directory per bookie"):
+    monkeypatch.setenv("QUIRE_JOURNAL__JOURNAL_DIRECTORIES", '["/mnt/j1","j2"]')
+    assert QuireSettings(data_dir=tmp_path, bookie_id="b1").journal_dirs == [
+        Path("/mnt/j1/b1"),
+        tmp_path / "b1" / "j2",
+    ]
+    monkeypatch.setenv("QUIRE_JOURNAL__JOURNAL_DIRECTORIES", '["/mnt/j1","/mnt/j1/"]')
+    with pytest.raises(ValidationError, match="names a directory twice"):
         QuireSettings()
     monkeypatch.setenv("QUIRE_JOURNAL__JOURNAL_DIRECTORIES", "[]")
     with pytest.raises(ValidationError, match="at least 1"):
