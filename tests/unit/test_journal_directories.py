@@ -11,9 +11,20 @@ import pytest
 from pydantic import ValidationError
 
 from services.journal.journal import Journal, JournalStats
+from services.ledgerstore.store import LedgerStore
+from shared import wire
 from shared.bookie.files import FileLayer
-from shared.bookie.journal_format import MasterKeyRecord
-from shared.config import JournalSettings, QuireSettings
+from shared.bookie.journal_format import (
+    EntryRecord,
+    MasterKeyRecord,
+    encode_batch,
+    encode_file_header,
+    encode_record,
+    journal_file_name,
+)
+from shared.config import JournalSettings, LedgerstoreSettings, QuireSettings
+from shared.digest import DigestManager
+from shared.status import BookieStatus
 
 
 def test_the_default_is_the_journal_dir_bookies_have_always_had(tmp_path: Path) -> None:
@@ -105,3 +116,46 @@ async def test_the_journals_of_two_directories_fsync_at_the_same_time(tmp_path: 
         await asyncio.gather(*writers, return_exceptions=True)
         for journal in journals:
             await journal.close()
+
+
+def write_journal_file(directory: Path, file_id: int, records: list) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = encode_file_header(file_id) + encode_batch([encode_record(r) for r in records])
+    (directory / journal_file_name(file_id)).write_bytes(data)
+
+
+DIGEST = DigestManager("crc32c")
+
+
+def entry(ledger_id: int, entry_id: int) -> EntryRecord:
+    frame = DIGEST.sign(ledger_id, entry_id, entry_id - 1, 1, b"x")
+    return EntryRecord.of(b"k" * 20, frame, wire.DIGEST_CODES[DIGEST.digest_type])
+
+
+async def test_the_ledgerstore_follows_and_checkpoints_each_journal(tmp_path: Path) -> None:
+    dirs = [tmp_path / "j0", tmp_path / "j1"]
+    write_journal_file(dirs[0], 1, [entry(2, 0), entry(2, 1)])
+    write_journal_file(dirs[1], 1, [entry(1, 0)])
+    store = LedgerStore(tmp_path, LedgerstoreSettings(), pytest.fail, journal_dirs=dirs)
+    await store.open()
+    assert await store.catch_up()
+    positions = await store.checkpoint()
+    assert positions is not None and positions == store.applied
+    assert [p.file_id for p in positions] == [1, 1] and positions[0] > positions[1]
+    await store.close()
+
+    # Reopened: each journal resumes at its own position; a new file in one of them only.
+    write_journal_file(dirs[1], 2, [entry(1, 1), entry(3, 0)])
+    store = LedgerStore(tmp_path, LedgerstoreSettings(), pytest.fail, journal_dirs=dirs)
+    await store.open()
+    assert store.applied == positions
+    assert await store.catch_up()
+    assert store.applied[0] == positions[0] and store.applied[1].file_id == 2
+    assert {(ledger, info.last_entry_id) for ledger, info in store.ledgers.items()} == {
+        (1, 1),
+        (2, 1),
+        (3, 0),
+    }
+    results = await store.read([wire.ReadItem(*key) for key in [(2, 1), (1, 1), (3, 0)]])
+    assert [r.status for r in results] == [BookieStatus.OK] * 3
+    await store.close()
