@@ -125,12 +125,13 @@ class JournalService:
         # thread, group commit and fsync; the ledgers are spread over them by id
         # (`journal_for`), so a ledger's records stay in one journal, in order.
         stats = JournalStats()
+        files = files_for(rt.settings.faults_dir)  # one files.log, one fault side channel
         self.journals = [
             Journal(
                 directory,
                 rt.settings.journal,
                 on_commit=functools.partial(self._on_commit, index),
-                files=files_for(rt.settings.faults_dir),
+                files=files,
                 bookie_id=self.bookie_id,
                 stats=stats,
             )
