@@ -230,7 +230,7 @@ class JournalService:
         if len(self.journals) == 1:
             return self._admit_to(self.journals[0], items)
         groups = self._by_journal([frame_ledger_id(item.frame) for item in items])
-        results: list[wire.AddResult] = [None] * len(items)  # type: ignore[list-item]
+        results: dict[int, wire.AddResult] = {}
         durable = []
         for index, at in groups.items():
             part_results, part_durable = self._admit_to(
@@ -240,7 +240,8 @@ class JournalService:
                 results[i] = result
             if part_durable is not None:
                 durable.append(part_durable)
-        return results, asyncio.gather(*durable) if durable else None
+        answers = [results[i] for i in range(len(items))]
+        return answers, asyncio.gather(*durable) if durable else None
 
     def _admit_to(
         self, journal: Journal, items: list[wire.AddItem]
