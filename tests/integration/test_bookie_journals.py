@@ -41,8 +41,34 @@ from tests.integration.test_bookie import (
     spawn,
     wait_serving,
 )
+from tests.integration.test_bookie_shell import QUIRE
 from tests.support.inprocess import running_service
 from tests.support.wait import until
+
+
+async def shell(settings: QuireSettings, *args: str) -> dict | list:
+    """`quire shell ...` as an operator runs it, with the bookie's journal directories."""
+    env = dict(
+        os.environ,
+        QUIRE_JOURNAL__JOURNAL_DIRECTORIES=json.dumps(settings.journal.journal_directories),
+    )
+    proc = await asyncio.create_subprocess_exec(
+        str(QUIRE),
+        "shell",
+        *args,
+        "--data-dir",
+        str(settings.data_dir),
+        "--bookie-id",
+        settings.bookie_id,
+        "--output",
+        "json",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out)
 
 
 def two_journals(settings: QuireSettings, tmp_path: Path, **journal: object) -> QuireSettings:
@@ -94,6 +120,9 @@ async def test_each_ledger_is_journaled_in_its_journal_and_all_of_it_survives_re
         stats = await client.stats("journal")
         for directory in settings.journal_dirs:
             assert stats.value("quire_journal_dir_syncs_total", journal_dir=str(directory)) > 0
+        info = json.loads(await client.call("info", b""))
+        assert [j["dir"] for j in info["journals"]] == [str(d) for d in settings.journal_dirs]
+        assert [j["ledgers"] for j in info["journals"]] == [2, 2] and info["ledgers"] == 4
     even, odd = records_by_journal(settings)
     assert {r.ledger_id for r in even} == {40, 42} and {r.ledger_id for r in odd} == {41, 43}
     assert [r.entry_id for r in even if isinstance(r, EntryRecord) and r.ledger_id == 40] == [
@@ -101,6 +130,11 @@ async def test_each_ledger_is_journaled_in_its_journal_and_all_of_it_survives_re
     ]
     assert any(isinstance(r, FenceRecord) for r in odd)
     assert {r.ledger_id for r in even + odd if isinstance(r, LacRecord)} == {42, 43}
+    # The storage shell reads the journal it is told to.
+    odd = await shell(settings, "readjournal", "--journal", "1")
+    assert {row["ledger_id"] for row in odd if "ledger_id" in row} == {41, 43}
+    mark = await shell(settings, "lastmark", "--journal", "1")
+    assert mark["journal_files"] == journal_files(settings.journal_dirs[1])
     # Every journal directory outside the bookie's dir keeps a copy of the cookie.
     cookie = json.loads((settings.bookie_dir / COOKIE_FILE).read_text())
     assert cookie["more_journal_dirs"] == [str(settings.journal_dirs[1].resolve())]
