@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -47,9 +48,15 @@ class Cookie:
     # Written on an empty disk while metadata could not be asked: a new bookie or a wiped
     # one, to be told apart (and turned `limbo` if wiped) once metadata answers.
     provisional: bool = False
+    # The journal directories after the first (journal_dir), in order. Left out of the
+    # encoding when there are none, so that a one-journal bookie's cookie is as it was.
+    more_journal_dirs: list[str] = field(default_factory=list)
 
     def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.more_journal_dirs:
+            del fields["more_journal_dirs"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def decode(cls, data: str) -> Cookie:
@@ -62,7 +69,7 @@ class Cookie:
 
 def mismatch(expected: Cookie, found: Cookie, where: str) -> str | None:
     """Why `found` (from `where`) is not this bookie's cookie; None if it is."""
-    for name in ("bookie_id", "journal_dir", "ledger_dirs"):
+    for name in ("bookie_id", "journal_dir", "more_journal_dirs", "ledger_dirs"):
         if getattr(expected, name) != getattr(found, name):
             return (
                 f"the cookie in {where} says {name}={getattr(found, name)!r}, this bookie is "
@@ -83,9 +90,45 @@ def read_disk_cookie(bookie_dir: Path) -> Cookie | None:
     return Cookie.decode(path.read_text()) if path.exists() else None
 
 
-def write_disk_cookie(bookie_dir: Path, cookie: Cookie, files: FileLayer = OS_FILES) -> None:
-    bookie_dir.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(bookie_dir / COOKIE_FILE, (cookie.encode() + "\n").encode())
+def keeps_cookie_copy(bookie_dir: Path, journal_dir: Path) -> bool:
+    """Whether a journal directory keeps a copy of the cookie: when it is outside the
+    bookie's dir (a disk of its own, as BookKeeper keeps a cookie in every directory);
+    not when it is inside, on the cookie's disk (the one cookie speaks for it)."""
+    return not journal_dir.resolve().is_relative_to(bookie_dir.resolve())
+
+
+def write_disk_cookie(
+    bookie_dir: Path,
+    cookie: Cookie,
+    files: FileLayer = OS_FILES,
+    journal_copies: Sequence[Path] = (),
+) -> None:
+    """The cookie in the bookie's dir; first a copy in each of `journal_copies`
+    (`keeps_cookie_copy`), so that a bookie's cookie never exists without its journals'."""
+    data = (cookie.encode() + "\n").encode()
+    for directory in [*journal_copies, bookie_dir]:
+        directory.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(directory / COOKIE_FILE, data)
+
+
+def check_journal_copy(expected: Cookie, disk: Cookie | None, journal_copy: Path) -> None:
+    """A journal on a disk of its own must be this bookie's: its copy of the cookie names
+    this bookie, and it has one whenever the bookie's dir has a cookie. Else the journal's
+    disk is not mounted there, or was lost or replaced: starting would forget the fences
+    and master keys that journal held. Raises CookieMismatch."""
+    copy = read_disk_cookie(journal_copy)
+    if copy is not None:
+        problem = mismatch(expected, copy, f"the journal directory {journal_copy}")
+        if problem:
+            raise CookieMismatch(_refusal(problem))
+    elif disk is not None:
+        raise CookieMismatch(
+            f"refusing to start: this bookie has a cookie but its journal directory "
+            f"{journal_copy} has none: the journal's disk is not mounted there, or was lost "
+            "or replaced (with the fences and master keys it held). Mount it; if it is "
+            "lost, empty all of the bookie's directories and start it again: it rejoins in "
+            "limbo (docs/storage.md, 'A wiped bookie')"
+        )
 
 
 def reconcile(
@@ -137,6 +180,7 @@ def reconcile_offline(expected: Cookie, disk: Cookie | None, has_data: bool) -> 
 def _refusal(problem: str) -> str:
     return (
         f"refusing to start: {problem}. If the directories moved, fix the settings "
-        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
+        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_JOURNAL__JOURNAL_DIRECTORIES, "
+        "QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
         "disk belongs to another bookie or cluster, use another data dir"
     )
