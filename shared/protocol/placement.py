@@ -15,6 +15,7 @@ a layout that satisfies every window is found whenever one exists within the sea
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -267,6 +268,59 @@ class PlacementPolicy:
         for index in order:
             slots[index] = None
         return self._place(slots, order, write_quorum, pool, rng, {**known, **candidates})
+
+    def repair(
+        self,
+        ensemble: Sequence[str],
+        write_quorum: int,
+        candidates: Mapping[str, str],
+        known: Mapping[str, str],
+    ) -> tuple[int, ...]:
+        """BookKeeper's replaceToAdherePlacementPolicy, as positions: the fewest positions of
+        an ensemble that fails the policy whose bookies, replaced by `candidates` (bookie ->
+        location; those in the ensemble do not count), make it adhere. () when it adheres
+        already, or when no replacement can (nor then a quorum the policy refuses)."""
+        located = {**known, **candidates}
+        if self.check(ensemble, write_quorum, located).adherence is not Adherence.FAIL:
+            return ()
+        if self._invalid_quorum(len(ensemble), write_quorum):
+            return ()
+        pool = {b: loc for b, loc in candidates.items() if b not in set(ensemble)}
+        if self._enforced():
+            pool = {b: loc for b, loc in pool.items() if loc != DEFAULT_LOCATION}
+        by_location: dict[str, list[str]] = defaultdict(list)
+        for bookie in sorted(pool):
+            by_location[pool[bookie]].append(bookie)
+        locs = [located.get(b, DEFAULT_LOCATION) for b in ensemble]
+        size = len(ensemble)
+        target = Adherence.MEETS_STRICT if self.name == "rackaware" else Adherence.MEETS_SOFT
+        tried = 0
+        for count in range(1, min(size, len(pool)) + 1):
+            for positions in itertools.combinations(range(size), count):
+                tried += 1
+                if tried > SEARCH_BUDGET // 100:
+                    return ()
+                layout: list[str | None] = list(locs)
+                for index in positions:
+                    layout[index] = None
+                if not self._untouched_adhere(layout, write_quorum, target):
+                    continue
+                search = _Search(self, layout, write_quorum, by_location, None, target)
+                if search.run(list(positions)) is not None:
+                    return positions
+        return ()
+
+    def _untouched_adhere(
+        self, layout: Sequence[str | None], write_quorum: int, target: Adherence
+    ) -> bool:
+        """The write quorums with no open position reach `target` as they are."""
+        size = len(layout)
+        for start in range(size):
+            window = [layout[(start + j) % size] for j in range(write_quorum)]
+            full = [loc for loc in window if loc is not None]
+            if len(full) == len(window) and self._window(full, write_quorum)[0] < target:
+                return False
+        return True
 
     def _refuse_invalid(self, ensemble_size: int, write_quorum: int) -> None:
         invalid = self._invalid_quorum(ensemble_size, write_quorum)
