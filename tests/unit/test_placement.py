@@ -314,3 +314,38 @@ def test_replacement_never_reuses_and_keeps_what_it_can(counts, size, quorum, da
             possible = True
             break
     assert placed.fallback == (not possible)
+
+
+# -- repair (the auditor's marks) ----------------------------------------------------------
+
+
+def test_repair_names_the_fewest_bookies_whose_move_makes_it_adhere() -> None:
+    located = layout(("/z/r1", 2), ("/z/r2", 2))  # b0 b1 in r1, b2 b3 in r2
+    spares = {"s1": "/z/r1", "s2": "/z/r2"}
+    ensemble = ("b0", "b1", "b2", "b3")  # (b0, b1) and (b2, b3) each on one rack
+    positions = RACKAWARE.repair(ensemble, 2, spares, located)
+    assert len(positions) == 2  # one move cannot do: each is between both racks
+    placed = RACKAWARE.replace(ensemble, 2, positions, spares, random.Random(1), known=located)
+    assert placed.adherence is Adherence.MEETS_STRICT
+    assert RACKAWARE.repair(("b0", "b2", "b1", "b3"), 2, spares, located) == ()  # adheres
+    assert RACKAWARE.repair(ensemble, 2, {"s1": "/z/r1"}, located) == ()  # nothing can fix
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=RACKS, spare=RACKS, size=st.integers(2, 5), quorum=st.integers(2, 5), data=st.data())
+def test_repair_positions_are_enough(counts, spare, size, quorum, data) -> None:
+    quorum = min(quorum, size)
+    located = layout(*((f"/z/r{i}", n) for i, n in enumerate(counts)))
+    if len(located) < size:
+        return
+    spares = {
+        f"s{b}": loc for b, loc in layout(*((f"/z/r{i}", n) for i, n in enumerate(spare))).items()
+    }
+    ensemble = tuple(data.draw(st.permutations(sorted(located)))[:size])
+    positions = RACKAWARE.repair(ensemble, quorum, spares, located)
+    check = RACKAWARE.check(ensemble, quorum, located)
+    if not positions:
+        return
+    assert check.adherence is Adherence.FAIL
+    placed = RACKAWARE.replace(ensemble, quorum, positions, spares, random.Random(0), known=located)
+    assert placed.adherence is Adherence.MEETS_STRICT and not placed.fallback
