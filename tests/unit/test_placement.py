@@ -349,3 +349,34 @@ def test_repair_positions_are_enough(counts, spare, size, quorum, data) -> None:
     assert check.adherence is Adherence.FAIL
     placed = RACKAWARE.replace(ensemble, quorum, positions, spares, random.Random(0), known=located)
     assert placed.adherence is Adherence.MEETS_STRICT and not placed.fallback
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    zones=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1)), min_size=1, max_size=6),
+    shape=st.sampled_from([(3, 3), (6, 3), (4, 4), (2, 2)]),
+    seed=st.integers(0, 1000),
+)
+def test_zoneaware_reaches_the_best_level_possible(zones, shape, seed) -> None:
+    """Strict zone-aware placement: the best of MEETS_STRICT / MEETS_SOFT some ensemble of
+    the candidates reaches, else NOT_ENOUGH_BOOKIES (INVALID_ARGUMENT for Qw 2)."""
+    size, quorum = shape
+    candidates = {f"b{i}": f"/z{z}/u{u}_{i}" if u else f"/z{z}/u" for i, (z, u) in enumerate(zones)}
+    best = max(
+        (
+            ZONEAWARE.check(ensemble, quorum, candidates).adherence
+            for ensemble in itertools.permutations(sorted(candidates), size)
+        ),
+        default=None,
+    )
+    try:
+        placed = ZONEAWARE.new_ensemble(size, quorum, candidates, random.Random(seed))
+    except QuireError as err:
+        if quorum <= 2:
+            assert err.api == ApiCodes.INVALID_ARGUMENT
+        else:
+            assert err.api == ApiCodes.NOT_ENOUGH_BOOKIES
+            assert best is None or best is Adherence.FAIL
+        return
+    assert placed.adherence is best and best is not Adherence.FAIL
+    assert ZONEAWARE.check(placed.bookies, quorum, candidates).adherence is best
