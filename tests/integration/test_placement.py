@@ -78,12 +78,18 @@ async def test_rackaware_ledgers_and_ensemble_changes_span_two_racks_or_fail_503
 
         # A bookie of rack-2 stops: every ledger written after it is replaced by the other
         # rack-2 bookies, never a rack-1 one that would put a write quorum on one rack.
+        # (With Qa < Qw the add is acknowledged first and the change follows: waited for.)
         await stop_bookie(stack, "bookie-3")
         for lid in ledgers:
-            response = await append_batch(stack.http, lid, [b"after bookie-3 stopped"])
+            # Four entries: with E up to 4 every position is some entry's write quorum.
+            response = await append_batch(stack.http, lid, [b"after bookie-3 stopped"] * 4)
             assert response.status_code == 200, response.text
+
+            async def replaced(lid: int = lid) -> bool:
+                return "bookie-3" not in (await meta.get_ledger(lid)).segments[-1].bookies
+
+            await until(replaced, f"ledger {lid} off bookie-3")
             metadata = await meta.get_ledger(lid)
-            assert "bookie-3" not in metadata.segments[-1].bookies
             assert adheres(metadata, racks), metadata
 
         # Rack-2 gone: enforced, no ledger can have two racks per write quorum.
