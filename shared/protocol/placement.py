@@ -294,6 +294,8 @@ class PlacementPolicy:
         locs = [located.get(b, DEFAULT_LOCATION) for b in ensemble]
         size = len(ensemble)
         target = Adherence.MEETS_STRICT if self.name == "rackaware" else Adherence.MEETS_SOFT
+        if not self._spread_enough({*locs, *pool.values()}, write_quorum):
+            return ()  # not racks (zones) enough between them all: cut short
         tried = 0
         for count in range(1, min(size, len(pool)) + 1):
             for positions in itertools.combinations(range(size), count):
@@ -309,6 +311,13 @@ class PlacementPolicy:
                 if search.run(list(positions)) is not None:
                     return positions
         return ()
+
+    def _spread_enough(self, locations: set[str], write_quorum: int) -> bool:
+        """Whether these locations hold the racks (zones) one write quorum needs."""
+        usable = locations - {DEFAULT_LOCATION} if self._enforced() else locations
+        if self.name == "rackaware":
+            return len(usable) >= min(write_quorum, self.rules.min_num_racks_per_write_quorum)
+        return len({zone_of(loc) for loc in usable}) >= self.rules.min_num_zones_per_write_quorum
 
     def _untouched_adhere(
         self, layout: Sequence[str | None], write_quorum: int, target: Adherence

@@ -380,3 +380,9 @@ def test_zoneaware_reaches_the_best_level_possible(zones, shape, seed) -> None:
         return
     assert placed.adherence is best and best is not Adherence.FAIL
     assert ZONEAWARE.check(placed.bookies, quorum, candidates).adherence is best
+
+
+def test_repair_moves_a_default_rack_bookie_when_enforced() -> None:
+    located = {"b0": "/z/r1", "plain": DEFAULT_LOCATION}
+    assert RACKAWARE_ENFORCED.repair(("b0", "plain"), 2, {"s": "/z/r2"}, located) == (1,)
+    assert RACKAWARE_ENFORCED.repair(("b0", "plain"), 2, {"s": "/z/r1"}, located) == ()
