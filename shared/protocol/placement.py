@@ -31,7 +31,10 @@ _COMPONENT = r"[A-Za-z0-9_.-]+"
 _LOCATION = re.compile(rf"^/{_COMPONENT}(/{_COMPONENT})?$")
 # Backtracking steps one placement may take before it counts as not found: the pruning makes
 # real layouts take a handful; the bound keeps a hopeless large one from stalling a caller.
-SEARCH_BUDGET = 20_000
+SEARCH_BUDGET = 5_000
+# Sets of positions a repair tries, fewest first (all sets of up to 2 positions of an
+# ensemble of 10): a segment no small move fixes is reported, not marked.
+REPAIR_BUDGET = 64
 
 
 class Adherence(IntEnum):
@@ -294,13 +297,13 @@ class PlacementPolicy:
         locs = [located.get(b, DEFAULT_LOCATION) for b in ensemble]
         size = len(ensemble)
         target = Adherence.MEETS_STRICT if self.name == "rackaware" else Adherence.MEETS_SOFT
-        if not self._spread_enough({*locs, *pool.values()}, write_quorum):
+        if not self._spread_enough({*locs, *pool.values()}, write_quorum, target):
             return ()  # not racks (zones) enough between them all: cut short
         tried = 0
         for count in range(1, min(size, len(pool)) + 1):
             for positions in itertools.combinations(range(size), count):
                 tried += 1
-                if tried > SEARCH_BUDGET // 100:
+                if tried > REPAIR_BUDGET:
                     return ()
                 layout: list[str | None] = list(locs)
                 for index in positions:
@@ -312,12 +315,18 @@ class PlacementPolicy:
                     return positions
         return ()
 
-    def _spread_enough(self, locations: set[str], write_quorum: int) -> bool:
-        """Whether these locations hold the racks (zones) one write quorum needs."""
+    def _spread_enough(self, locations: set[str], write_quorum: int, target: Adherence) -> bool:
+        """Whether these locations hold the racks (zones) one write quorum needs to reach
+        `target`: a search that cannot succeed is not started."""
+        rules = self.rules
         usable = locations - {DEFAULT_LOCATION} if self._enforced() else locations
         if self.name == "rackaware":
-            return len(usable) >= min(write_quorum, self.rules.min_num_racks_per_write_quorum)
-        return len({zone_of(loc) for loc in usable}) >= self.rules.min_num_zones_per_write_quorum
+            return len(usable) >= min(write_quorum, rules.min_num_racks_per_write_quorum)
+        if target is Adherence.MEETS_STRICT:
+            need = min(write_quorum, rules.desired_num_zones_per_write_quorum)
+        else:
+            need = rules.min_num_zones_per_write_quorum
+        return len({zone_of(loc) for loc in usable}) >= need
 
     def _untouched_adhere(
         self, layout: Sequence[str | None], write_quorum: int, target: Adherence
@@ -364,7 +373,10 @@ class PlacementPolicy:
         targets = [Adherence.MEETS_STRICT]
         if self.name == "zoneaware":
             targets.append(Adherence.MEETS_SOFT)
+        spread = {*by_location, *(loc for loc in layout if loc is not None)}
         for target in targets:
+            if not self._spread_enough(spread, write_quorum, target):
+                continue
             search = _Search(self, layout, write_quorum, by_location, rng, target)
             found = search.run(open_positions)
             if found is not None:
