@@ -266,7 +266,8 @@ class PlacementPolicy:
             for index, new in zip(order, chosen, strict=True):
                 bookies[index] = new
             return Placement(tuple(bookies), Adherence.MEETS_STRICT)
-        self._refuse_invalid(len(ensemble), write_quorum)
+        # Unlike a new ensemble, a replacement is not refused for a quorum strict zone-aware
+        # placement would not create (BookKeeper's replaceBookie neither): the ledger exists.
         slots: list[str | None] = list(ensemble)
         for index in order:
             slots[index] = None
@@ -380,7 +381,9 @@ class PlacementPolicy:
             search = _Search(self, layout, write_quorum, by_location, rng, target)
             found = search.run(open_positions)
             if found is not None:
-                return Placement(self._bookies_for(slots, found, by_location, rng), target)
+                bookies = self._bookies_for(slots, found, by_location, rng)
+                invalid = self._invalid_quorum(len(slots), write_quorum)
+                return Placement(bookies, Adherence.FAIL if invalid else target, reason=invalid)
         what = (
             f"no {self.name} placement of {len(open_positions)} bookie(s) with write_quorum "
             f"{write_quorum} over {len(pool)} candidate(s) in "

@@ -386,3 +386,13 @@ def test_repair_moves_a_default_rack_bookie_when_enforced() -> None:
     located = {"b0": "/z/r1", "plain": DEFAULT_LOCATION}
     assert RACKAWARE_ENFORCED.repair(("b0", "plain"), 2, {"s": "/z/r2"}, located) == (1,)
     assert RACKAWARE_ENFORCED.repair(("b0", "plain"), 2, {"s": "/z/r1"}, located) == ()
+
+
+def test_strict_zoneaware_still_replaces_in_a_quorum_it_would_not_create() -> None:
+    """A ledger made before the policy (E3/Qw2) keeps getting replacements; the result is
+    reported as failing the policy, as the auditor's check says."""
+    candidates = layout(("/z1/u1", 2), ("/z2/u1", 2), ("/z3/u1", 2))
+    placed = ZONEAWARE.replace(("b0", "b2", "b4"), 2, [1], candidates, random.Random(1))
+    assert candidates[placed.bookies[1]] == "/z2/u1" and placed.bookies[1] != "b2"
+    assert placed.adherence is Adherence.FAIL and "multiple of write_quorum" in placed.reason
+    assert not placed.fallback
