@@ -42,6 +42,7 @@ from quire.infra import (
 
 REPLICATION_USER = "quire_replication"  # what a standby logs in as: REPLICATION, no more
 STANDBY_READY_S = 60.0
+WAL_KEEP_SIZE = "1GB"  # the old primary's WAL that pg_rewind may need (see prepare_primary)
 POLL_S = 0.05
 
 
@@ -69,8 +70,9 @@ def connect(server: ManagedProcess, password: str | None = None, dbname: str = P
 
 def prepare_primary(primary: ManagedProcess, slot: str, password: str | None = None) -> None:
     """The replication user (with `password`, the same as the superuser's, when the cluster
-    authenticates) and the physical replication slot `slot` on `primary`, each made once.
-    initdb's pg_hba.conf already has the loopback `replication` lines."""
+    authenticates), a `wal_keep_size` and the physical replication slot `slot` on
+    `primary`, each made once. initdb's pg_hba.conf already has the loopback
+    `replication` lines."""
     from psycopg import sql
 
     with connect(primary, password) as conn:
@@ -83,6 +85,11 @@ def prepare_primary(primary: ManagedProcess, slot: str, password: str | None = N
                     sql.Identifier(REPLICATION_USER), sql.Literal(password)
                 )
             )
+        # pg_rewind reads the old primary's WAL back to the last checkpoint before the
+        # servers diverged: keep that much, or a crashed primary cannot be rewound.
+        if conn.execute("SHOW wal_keep_size").fetchone() == ("0",):
+            conn.execute(f"ALTER SYSTEM SET wal_keep_size = '{WAL_KEEP_SIZE}'")
+            conn.execute("SELECT pg_reload_conf()")
         found = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
         if found.fetchone() is None:
             conn.execute("SELECT pg_create_physical_replication_slot(%s)", (slot,))
@@ -100,20 +107,81 @@ def start_standby(
     cache_root: Path | None = None,
 ) -> ManagedProcess:
     """A hot standby of `primary` with its cluster in `directory/data`, streaming through
-    the replication slot `name` under the application name `name`; returned once it
+    the replication slot `name` (lower case letters, digits and underscores, as a slot's
+    name must be) under the application name `name`; returned once it
     streams, and (with `synchronous`) once the primary waits for it at each commit.
     Runs as `start_postgres` runs its servers (as 'nobody' when we are root)."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    data = directory / "data"
-    if data.exists():
-        raise InfraError(f"{data} exists: a standby starts from a fresh base backup")
+    if (directory / "data").exists():
+        raise InfraError(f"{directory / 'data'} exists: a standby starts from a base backup")
     host, primary_port = address(primary)
     prepare_primary(primary, name, password)
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
     if user:
         _chown_tree(directory, user)
+    with _PostgresDir.open(directory, user) as pgdir:
+        _run(
+            binaries / "pg_basebackup",
+            ["-h", host, "-p", str(primary_port), "-U", REPLICATION_USER, "-D", pgdir.data]
+            + ["-X", "stream", "-S", name, "--checkpoint=fast", "-w"],
+            directory,
+            pgdir,
+            user,
+            password,
+        )
+    return _follow(primary, binaries, directory, name, port, synchronous, password)
+
+
+def rejoin_as_standby(
+    new_primary: ManagedProcess,
+    directory: Path,
+    *,
+    name: str,
+    port: int | None = None,
+    synchronous: bool = True,
+    password: str | None = None,
+    install: Path | None = None,
+    cache_root: Path | None = None,
+) -> ManagedProcess:
+    """Bring an old primary (stopped or crashed; its cluster in `directory/data`) back as
+    a standby of `new_primary`, the standby promoted in its place: `pg_rewind` first
+    undoes what the old primary wrote that never reached the new one (a crash leaves such
+    WAL behind: a commit the standby never confirmed, so never acknowledged), then it
+    streams from the new primary like any standby."""
+    directory = directory.resolve()
+    host, primary_port = address(new_primary)
+    prepare_primary(new_primary, name, password)
+    user = _run_as()
+    binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
+    source = make_conninfo(
+        host=host, port=primary_port, user=PG_USER, password=password, dbname="postgres"
+    )
+    with _PostgresDir.open(directory, user) as pgdir:
+        _run(
+            binaries / "pg_rewind",
+            ["-D", pgdir.data, "--source-server", source],
+            directory,
+            pgdir,
+            user,
+            password,
+        )
+    return _follow(new_primary, binaries, directory, name, port, synchronous, password)
+
+
+def _follow(
+    primary: ManagedProcess,
+    binaries: Path,
+    directory: Path,
+    name: str,
+    port: int | None,
+    synchronous: bool,
+    password: str | None,
+) -> ManagedProcess:
+    """Start the copy in `directory/data` as a standby of `primary` and wait until it
+    streams (and, with `synchronous`, until the primary waits for it)."""
+    host, primary_port = address(primary)
     upstream = make_conninfo(
         host=host,
         port=primary_port,
@@ -121,21 +189,21 @@ def start_standby(
         password=password,
         application_name=name,
     )
+    data = directory / "data"
+    # Appended after the copied postgresql.auto.conf, so these win. No synchronous
+    # standby of its own: promoted, it would wait at every commit for one it lacks.
+    with open(data / "postgresql.auto.conf", "a") as conf:
+        conf.write(
+            f"primary_conninfo = {_quoted(upstream)}\n"
+            f"primary_slot_name = {_quoted(name)}\n"
+            "hot_standby = on\n"
+            "synchronous_standby_names = ''\n"
+        )
+    (data / "standby.signal").touch()
+    user = _run_as()
+    if user:
+        _chown_tree(directory, user)
     with _PostgresDir.open(directory, user) as pgdir:
-        _base_backup(binaries, directory, pgdir, user, host, primary_port, name, password)
-        # Standby settings written after the copy, so they override the copied
-        # postgresql.auto.conf. No synchronous standby of its own: promoted, it would
-        # otherwise wait at every commit for one that does not exist.
-        with open(data / "postgresql.auto.conf", "a") as conf:
-            conf.write(
-                f"primary_conninfo = {_quoted(upstream)}\n"
-                f"primary_slot_name = {_quoted(name)}\n"
-                "hot_standby = on\n"
-                "synchronous_standby_names = ''\n"
-            )
-        (data / "standby.signal").touch()
-        if user:
-            _chown_tree(directory, user)
         managed = _launch_postgres(
             binaries, directory, pgdir, port or free_port(host), host, name, user, password
         )
@@ -151,23 +219,19 @@ def start_standby(
     return managed
 
 
-def _base_backup(
-    binaries: Path,
+def _run(
+    binary: Path,
+    args: list[str],
     directory: Path,
     pgdir: _PostgresDir,
     user: str | None,
-    host: str,
-    port: int,
-    slot: str,
     password: str | None,
 ) -> None:
-    """pg_basebackup of the primary into `pgdir.data`, with the WAL streamed alongside
-    (-X stream) through the slot, after an immediate checkpoint."""
+    """One of PostgreSQL's client programs, as the server's user; InfraError if it fails."""
     env = {**os.environ, "PGPASSWORD": password} if password else None
     done = _spawn(
         subprocess.run,
-        [str(binaries / "pg_basebackup"), "-h", host, "-p", str(port), "-U", REPLICATION_USER]
-        + ["-D", pgdir.data, "-X", "stream", "-S", slot, "--checkpoint=fast", "-w"],
+        [str(binary), *args],
         user,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -177,7 +241,7 @@ def _base_backup(
         pass_fds=pgdir.pass_fds,
     )
     if done.returncode != 0:
-        raise InfraError(f"pg_basebackup failed ({done.returncode}): {done.stderr.strip()}")
+        raise InfraError(f"{binary.name} failed ({done.returncode}): {done.stderr.strip()}")
 
 
 def _quoted(value: str) -> str:

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from quire.infra import ManagedProcess, start_postgres
-from quire.pgstandby import is_primary, kill_hard, promote, replication_status, start_standby
+from quire.pgstandby import (
+    connect,
+    is_primary,
+    kill_hard,
+    promote,
+    rejoin_as_standby,
+    replication_status,
+    start_standby,
+)
 from services.metadata.postgres import InvalidDatabaseUrl, conninfo_from_url
 from shared.config import QuireSettings
 from shared.metaclient import MetadataClient, MetadataError
@@ -51,6 +59,13 @@ def test_the_failover_url_reaches_every_host_and_only_a_primary() -> None:
     }
     with pytest.raises(InvalidDatabaseUrl, match="target_session_attrs=read-write"):
         conninfo_from_url("postgresql+psycopg://quire@/quire?host=pg-a:5432&host=pg-b:5433")
+
+
+def replayed_version(server: ManagedProcess, ledger_id: int) -> int | None:
+    with connect(server) as conn:
+        row = conn.execute("SELECT version FROM ledgers WHERE ledger_id = %s", (ledger_id,))
+        found = row.fetchone()
+    return None if found is None else found[0]
 
 
 @dataclass
@@ -162,8 +177,27 @@ async def test_metadata_service_survives_a_primary_killed_and_its_standby_promot
                 assert ledger.seen <= stored.version <= ledger.seen + ledger.unknown, ledger
                 assert stored.length == stored.version
             # The outbox publisher found the new primary too: the newest ledger's events.
-            newest = record.ledgers[-1].ledger_id
-            await until(lambda: newest in published, "events from the promoted standby")
+            newest = record.ledgers[-1]
+            await until(lambda: newest.ledger_id in published, "events from the new primary")
+
+            # The old primary, rewound, comes back as the new primary's synchronous standby.
+            primary = await asyncio.to_thread(
+                rejoin_as_standby, standby, base / "primary", name="old_primary"
+            )
+            [row] = await asyncio.to_thread(replication_status, standby)
+            assert (row["application_name"], row["sync_state"]) == ("old_primary", "sync")
+            stored = await client.get_ledger(newest.ledger_id)
+            updated = await client.update_ledger(
+                UpdateLedgerRequest(
+                    ledger_id=stored.ledger_id,
+                    expected_version=stored.version,
+                    length=stored.version + 1,
+                )
+            )
+            await until(
+                lambda: replayed_version(primary, updated.ledger_id) == updated.version,
+                "the rejoined standby to replay the newest CAS",
+            )
     finally:
         if standby is not None:
             await asyncio.to_thread(standby.stop)
