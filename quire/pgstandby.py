@@ -41,6 +41,16 @@ from quire.infra import (
 )
 
 REPLICATION_USER = "quire_replication"  # what a standby logs in as: REPLICATION, no more
+REWIND_USER = "quire_rewind"  # pg_rewind's source connection: reading files, no more
+REWIND_DATABASE = "postgres"
+# What pg_rewind calls on its source server (PostgreSQL's documented grants for a
+# non-superuser; deploy/postgres/roles.sql), granted in the database it connects to.
+REWIND_FUNCTIONS = (
+    "pg_catalog.pg_ls_dir(text, boolean, boolean)",
+    "pg_catalog.pg_stat_file(text, boolean)",
+    "pg_catalog.pg_read_binary_file(text)",
+    "pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean)",
+)
 STANDBY_READY_S = 60.0
 WAL_KEEP_SIZE = "1GB"  # the old primary's WAL that pg_rewind may need (see prepare_primary)
 POLL_S = 0.05
@@ -69,22 +79,23 @@ def connect(server: ManagedProcess, password: str | None = None, dbname: str = P
 
 
 def prepare_primary(primary: ManagedProcess, slot: str, password: str | None = None) -> None:
-    """The replication user (with `password`, the same as the superuser's, when the cluster
-    authenticates), a `wal_keep_size` and the physical replication slot `slot` on
-    `primary`, each made once. initdb's pg_hba.conf already has the loopback
-    `replication` lines."""
+    """The replication and rewind users (with `password`, the same as the superuser's,
+    when the cluster authenticates), a `wal_keep_size` and the physical replication slot
+    `slot` on `primary`, each made once. initdb's pg_hba.conf already lets them in on
+    loopback."""
     from psycopg import sql
 
     with connect(primary, password) as conn:
-        role = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (REPLICATION_USER,))
-        if role.fetchone() is None:
-            conn.execute(f"CREATE ROLE {REPLICATION_USER} WITH REPLICATION LOGIN")
-        if password:
-            conn.execute(
-                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                    sql.Identifier(REPLICATION_USER), sql.Literal(password)
+        for role, attributes in ((REPLICATION_USER, "REPLICATION LOGIN"), (REWIND_USER, "LOGIN")):
+            found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+            if found.fetchone() is None:
+                conn.execute(f"CREATE ROLE {role} WITH {attributes}")
+            if password:
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                        sql.Identifier(role), sql.Literal(password)
+                    )
                 )
-            )
         # pg_rewind reads the old primary's WAL back to the last checkpoint before the
         # servers diverged: keep that much, or a crashed primary cannot be rewound.
         if conn.execute("SHOW wal_keep_size").fetchone() == ("0",):
@@ -93,6 +104,10 @@ def prepare_primary(primary: ManagedProcess, slot: str, password: str | None = N
         found = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
         if found.fetchone() is None:
             conn.execute("SELECT pg_create_physical_replication_slot(%s)", (slot,))
+    # A function's grants belong to one database: the one pg_rewind connects to.
+    with connect(primary, password, dbname=REWIND_DATABASE) as conn:
+        for function in REWIND_FUNCTIONS:
+            conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {REWIND_USER}")
 
 
 def start_standby(
@@ -156,7 +171,7 @@ def rejoin_as_standby(
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
     source = make_conninfo(
-        host=host, port=primary_port, user=PG_USER, password=password, dbname="postgres"
+        host=host, port=primary_port, user=REWIND_USER, password=password, dbname=REWIND_DATABASE
     )
     with _PostgresDir.open(directory, user) as pgdir:
         _run(

@@ -1,5 +1,7 @@
--- Quire's roles, run once on the primary as a superuser (psql -f roles.sql); they reach the
--- standby with the WAL. Set the passwords with \password afterwards, never in this file.
+-- Quire's roles, run once on the primary as a superuser, connected to the database postgres
+-- (psql -d postgres -f roles.sql): a function's grants belong to one database, and pg_rewind
+-- connects to postgres. Everything here reaches the standby with the WAL. Set the passwords
+-- with \password afterwards, never in this file.
 
 -- The metadata service: owns its database, runs its migrations (Alembic) at start. Not a
 -- superuser.
@@ -11,7 +13,8 @@ CREATE ROLE quire_replication LOGIN REPLICATION;
 SELECT pg_create_physical_replication_slot('standby1');
 
 -- pg_rewind's connection to the new primary (its --source-server): the functions it reads
--- files with, nothing else (PostgreSQL's documented grants for a non-superuser).
+-- files with, nothing else (PostgreSQL's documented grants for a non-superuser; checked by
+-- tests/integration/test_pg_failover.py, whose rewind runs as this role).
 CREATE ROLE quire_rewind LOGIN;
 GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean) TO quire_rewind;
 GRANT EXECUTE ON FUNCTION pg_catalog.pg_stat_file(text, boolean) TO quire_rewind;
