@@ -23,7 +23,12 @@ from quire.pgstandby import (
     replication_status,
     start_standby,
 )
-from services.metadata.postgres import InvalidDatabaseUrl, conninfo_from_url
+from services.metadata.postgres import (
+    InvalidDatabaseUrl,
+    PostgresMetadataStore,
+    conninfo_from_url,
+)
+from services.metadata.store import StoreUnavailable
 from shared.config import QuireSettings
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import MetaErrorCode, UpdateLedgerRequest
@@ -202,3 +207,65 @@ async def test_metadata_service_survives_a_primary_killed_and_its_standby_promot
         if standby is not None:
             await asyncio.to_thread(standby.stop)
         await asyncio.to_thread(primary.stop)
+
+
+async def test_a_primary_fenced_read_only_sends_the_store_to_the_promoted_standby(
+    cluster_dir,
+) -> None:
+    """The runbook's fence for a primary still up: default_transaction_read_only. Its
+    connections' writes fail (UNAVAILABLE, nothing written), are dropped, and no new one
+    settles on it; once the standby is promoted, the store writes there."""
+    base = Path(cluster_dir("pg-fence"))
+    primary = await asyncio.to_thread(start_postgres, base / "primary")
+    standby: ManagedProcess | None = None
+    store: PostgresMetadataStore | None = None
+    try:
+        standby = await asyncio.to_thread(start_standby, primary, base / "standby", name="sb1")
+        store = await PostgresMetadataStore.open(
+            failover_url(primary, standby), pool_size=2, timeout_s=2.0
+        )
+        ledger = await store.create_ledger(create_request(), 0)
+
+        def cas(version: int) -> UpdateLedgerRequest:
+            return UpdateLedgerRequest(
+                ledger_id=ledger.ledger_id, expected_version=version, length=version + 1
+            )
+
+        await asyncio.to_thread(fence_read_only, primary)
+        # A pooled connection's backend takes the reload at its next statement, or, if
+        # the signal comes a moment late, at the one after: CAS until one is refused.
+        known = 0
+
+        async def refused() -> bool:
+            nonlocal known
+            try:
+                known = (await store.update_ledger(cas(known), 0)).metadata.version
+            except StoreUnavailable as exc:
+                assert "read-only" in str(exc)
+                return True
+            return False
+
+        await until(refused, "the fenced primary to refuse a write")
+        await asyncio.to_thread(promote, standby)
+
+        async def written() -> bool:
+            try:
+                return (await store.update_ledger(cas(known), 0)).metadata.version == known + 1
+            except StoreUnavailable:
+                return False
+
+        await until(written, "a CAS on the promoted standby")
+        assert await asyncio.to_thread(replayed_version, primary, ledger.ledger_id) == known
+        assert await asyncio.to_thread(replayed_version, standby, ledger.ledger_id) == known + 1
+    finally:
+        if store is not None:
+            await store.close()
+        if standby is not None:
+            await asyncio.to_thread(standby.stop)
+        await asyncio.to_thread(primary.stop)
+
+
+def fence_read_only(server: ManagedProcess) -> None:
+    with connect(server) as conn:
+        conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        conn.execute("SELECT pg_reload_conf()")
