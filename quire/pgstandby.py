@@ -185,6 +185,50 @@ def rejoin_as_standby(
     return _follow(new_primary, binaries, directory, name, port, synchronous, password)
 
 
+def resume_standby(
+    primary: ManagedProcess,
+    directory: Path,
+    *,
+    name: str = "standby",
+    port: int | None = None,
+    password: str | None = None,
+    wait_streaming: bool = True,
+    install: Path | None = None,
+    cache_root: Path | None = None,
+) -> ManagedProcess:
+    """The standby `start_standby` made in `directory/data` started again, following
+    `primary` where it listens now (its port may have changed since); with
+    `wait_streaming`, returned once it streams (else once it listens: it keeps trying to
+    reach the primary by itself)."""
+    directory = directory.resolve()
+    if not (directory / "data" / "standby.signal").exists():
+        raise InfraError(
+            f"{directory / 'data'} is not a standby (promoted?): remove it to make a new one"
+        )
+    user = _run_as()
+    binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
+    managed = _launch_standby(primary, binaries, directory, name, port, password)
+    try:
+        if wait_streaming:
+            _wait_for(lambda: _sync_state(primary, name, password) is not None, f"{name} to stream")
+    except BaseException:
+        managed.stop()
+        raise
+    return managed
+
+
+def forget_standby(primary: ManagedProcess, name: str, password: str | None = None) -> None:
+    """`primary` on its own: no synchronous standby to wait for, and no slot keeping WAL
+    for `name`."""
+    with connect(primary, password) as conn:
+        if conn.execute("SHOW synchronous_standby_names").fetchone() != ("",):
+            conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            conn.execute("SELECT pg_reload_conf()")
+        found = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (name,))
+        if found.fetchone() is not None:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+
+
 def _follow(
     primary: ManagedProcess,
     binaries: Path,
@@ -196,6 +240,38 @@ def _follow(
 ) -> ManagedProcess:
     """Start the copy in `directory/data` as a standby of `primary` and wait until it
     streams (and, with `synchronous`, until the primary waits for it)."""
+    (directory / "data" / "standby.signal").touch()
+    managed = _launch_standby(primary, binaries, directory, name, port, password)
+    try:
+        _wait_for(lambda: _sync_state(primary, name, password) is not None, f"{name} to stream")
+        if synchronous:
+            set_synchronous_standbys(primary, [name], password)
+            _wait_for(lambda: _sync_state(primary, name, password) == "sync", f"{name} sync")
+    except BaseException:
+        managed.stop()
+        raise
+    return managed
+
+
+# The settings that make a copy a standby of a primary, in its postgresql.auto.conf.
+STANDBY_SETTINGS = (
+    "primary_conninfo",
+    "primary_slot_name",
+    "hot_standby",
+    "synchronous_standby_names",
+)
+
+
+def _launch_standby(
+    primary: ManagedProcess,
+    binaries: Path,
+    directory: Path,
+    name: str,
+    port: int | None,
+    password: str | None,
+) -> ManagedProcess:
+    """Point the copy in `directory/data` at `primary` and start it; returned once it
+    listens."""
     host, primary_port = address(primary)
     upstream = make_conninfo(
         host=host,
@@ -204,17 +280,21 @@ def _follow(
         password=password,
         application_name=name,
     )
-    data = directory / "data"
-    # Appended after the copied postgresql.auto.conf, so these win. No synchronous
-    # standby of its own: promoted, it would wait at every commit for one it lacks.
-    with open(data / "postgresql.auto.conf", "a") as conf:
-        conf.write(
-            f"primary_conninfo = {_quoted(upstream)}\n"
-            f"primary_slot_name = {_quoted(name)}\n"
-            "hot_standby = on\n"
-            "synchronous_standby_names = ''\n"
-        )
-    (data / "standby.signal").touch()
+    auto_conf = directory / "data" / "postgresql.auto.conf"
+    # Ours replace any earlier (the primary's, copied; or ours, for an older primary
+    # port). No synchronous standby of its own: promoted, it would wait at every commit
+    # for one it lacks.
+    kept = [
+        line
+        for line in auto_conf.read_text().splitlines()
+        if line.split("=", 1)[0].strip() not in STANDBY_SETTINGS
+    ]
+    auto_conf.write_text(
+        "\n".join(kept) + f"\nprimary_conninfo = {_quoted(upstream)}\n"
+        f"primary_slot_name = {_quoted(name)}\n"
+        "hot_standby = on\n"
+        "synchronous_standby_names = ''\n"
+    )
     user = _run_as()
     if user:
         _chown_tree(directory, user)
@@ -224,10 +304,6 @@ def _follow(
         )
     try:
         wait_for_port(host, managed.extra["port"], 30, managed.proc, what="standby postgres")
-        _wait_for(lambda: _sync_state(primary, name, password) is not None, f"{name} to stream")
-        if synchronous:
-            set_synchronous_standbys(primary, [name], password)
-            _wait_for(lambda: _sync_state(primary, name, password) == "sync", f"{name} sync")
     except BaseException:
         managed.stop()
         raise
