@@ -40,6 +40,15 @@ def up(
             "needs a bookie to stay lost.",
         ),
     ] = False,
+    postgres_standby: Annotated[
+        bool,
+        typer.Option(
+            "--postgres-standby",
+            help="Run our PostgreSQL with a synchronous streaming standby (in "
+            "DATA_DIR/postgres-standby), also supervised; the metadata service is given "
+            "both and uses whichever is the primary (deploy/postgres/README.md).",
+        ),
+    ] = False,
 ) -> None:
     """Start a whole cluster on this machine and stay in the foreground.
 
@@ -51,14 +60,21 @@ def up(
     """
     from quire.cluster import ClusterConfig, run_up
 
+    database_url = os.environ.get("QUIRE_DATABASE_URL") or None
+    if postgres_standby and database_url:
+        raise typer.BadParameter(
+            "a standby of our own PostgreSQL; QUIRE_DATABASE_URL names another database",
+            param_hint="--postgres-standby",
+        )
     config = ClusterConfig(
         data_dir=data_dir,
         bookies=bookies,
         http_port=http_port,
         grpc_port=grpc_port,
         nats_url=os.environ.get("QUIRE_NATS_URL") or None,
-        database_url=os.environ.get("QUIRE_DATABASE_URL") or None,
+        database_url=database_url,
         restart=not no_restart,
+        postgres_standby=postgres_standby,
     )
     raise typer.Exit(run_up(config))
 

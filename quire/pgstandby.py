@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from psycopg.conninfo import make_conninfo
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from quire.infra import (
     PG_DATABASE,
@@ -60,6 +60,20 @@ def address(server: ManagedProcess) -> tuple[str, int]:
     url = make_url(server.url)
     assert url.host is not None and url.port is not None
     return url.host, url.port
+
+
+def failover_url(url: str, servers: list[ManagedProcess]) -> str:
+    """`url` (of one of `servers`) naming them all, in order, and settling only on the
+    one that takes writes (deploy/postgres/README.md: the multi-host form)."""
+    base = make_url(url)
+    hosts = tuple(f"{host}:{port}" for host, port in map(address, servers))
+    return URL.create(
+        base.drivername,
+        username=base.username,
+        password=base.password,
+        database=base.database,
+        query={**base.query, "host": hosts, "target_session_attrs": "read-write"},
+    ).render_as_string(hide_password=False)
 
 
 def connect(server: ManagedProcess, password: str | None = None, dbname: str = PG_DATABASE):

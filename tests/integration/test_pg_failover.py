@@ -7,13 +7,15 @@ acknowledged is lost, no answer was wrong, and every error in between was UNAVAI
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from quire.infra import ManagedProcess, start_postgres
+from quire.cluster import STANDBY_DIR, STANDBY_NAME, Cluster, ClusterConfig, postgres_credentials
+from quire.infra import InfraError, ManagedProcess, free_port, start_postgres
 from quire.pgstandby import (
     connect,
     is_primary,
@@ -36,6 +38,7 @@ from shared.subjects import Subjects
 from tests.support.inprocess import running_service, wait_until_serving
 from tests.support.metadata import create_request
 from tests.support.wait import until
+from tests.unit.test_cluster_supervision import ScriptCluster
 
 WORKERS = 4
 ACKS_BEFORE_KILL = 100  # acknowledged operations before the primary dies
@@ -269,3 +272,59 @@ def fence_read_only(server: ManagedProcess) -> None:
     with connect(server) as conn:
         conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
         conn.execute("SELECT pg_reload_conf()")
+
+
+def test_quire_up_runs_its_postgres_with_a_supervised_synchronous_standby(cluster_dir) -> None:
+    """`quire up --postgres-standby` (its supervision with script stand-ins for the
+    services, as tests/unit/test_cluster_supervision.py runs it; PostgreSQL real): the
+    metadata service is given both servers, the standby is synchronous, comes back
+    synchronous when killed, and is resumed, not rebuilt, by the next `quire up`. Without
+    the flag, a data dir with a standby is refused."""
+    base = Path(cluster_dir("up-standby"))
+    out = base / "out"
+    out.mkdir()
+
+    def cluster(standby: bool) -> Cluster:
+        config = ClusterConfig(
+            data_dir=base / "data",
+            bookies=1,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            nats_url="nats://127.0.0.1:4222",  # set, so that only PostgreSQL is real
+            postgres_standby=standby,
+            env_for=lambda name: {"SUP_OUT": str(out), "SUP_NAME": name},
+        )
+        return ScriptCluster(config, out=io.StringIO(), err=io.StringIO())
+
+    def synchronous(up: Cluster) -> bool:
+        assert up.postgres is not None
+        _, password = postgres_credentials(up.data_dir) or ("", "")
+        rows = replication_status(up.postgres, password)
+        return [(r["application_name"], r["sync_state"]) for r in rows] == [(STANDBY_NAME, "sync")]
+
+    up = cluster(standby=True)
+    up.start()
+    try:
+        assert up.postgres is not None and up.postgres_standby is not None
+        assert synchronous(up)
+        given = conninfo_from_url(up.database_url).split()
+        ports = f"port={up.postgres.extra['port']},{up.postgres_standby.extra['port']}"
+        assert {ports, "target_session_attrs=read-write"} <= set(given)
+        old = up.pid(STANDBY_DIR)
+        kill_hard(up.postgres_standby)
+        asyncio.run(
+            until(
+                lambda: up.pid(STANDBY_DIR) not in (None, old) and synchronous(up),
+                "the standby restarted and synchronous again",
+            )
+        )
+    finally:
+        up.stop()
+    up = cluster(standby=True)
+    up.start()
+    try:
+        assert synchronous(up)
+    finally:
+        up.stop()
+    with pytest.raises(InfraError, match="--postgres-standby"):
+        cluster(standby=False).start()
