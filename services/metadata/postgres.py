@@ -12,6 +12,11 @@ Connections, one mechanism per path:
   tests its idle connections. The pool reconnects in the background, trying for up to the
   request timeout at a time (a waiting operation starts a new try). Connections are not
   tested each time they are handed out: that would cost a round trip per operation.
+- Which server: the database URL may name a primary and its standbys
+  (`conninfo_from_url`); every new connection, of the pool or not, settles on the one that
+  takes writes. A statement refused as read-only (a primary fenced that way) counts like a
+  broken connection, so the pool goes looking for the primary again. deploy/postgres/
+  README.md is the failover runbook.
 - The outbox publisher's lock: one connection of its own, outside the pool, because the
   session's advisory lock must end with it (closing the connection releases the lock).
 - Migrations at start: a SQLAlchemy engine without a pool (Alembic runs on SQLAlchemy),
