@@ -1,6 +1,7 @@
 """A streaming standby of a PostgreSQL primary started by `quire.infra.start_postgres`,
-synchronous replication to it, and its promotion: what the metadata failover test drives
-and what deploy/postgres/README.md tells an operator to do by hand.
+synchronous replication to it, its promotion, and an old primary's return as a standby
+(pg_rewind): what `quire up --postgres-standby` and the metadata failover test drive, and
+what deploy/postgres/README.md tells an operator to do by hand.
 
 The standby is a physical copy (`pg_basebackup`) that replays the primary's WAL as the
 primary streams it, through a replication slot (the primary keeps the WAL the standby has
@@ -137,9 +138,9 @@ def start_standby(
 ) -> ManagedProcess:
     """A hot standby of `primary` with its cluster in `directory/data`, streaming through
     the replication slot `name` (lower case letters, digits and underscores, as a slot's
-    name must be) under the application name `name`; returned once it
-    streams, and (with `synchronous`) once the primary waits for it at each commit.
-    Runs as `start_postgres` runs its servers (as 'nobody' when we are root)."""
+    name must be) under the application name `name`; returned once it streams, and (with
+    `synchronous`) once the primary waits for it at each commit. Runs as `start_postgres`
+    runs its servers (as 'nobody' when we are root)."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "data").exists():
@@ -184,9 +185,8 @@ def rejoin_as_standby(
     prepare_primary(new_primary, name, password)
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
-    source = make_conninfo(
-        host=host, port=primary_port, user=REWIND_USER, password=password, dbname=REWIND_DATABASE
-    )
+    # The password goes by PGPASSWORD (`_run`), not on a command line others can read.
+    source = make_conninfo(host=host, port=primary_port, user=REWIND_USER, dbname=REWIND_DATABASE)
     with _PostgresDir.open(directory, user) as pgdir:
         _run(
             binaries / "pg_rewind",
