@@ -131,6 +131,7 @@ def start_standby(
     *,
     name: str = "standby",
     port: int | None = None,
+    host: str | None = None,
     synchronous: bool = True,
     password: str | None = None,
     install: Path | None = None,
@@ -145,7 +146,7 @@ def start_standby(
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "data").exists():
         raise InfraError(f"{directory / 'data'} exists: a standby starts from a base backup")
-    host, primary_port = address(primary)
+    primary_host, primary_port = address(primary)
     prepare_primary(primary, name, password)
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
@@ -154,14 +155,14 @@ def start_standby(
     with _PostgresDir.open(directory, user) as pgdir:
         _run(
             binaries / "pg_basebackup",
-            ["-h", host, "-p", str(primary_port), "-U", REPLICATION_USER, "-D", pgdir.data]
+            ["-h", primary_host, "-p", str(primary_port), "-U", REPLICATION_USER, "-D", pgdir.data]
             + ["-X", "stream", "-S", name, "--checkpoint=fast", "-w"],
             directory,
             pgdir,
             user,
             password,
         )
-    return _follow(primary, binaries, directory, name, port, synchronous, password)
+    return _follow(primary, binaries, directory, name, port, host, synchronous, password)
 
 
 def rejoin_as_standby(
@@ -170,6 +171,7 @@ def rejoin_as_standby(
     *,
     name: str,
     port: int | None = None,
+    host: str | None = None,
     synchronous: bool = True,
     password: str | None = None,
     install: Path | None = None,
@@ -181,12 +183,14 @@ def rejoin_as_standby(
     WAL behind: a commit the standby never confirmed, so never acknowledged), then it
     streams from the new primary like any standby."""
     directory = directory.resolve()
-    host, primary_port = address(new_primary)
+    primary_host, primary_port = address(new_primary)
     prepare_primary(new_primary, name, password)
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
     # The password goes by PGPASSWORD (`_run`), not on a command line others can read.
-    source = make_conninfo(host=host, port=primary_port, user=REWIND_USER, dbname=REWIND_DATABASE)
+    source = make_conninfo(
+        host=primary_host, port=primary_port, user=REWIND_USER, dbname=REWIND_DATABASE
+    )
     with _PostgresDir.open(directory, user) as pgdir:
         _run(
             binaries / "pg_rewind",
@@ -196,7 +200,7 @@ def rejoin_as_standby(
             user,
             password,
         )
-    return _follow(new_primary, binaries, directory, name, port, synchronous, password)
+    return _follow(new_primary, binaries, directory, name, port, host, synchronous, password)
 
 
 def resume_standby(
@@ -205,6 +209,7 @@ def resume_standby(
     *,
     name: str = "standby",
     port: int | None = None,
+    host: str | None = None,
     password: str | None = None,
     wait_streaming: bool = True,
     install: Path | None = None,
@@ -221,7 +226,7 @@ def resume_standby(
         )
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
-    managed = _launch_standby(primary, binaries, directory, name, port, password)
+    managed = _launch_standby(primary, binaries, directory, name, port, host, password)
     try:
         if wait_streaming:
             _wait_for(lambda: _sync_state(primary, name, password) is not None, f"{name} to stream")
@@ -249,13 +254,14 @@ def _follow(
     directory: Path,
     name: str,
     port: int | None,
+    host: str | None,
     synchronous: bool,
     password: str | None,
 ) -> ManagedProcess:
     """Start the copy in `directory/data` as a standby of `primary` and wait until it
     streams (and, with `synchronous`, until the primary waits for it)."""
     (directory / "data" / "standby.signal").touch()
-    managed = _launch_standby(primary, binaries, directory, name, port, password)
+    managed = _launch_standby(primary, binaries, directory, name, port, host, password)
     try:
         _wait_for(lambda: _sync_state(primary, name, password) is not None, f"{name} to stream")
         if synchronous:
@@ -282,13 +288,15 @@ def _launch_standby(
     directory: Path,
     name: str,
     port: int | None,
+    host: str | None,
     password: str | None,
 ) -> ManagedProcess:
-    """Point the copy in `directory/data` at `primary` and start it; returned once it
-    listens."""
-    host, primary_port = address(primary)
+    """Point the copy in `directory/data` at `primary` and start it, listening on `host`
+    (default: the primary's, as on one machine); returned once it listens."""
+    primary_host, primary_port = address(primary)
+    host = host or primary_host
     upstream = make_conninfo(
-        host=host,
+        host=primary_host,
         port=primary_port,
         user=REPLICATION_USER,
         password=password,
