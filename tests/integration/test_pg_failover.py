@@ -18,6 +18,7 @@ from quire.cluster import STANDBY_DIR, STANDBY_NAME, Cluster, ClusterConfig, pos
 from quire.infra import InfraError, ManagedProcess, free_port, start_postgres
 from quire.pgstandby import (
     connect,
+    failover_url,
     is_primary,
     kill_hard,
     promote,
@@ -44,12 +45,6 @@ WORKERS = 4
 ACKS_BEFORE_KILL = 100  # acknowledged operations before the primary dies
 ACKS_AFTER_PROMOTION = 100  # and after the promotion: the service has recovered
 REQUEST_TIMEOUT_MS = 2_000
-
-
-def failover_url(*servers: ManagedProcess) -> str:
-    """The documented form (deploy/postgres/README.md): every server, the primary taken."""
-    hosts = "&".join(f"host=127.0.0.1:{s.extra['port']}" for s in servers)
-    return f"postgresql+psycopg://quire@/quire?{hosts}&target_session_attrs=read-write"
 
 
 def test_the_failover_url_reaches_every_host_and_only_a_primary() -> None:
@@ -148,7 +143,7 @@ async def test_metadata_service_survives_a_primary_killed_and_its_standby_promot
         assert (row["application_name"], row["sync_state"]) == ("sb1", "sync")
         meta_settings = settings.model_copy(
             update={
-                "database_url": failover_url(primary, standby),
+                "database_url": failover_url(primary.url, [primary, standby]),
                 "request_timeout_ms": REQUEST_TIMEOUT_MS,
             }
         )
@@ -225,7 +220,7 @@ async def test_a_primary_fenced_read_only_sends_the_store_to_the_promoted_standb
     try:
         standby = await asyncio.to_thread(start_standby, primary, base / "standby", name="sb1")
         store = await PostgresMetadataStore.open(
-            failover_url(primary, standby), pool_size=2, timeout_s=2.0
+            failover_url(primary.url, [primary, standby]), pool_size=2, timeout_s=2.0
         )
         ledger = await store.create_ledger(create_request(), 0)
 
