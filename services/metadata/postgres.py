@@ -26,6 +26,7 @@ Connections, one mechanism per path:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -166,11 +167,27 @@ async def trace_statements(conn: AsyncConnection[DictRow]) -> None:
     PsycopgInstrumentor.instrument_connection(conn, tracer_provider=tracer_provider())
 
 
+class ServerLog:
+    """Says in the log which server the pool's connections reach, when that changes: at
+    start, and after a failover, the new primary (with several hosts in the URL, which one
+    is the pool's finding, not the operator's)."""
+
+    def __init__(self) -> None:
+        self.server: str | None = None
+
+    def seen(self, conn: AsyncConnection[Any]) -> None:
+        server = f"{conn.info.host}:{conn.info.port}"
+        if server != self.server:
+            log.info("connected to PostgreSQL", extra={"server": server, "before": self.server})
+            self.server = server
+
+
 def new_pool(database_url: str, size: int, timeout_s: float) -> MetadataPool:
     """The request path's pool, not yet open: `size` connections (the metadata service's
     `db_pool_size`), `timeout_s` (its request timeout) to wait for one, and as long to keep
     trying to reconnect before a waiting operation has to start a new try. Its connections
-    are instrumented when this process traces."""
+    are instrumented when this process traces, and the server they reach is logged when
+    it changes."""
     return AsyncConnectionPool(
         conninfo_from_url(database_url),
         connection_class=AsyncConnection[DictRow],
@@ -181,8 +198,16 @@ def new_pool(database_url: str, size: int, timeout_s: float) -> MetadataPool:
         reconnect_timeout=timeout_s,
         open=False,
         name="metadata",
-        configure=trace_statements if tracer_provider() is not None else None,
+        configure=functools.partial(configure, ServerLog(), tracer_provider() is not None),
     )
+
+
+async def configure(servers: ServerLog, traced: bool, conn: AsyncConnection[DictRow]) -> None:
+    """Each new connection of the pool: logged where it is a change of server, and
+    instrumented when this process traces."""
+    servers.seen(conn)
+    if traced:
+        await trace_statements(conn)
 
 
 async def connect(conninfo: str, timeout_s: float) -> AsyncConnection[DictRow]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,8 +133,9 @@ async def worker(client: MetadataClient, record: Record, stop: asyncio.Event) ->
 
 
 async def test_metadata_service_survives_a_primary_killed_and_its_standby_promoted(
-    cluster_dir, settings: QuireSettings, nc
+    cluster_dir, settings: QuireSettings, nc, caplog
 ) -> None:
+    caplog.set_level(logging.INFO, logger="services.metadata.postgres")
     base = Path(cluster_dir("pg-failover"))
     primary = await asyncio.to_thread(start_postgres, base / "primary")
     standby: ManagedProcess | None = None
@@ -175,6 +177,10 @@ async def test_metadata_service_survives_a_primary_killed_and_its_standby_promot
             assert record.wrong == []
             assert record.unavailable > 0, "the failover went unseen: nothing was tested"
             assert await asyncio.to_thread(is_primary, standby)
+            servers = [
+                r.server for r in caplog.records if r.getMessage() == "connected to PostgreSQL"
+            ]
+            assert servers == [f"127.0.0.1:{s.extra['port']}" for s in (primary, standby)]
             for ledger in record.ledgers:
                 stored = await client.get_ledger(ledger.ledger_id)
                 assert ledger.seen <= stored.version <= ledger.seen + ledger.unknown, ledger
