@@ -140,13 +140,17 @@ def start_standby(
     """A hot standby of `primary` with its cluster in `directory/data`, streaming through
     the replication slot `name` (lower case letters, digits and underscores, as a slot's
     name must be) under the application name `name`; returned once it streams, and (with
-    `synchronous`) once the primary waits for it at each commit. Runs as `start_postgres`
-    runs its servers (as 'nobody' when we are root)."""
+    `synchronous`) once the primary waits for it at each commit (until it streams, the
+    primary waits for no standby). It listens on `host` (default: the primary's). Runs as
+    `start_postgres` runs its servers (as 'nobody' when we are root)."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "data").exists():
         raise InfraError(f"{directory / 'data'} exists: a standby starts from a base backup")
     primary_host, primary_port = address(primary)
+    # A standby of that name made before and gone would make every commit wait, the ones
+    # preparing this standby included: none is waited for until this one streams.
+    set_synchronous_standbys(primary, [], password)
     prepare_primary(primary, name, password)
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"
@@ -184,6 +188,7 @@ def rejoin_as_standby(
     streams from the new primary like any standby."""
     directory = directory.resolve()
     primary_host, primary_port = address(new_primary)
+    set_synchronous_standbys(new_primary, [], password)  # as start_standby says why
     prepare_primary(new_primary, name, password)
     user = _run_as()
     binaries = usable_postgres_install(install or postgres_install(), user, cache_root) / "bin"

@@ -10,6 +10,7 @@ import asyncio
 import io
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -280,7 +281,8 @@ def test_quire_up_runs_its_postgres_with_a_supervised_synchronous_standby(cluste
     services, as tests/unit/test_cluster_supervision.py runs it; PostgreSQL real): the
     metadata service is given both servers, the standby is synchronous, comes back
     synchronous when killed, and is resumed, not rebuilt, by the next `quire up`. Without
-    the flag, a data dir with a standby is refused."""
+    the flag, a data dir with a standby is refused; with its standby removed, a new one is
+    made, or without the flag the primary runs alone."""
     base = Path(cluster_dir("up-standby"))
     out = base / "out"
     out.mkdir()
@@ -329,3 +331,24 @@ def test_quire_up_runs_its_postgres_with_a_supervised_synchronous_standby(cluste
         up.stop()
     with pytest.raises(InfraError, match="--postgres-standby"):
         cluster(standby=False).start()
+    # The standby's dir removed: a new standby is made, though the primary still names the
+    # old one (it must not wait for it meanwhile: it would wait forever) ...
+    shutil.rmtree(base / "data" / STANDBY_DIR)
+    up = cluster(standby=True)
+    up.start()
+    try:
+        assert synchronous(up)
+    finally:
+        up.stop()
+    # ... or, without the flag, the primary is set to run alone.
+    shutil.rmtree(base / "data" / STANDBY_DIR)
+    up = cluster(standby=False)
+    up.start()
+    try:
+        assert up.postgres is not None
+        _, password = postgres_credentials(up.data_dir) or ("", "")
+        with connect(up.postgres, password) as conn:
+            assert conn.execute("SHOW synchronous_standby_names").fetchone() == ("",)
+            assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
+    finally:
+        up.stop()
