@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from psycopg import AsyncConnection
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -156,8 +156,32 @@ class InvalidDatabaseUrl(ValueError):
     """QUIRE_DATABASE_URL names servers the metadata service must not use as it stands."""
 
 
-def connection_kwargs(timeout_s: float) -> dict[str, Any]:
-    return {"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s))}
+def connection_kwargs(timeout_s: float, conninfo: str = "") -> dict[str, Any]:
+    """How every connection is made; `conninfo`'s own TCP settings are kept."""
+    given = conninfo_to_dict(conninfo)
+    return {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "connect_timeout": max(1, int(timeout_s)),
+        **{k: v for k, v in dead_server_settings(timeout_s).items() if k not in given},
+    }
+
+
+def dead_server_settings(timeout_s: float) -> dict[str, int]:
+    """libpq's TCP settings that notice a server gone silent (its host lost, cut off by a
+    partition: nothing refuses, packets vanish) in about `timeout_s`, not in the kernel's
+    ~15 minutes of retransmissions. It matters after a failover: the pool's check of its
+    idle connections (after any broken one) tests them one at a time and holds them all
+    meanwhile, so one check hanging on the lost primary kept all but one connection out
+    of use (seen: a pool of 4 served through 1 while the old primary's host was
+    black-holed)."""
+    return {
+        "tcp_user_timeout": int(timeout_s * 1000),  # sent, unacknowledged this long: dead
+        "keepalives": 1,  # an idle connection is probed too
+        "keepalives_idle": max(1, int(timeout_s)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+    }
 
 
 async def trace_statements(conn: AsyncConnection[DictRow]) -> None:
@@ -188,10 +212,11 @@ def new_pool(database_url: str, size: int, timeout_s: float) -> MetadataPool:
     trying to reconnect before a waiting operation has to start a new try. Its connections
     are instrumented when this process traces, and the server they reach is logged when
     it changes."""
+    conninfo = conninfo_from_url(database_url)
     return AsyncConnectionPool(
-        conninfo_from_url(database_url),
+        conninfo,
         connection_class=AsyncConnection[DictRow],
-        kwargs=connection_kwargs(timeout_s),
+        kwargs=connection_kwargs(timeout_s, conninfo),
         min_size=size,
         max_size=size,
         timeout=timeout_s,
@@ -211,7 +236,7 @@ async def configure(servers: ServerLog, traced: bool, conn: AsyncConnection[Dict
 
 
 async def connect(conninfo: str, timeout_s: float) -> AsyncConnection[DictRow]:
-    return await AsyncConnection.connect(conninfo, **connection_kwargs(timeout_s))
+    return await AsyncConnection.connect(conninfo, **connection_kwargs(timeout_s, conninfo))
 
 
 async def close_quietly(conn: AsyncConnection[Any]) -> None:

@@ -31,6 +31,7 @@ from quire.pgstandby import (
 from services.metadata.postgres import (
     InvalidDatabaseUrl,
     PostgresMetadataStore,
+    connection_kwargs,
     conninfo_from_url,
 )
 from services.metadata.store import StoreUnavailable
@@ -43,6 +44,7 @@ from tests.support.metadata import create_request
 from tests.support.wait import until
 from tests.unit.test_cluster_supervision import ScriptCluster
 
+DATABASE = "postgresql+psycopg://quire@pg-a:5432/quire"
 WORKERS = 4
 ACKS_BEFORE_KILL = 100  # acknowledged operations before the primary dies
 ACKS_AFTER_PROMOTION = 100  # and after the promotion: the service has recovered
@@ -71,6 +73,17 @@ def replayed_version(server: ManagedProcess, ledger_id: int) -> int | None:
         row = conn.execute("SELECT version FROM ledgers WHERE ledger_id = %s", (ledger_id,))
         found = row.fetchone()
     return None if found is None else found[0]
+
+
+def test_a_server_gone_silent_is_noticed_within_the_timeout_unless_the_url_says() -> None:
+    """Measured by hand (deploy/postgres/README.md): without these, a check of the pool's
+    idle connections hung on a black-holed primary and kept them out of use."""
+    settings = connection_kwargs(2.0)
+    assert settings["tcp_user_timeout"] == 2000
+    assert (settings["keepalives"], settings["keepalives_idle"]) == (1, 2)
+    own = connection_kwargs(2.0, conninfo_from_url(f"{DATABASE}?tcp_user_timeout=30000"))
+    assert "tcp_user_timeout" not in own  # the URL's 30000 stands
+    assert own["keepalives_idle"] == 2
 
 
 @dataclass
