@@ -2,7 +2,10 @@
 the primary is killed (-9, every backend with it), the standby promoted, and the service,
 whose QUIRE_DATABASE_URL names both, finds the new primary by itself. Nothing it
 acknowledged is lost, no answer was wrong, and every error in between was UNAVAILABLE
-(retry after a re-read). deploy/postgres/README.md is the runbook this test follows."""
+(retry after a re-read); then the old primary, rewound, rejoins as the new one's standby.
+Also: the URL forms and TCP settings, the fence of a primary still up (read-only), and
+`quire up --postgres-standby`'s standby. deploy/postgres/README.md is the runbook these
+follow."""
 
 from __future__ import annotations
 
