@@ -74,6 +74,15 @@ def up(
             "the environment's, else random.",
         ),
     ] = None,
+    postgres_standby: Annotated[
+        bool,
+        typer.Option(
+            "--postgres-standby",
+            help="Run our PostgreSQL with a synchronous streaming standby (in "
+            "DATA_DIR/postgres-standby), also supervised; the metadata service is given "
+            "both and uses whichever is the primary (deploy/postgres/README.md).",
+        ),
+    ] = False,
 ) -> None:
     """Start a whole cluster on this machine and stay in the foreground.
 
@@ -85,6 +94,12 @@ def up(
     """
     from quire.cluster import ClusterConfig, run_up
 
+    database_url = os.environ.get("QUIRE_DATABASE_URL") or None
+    if postgres_standby and database_url:
+        raise typer.BadParameter(
+            "a standby of our own PostgreSQL; QUIRE_DATABASE_URL names another database",
+            param_hint="--postgres-standby",
+        )
     locations = {}
     for pair in bookie_location or []:
         bookie_id, sep, location = pair.partition("=")
@@ -101,8 +116,9 @@ def up(
             http_port=http_port,
             grpc_port=grpc_port,
             nats_url=os.environ.get("QUIRE_NATS_URL") or None,
-            database_url=os.environ.get("QUIRE_DATABASE_URL") or None,
+            database_url=database_url,
             restart=not no_restart,
+            postgres_standby=postgres_standby,
             bookie_locations=locations,
             placement_policy=placement_policy.value if placement_policy else None,
         )

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -47,9 +47,12 @@ from quire.infra import (
     start_postgres,
     write_private,
 )
+from quire.pgstandby import failover_url, forget_standby, resume_standby, start_standby
 from shared.protocol.placement import DEFAULT_LOCATION, POLICIES, parse_location
 
 READY_TIMEOUT_S = 120.0
+STANDBY_DIR = "postgres-standby"  # `--postgres-standby`: the standby's dir in the data dir
+STANDBY_NAME = "standby1"  # its application name and replication slot
 MONITOR_INTERVAL_S = 0.5
 SUPERVISE_INTERVAL_S = 0.1  # how soon an exit is seen: the fault suite times its restarts
 BACKOFF_INITIAL_S = 0.5
@@ -69,6 +72,8 @@ class ClusterConfig:
     host: str = "127.0.0.1"
     nats_url: str | None = None  # existing NATS, from QUIRE_NATS_URL
     database_url: str | None = None  # existing PostgreSQL, from QUIRE_DATABASE_URL
+    # Our own PostgreSQL with a synchronous streaming standby (`--postgres-standby`).
+    postgres_standby: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     restart: bool = True  # restart a process that exits (False: `quire up --no-restart`)
     # Called with a service process's name at each (re)spawn; its variables are applied
@@ -163,6 +168,7 @@ class Cluster:
         self.err = err
         self.nats: ManagedProcess | None = None
         self.postgres: ManagedProcess | None = None
+        self.postgres_standby: ManagedProcess | None = None
         self.nats_url = config.nats_url or ""
         # Our own NATS requires a user and password, generated once per data dir.
         self.nats_credentials: tuple[str, str] | None = None
@@ -221,6 +227,7 @@ class Cluster:
             )
             self.database_url = self.postgres.url
             self._adopt(self.postgres)
+            self._launch_postgres_standby()
         self._spawn("metadata", "metadata")
         for bookie_id in self.config.bookie_ids:
             (self.data_dir / bookie_id).mkdir(exist_ok=True)
@@ -232,6 +239,30 @@ class Cluster:
             self._spawn(name, "gateway")
         self.write_cluster_json()
         self.write_targets_json()
+
+    def _launch_postgres_standby(self) -> None:
+        """With `postgres_standby`, our PostgreSQL's synchronous standby (made once, then
+        resumed), and a database URL naming both that only ever settles on the primary.
+        Without, a standby left from an earlier run is refused rather than forgotten: the
+        primary would wait at every commit for it, or it would silently fall behind."""
+        assert self.postgres is not None
+        directory = self.data_dir / STANDBY_DIR
+        password = self._postgres_password
+        if not self.config.postgres_standby:
+            if directory.exists():
+                raise InfraError(
+                    f"{directory} holds the standby of an earlier `quire up "
+                    "--postgres-standby`: run with --postgres-standby, or remove it"
+                )
+            forget_standby(self.postgres, STANDBY_NAME, password)
+            return
+        if (directory / "data").exists():
+            standby = resume_standby(self.postgres, directory, name=STANDBY_NAME, password=password)
+        else:
+            standby = start_standby(self.postgres, directory, name=STANDBY_NAME, password=password)
+        self.postgres_standby = standby
+        self._adopt(replace(standby, name=STANDBY_DIR, kind="postgres-standby"))
+        self.database_url = failover_url(self.database_url, [self.postgres, standby])
 
     def _lock_data_dir(self) -> None:
         self._lock_file = open(self.data_dir / ".lock", "w")  # noqa: SIM115 (held while up)
@@ -358,6 +389,17 @@ class Cluster:
                 password=self._postgres_password,
             )
             return self.postgres.proc
+        if svc.kind == "postgres-standby":
+            assert self.postgres is not None and self.postgres_standby is not None
+            self.postgres_standby = resume_standby(
+                self.postgres,
+                self.data_dir / STANDBY_DIR,
+                name=STANDBY_NAME,
+                port=self.postgres_standby.extra["port"],
+                password=self._postgres_password,
+                wait_streaming=False,  # it reconnects by itself, whenever the primary is up
+            )
+            return self.postgres_standby.proc
         assert svc.metrics_port is not None
         return self._launch_service(
             svc.name, svc.kind, svc.bookie_id, svc.metrics_port, svc.grpc_port
@@ -710,7 +752,8 @@ class Cluster:
                     print(f"quire: {svc.name} did not stop in time; killing it", file=self.err)
                     svc.proc.kill()
                     svc.proc.wait(timeout=10)
-        for managed in (self.postgres, self.nats):
+        # The primary first: its clean shutdown hands its last WAL to the standby.
+        for managed in (self.postgres, self.postgres_standby, self.nats):
             if managed is not None:
                 managed.stop()
         with self._lock:

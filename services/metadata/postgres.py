@@ -12,6 +12,11 @@ Connections, one mechanism per path:
   tests its idle connections. The pool reconnects in the background, trying for up to the
   request timeout at a time (a waiting operation starts a new try). Connections are not
   tested each time they are handed out: that would cost a round trip per operation.
+- Which server: the database URL may name a primary and its standbys
+  (`conninfo_from_url`); every new connection, of the pool or not, settles on the one that
+  takes writes. A statement refused as read-only (a primary fenced that way) counts like a
+  broken connection, so the pool goes looking for the primary again. deploy/postgres/
+  README.md is the failover runbook.
 - The outbox publisher's lock: one connection of its own, outside the pool, because the
   session's advisory lock must end with it (closing the connection releases the lock).
 - Migrations at start: a SQLAlchemy engine without a pool (Alembic runs on SQLAlchemy),
@@ -21,6 +26,7 @@ Connections, one mechanism per path:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -30,10 +36,12 @@ from typing import Any
 import psycopg
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
@@ -129,13 +137,51 @@ MetadataPool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
 
 def conninfo_from_url(database_url: str) -> str:
-    """psycopg's form of the SQLAlchemy URL (postgresql+psycopg://... -> postgresql://...)."""
-    url = make_url(database_url).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
+    """libpq's key/value form of the SQLAlchemy URL, read as SQLAlchemy's psycopg dialect
+    reads it (the migrations connect through that dialect, the pool through this), so both
+    reach the same servers. Several hosts are SQLAlchemy's
+    `?host=h1:p1&host=h2:p2&target_session_attrs=read-write`, which becomes libpq's
+    `host=h1,h2 port=p1,p2 target_session_attrs=read-write`: each connection tries the
+    hosts in order and keeps the first that takes writes, the primary.
+    InvalidDatabaseUrl when several hosts do not say so (core.multi_host_problem)."""
+    _, options = PGDialect_psycopg().create_connect_args(make_url(database_url))
+    hosts = str(options.get("host") or "").split(",")
+    problem = core.multi_host_problem(hosts, options.get("target_session_attrs"))
+    if problem is not None:
+        raise InvalidDatabaseUrl(problem)
+    return make_conninfo(**{k: v for k, v in options.items() if v is not None})
 
 
-def connection_kwargs(timeout_s: float) -> dict[str, Any]:
-    return {"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s))}
+class InvalidDatabaseUrl(ValueError):
+    """QUIRE_DATABASE_URL names servers the metadata service must not use as it stands."""
+
+
+def connection_kwargs(timeout_s: float, conninfo: str = "") -> dict[str, Any]:
+    """How every connection is made; `conninfo`'s own TCP settings are kept."""
+    given = conninfo_to_dict(conninfo)
+    return {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "connect_timeout": max(1, int(timeout_s)),
+        **{k: v for k, v in dead_server_settings(timeout_s).items() if k not in given},
+    }
+
+
+def dead_server_settings(timeout_s: float) -> dict[str, int]:
+    """libpq's TCP settings that notice a server gone silent (its host lost, cut off by a
+    partition: nothing refuses, packets vanish) in about `timeout_s`, not in the kernel's
+    ~15 minutes of retransmissions. It matters after a failover: the pool's check of its
+    idle connections (after any broken one) tests them one at a time and holds them all
+    meanwhile, so one check hanging on the lost primary kept all but one connection out
+    of use (seen: a pool of 4 served through 1 while the old primary's host was
+    black-holed)."""
+    return {
+        "tcp_user_timeout": int(timeout_s * 1000),  # sent, unacknowledged this long: dead
+        "keepalives": 1,  # an idle connection is probed too
+        "keepalives_idle": max(1, int(timeout_s)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+    }
 
 
 async def trace_statements(conn: AsyncConnection[DictRow]) -> None:
@@ -145,27 +191,52 @@ async def trace_statements(conn: AsyncConnection[DictRow]) -> None:
     PsycopgInstrumentor.instrument_connection(conn, tracer_provider=tracer_provider())
 
 
+class ServerLog:
+    """Says in the log which server the pool's connections reach, when that changes: at
+    start, and after a failover, the new primary (with several hosts in the URL, which one
+    is the pool's finding, not the operator's)."""
+
+    def __init__(self) -> None:
+        self.server: str | None = None
+
+    def seen(self, conn: AsyncConnection[Any]) -> None:
+        server = f"{conn.info.host}:{conn.info.port}"
+        if server != self.server:
+            log.info("connected to PostgreSQL", extra={"server": server, "before": self.server})
+            self.server = server
+
+
 def new_pool(database_url: str, size: int, timeout_s: float) -> MetadataPool:
     """The request path's pool, not yet open: `size` connections (the metadata service's
     `db_pool_size`), `timeout_s` (its request timeout) to wait for one, and as long to keep
     trying to reconnect before a waiting operation has to start a new try. Its connections
-    are instrumented when this process traces."""
+    are instrumented when this process traces, and the server they reach is logged when
+    it changes."""
+    conninfo = conninfo_from_url(database_url)
     return AsyncConnectionPool(
-        conninfo_from_url(database_url),
+        conninfo,
         connection_class=AsyncConnection[DictRow],
-        kwargs=connection_kwargs(timeout_s),
+        kwargs=connection_kwargs(timeout_s, conninfo),
         min_size=size,
         max_size=size,
         timeout=timeout_s,
         reconnect_timeout=timeout_s,
         open=False,
         name="metadata",
-        configure=trace_statements if tracer_provider() is not None else None,
+        configure=functools.partial(configure, ServerLog(), tracer_provider() is not None),
     )
 
 
+async def configure(servers: ServerLog, traced: bool, conn: AsyncConnection[DictRow]) -> None:
+    """Each new connection of the pool: logged where it is a change of server, and
+    instrumented when this process traces."""
+    servers.seen(conn)
+    if traced:
+        await trace_statements(conn)
+
+
 async def connect(conninfo: str, timeout_s: float) -> AsyncConnection[DictRow]:
-    return await AsyncConnection.connect(conninfo, **connection_kwargs(timeout_s))
+    return await AsyncConnection.connect(conninfo, **connection_kwargs(timeout_s, conninfo))
 
 
 async def close_quietly(conn: AsyncConnection[Any]) -> None:
@@ -214,6 +285,9 @@ def is_unavailable(exc: BaseException) -> bool:
         exc,
         psycopg.OperationalError
         | psycopg.InterfaceError
+        # A server that stopped taking writes (a fenced or demoted primary, or a standby):
+        # nothing was written; the connection is dropped so that the pool finds the primary.
+        | psycopg.errors.ReadOnlySqlTransaction
         | sa_exc.OperationalError
         | sa_exc.InterfaceError
         | sa_exc.TimeoutError
@@ -246,8 +320,8 @@ class PostgresMetadataStore:
         startup_deadline_s: float = STARTUP_DEADLINE_S,
     ) -> PostgresMetadataStore:
         """Connect, bring the schema to the newest migration, and serve."""
+        pool = new_pool(database_url, pool_size, timeout_s)  # refuses a bad URL at once
         await migrate_when_reachable(database_url, startup_deadline_s)
-        pool = new_pool(database_url, pool_size, timeout_s)
         try:
             await pool.open(wait=True, timeout=timeout_s)
             async with pool.connection() as conn:
