@@ -133,7 +133,7 @@ class Network:
         self.test_address = ""
         self.hosts: dict[str, Host] = {}
         self._switch: Host | None = None
-        self._outside = ""  # the test's end of its veth to the bridge
+        self.test_link = ""  # the test's end of its veth to the bridge
         self._blackholes: set[tuple[str, str]] = set()  # (host name, address) dropped
 
     def start(self) -> None:
@@ -144,7 +144,7 @@ class Network:
             self._switch.ip("link", "add", "br0", "type", "bridge")
             self._switch.ip("link", "set", "br0", "up")
             # The test's end of its link: removed by the kernel with its peer's namespace.
-            outside = self._outside = f"qh{secrets.token_hex(4)}"
+            outside = self.test_link = f"qh{secrets.token_hex(4)}"
             _run(
                 ["ip", "link", "add", outside, "type", "veth", "peer", "name", "up0"]
                 + ["netns", str(self._switch.holder.pid)]
@@ -205,11 +205,11 @@ class Network:
         self._switch = None
         self._blackholes.clear()
         deadline = time.monotonic() + 30
-        while self._outside and Path(f"/sys/class/net/{self._outside}").exists():
+        while self.test_link and Path(f"/sys/class/net/{self.test_link}").exists():
             if time.monotonic() > deadline:
-                raise HostsError(f"the veth {self._outside} was not removed within 30 s")
+                raise HostsError(f"the veth {self.test_link} was not removed within 30 s")
             time.sleep(0.05)
-        self._outside = ""
+        self.test_link = ""
 
 
 def _free_subnet() -> str:
