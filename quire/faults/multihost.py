@@ -36,14 +36,16 @@ from quire.faults.run import TRIGGER_AUDIT, UNDER_REPLICATED  # noqa: E402
 from quire.faults.workload import Workload  # noqa: E402
 from quire.hosts import HostsCluster, HostsLayout  # noqa: E402
 from shared.config import QuireSettings  # noqa: E402
-from shared.quorum import QuorumSpec, write_set  # noqa: E402
+from shared.protocol.placement import Adherence, PlacementPolicy, PlacementRules  # noqa: E402
 from shared.service import connect_nats  # noqa: E402
 from shared.subjects import Subjects  # noqa: E402
 
-MIN_RACKS_PER_WRITE_QUORUM = 2
+PLACEMENT = PlacementRules(policy="rackaware", min_num_racks_per_write_quorum=2)
 PLACEMENT_ENV = {
-    "QUIRE_PLACEMENT__POLICY": "rackaware",
-    "QUIRE_PLACEMENT__MIN_NUM_RACKS_PER_WRITE_QUORUM": str(MIN_RACKS_PER_WRITE_QUORUM),
+    "QUIRE_PLACEMENT__POLICY": PLACEMENT.policy,
+    "QUIRE_PLACEMENT__MIN_NUM_RACKS_PER_WRITE_QUORUM": str(
+        PLACEMENT.min_num_racks_per_write_quorum
+    ),
 }
 # The schedule's pace (seconds): long enough for a bookie's adds to time out
 # (add_bookie_timeout_ms, 5 s) and for the NATS servers to see a dead route (quire/hosts.py).
@@ -104,9 +106,7 @@ class MultiHostRun:
                 final.ledgers_of(history.ops()),
             )
             check = checker.check(history.ops(), final_data)
-            placement = placement_violations(
-                final_data, self.layout.bookies, MIN_RACKS_PER_WRITE_QUORUM
-            )
+            placement = placement_violations(final_data, self.layout.bookies, PLACEMENT)
             result |= {
                 "check": dataclasses.asdict(check),
                 "placement_violations": placement,
@@ -189,25 +189,17 @@ class MultiHostRun:
 
 
 def placement_violations(
-    ledgers: Iterable[FinalLedger], locations: Mapping[str, str], min_racks: int
+    ledgers: Iterable[FinalLedger], locations: Mapping[str, str], rules: PlacementRules
 ) -> list[str]:
-    """Each write set of each segment of each ledger that spans fewer racks than it could:
-    `min_racks`, or every rack the cluster has when it has fewer (rack-aware placement,
-    BookKeeper's minNumRacksPerWriteQuorum)."""
-    racks_here = len(set(locations.values()))
+    """Each segment of each ledger whose ensemble does not adhere to the placement policy
+    (shared/protocol/placement.py's check, the auditor's: every write quorum)."""
+    policy = PlacementPolicy(rules)
     found = []
     for ledger in ledgers:
         for first, bookies in ledger.segments:
-            spec = QuorumSpec(len(bookies), ledger.write_quorum, ledger.ack_quorum)
-            want = min(min_racks, racks_here, ledger.write_quorum)
-            for start in range(len(bookies)):
-                members = [bookies[i] for i in write_set(start, spec)]
-                racks = {locations.get(b, "/default-zone/default-rack") for b in members}
-                if len(racks) < want:
-                    found.append(
-                        f"ledger {ledger.ledger_id} segment {first}: write set {members} "
-                        f"in {len(racks)} rack(s)"
-                    )
+            adherence = policy.check(bookies, ledger.write_quorum, locations)
+            if adherence.adherence is Adherence.FAIL:
+                found.append(f"ledger {ledger.ledger_id} segment {first}: {adherence.reason}")
     return found
 
 
