@@ -89,7 +89,11 @@ class Connection:
 
         # `url` may list the servers of a cluster, comma-separated (QUIRE_NATS_URL's form).
         servers = [part.strip() for part in self.url.split(",") if part.strip()]
-        kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False}
+        kwargs: dict[str, Any] = {
+            "servers": servers,
+            "dont_randomize": True,  # in the order given, as the services connect
+            "allow_reconnect": False,
+        }
         if self.user is not None:
             kwargs.update(user=self.user, password=self.password)
         if self.creds is not None:
