@@ -50,6 +50,7 @@ from quire.infra import (
 
 NATS_PORT = 4222
 ROUTE_PORT = 6222
+MONITOR_PORT = 8222  # the nats-servers' monitoring endpoints (/connz: who is connected)
 POSTGRES_PORT = 5432
 HTTP_PORT = 7480
 GRPC_PORT = 7481
@@ -246,6 +247,7 @@ def start_nats_hosts(hosts: list[Host], directory: Path, logs: Path) -> list[Man
                 f"max_payload: {NATS_MAX_PAYLOAD}\n"
                 f'ping_interval: "{NATS_PING_INTERVAL}"\n'
                 f"ping_max: {NATS_PING_MAX}\n"
+                f'http: "{host.address}:{MONITOR_PORT}"\n'
                 f'jetstream {{\n  store_dir: "{node_dir / "jetstream"}"\n}}\n'
                 f'cluster {{\n  name: "quire-hosts"\n  listen: "{host.address}:{ROUTE_PORT}"\n'
                 f"  routes: [{routes}]\n}}\n",
@@ -323,6 +325,7 @@ class HostsCluster:
         self.postgres: ManagedProcess | None = None
         self.services: list[ManagedProcess] = []
         self.database_url = ""
+        self._nats_index: dict[str, int] = {}  # service host -> its NATS server's turn
 
     # -- names and addresses ------------------------------------------------------------
 
@@ -341,6 +344,21 @@ class HostsCluster:
     def nats_url(self) -> str:
         """Every NATS server, for a client in the test's own namespace."""
         return ",".join(f"nats://{self.address(h)}:{NATS_PORT}" for h in self.nats_hosts)
+
+    def nats_connections(self, host: str) -> dict[str, int]:
+        """How many client connections from `host` each NATS server has (its /connz)."""
+        counts = {}
+        with httpx.Client(timeout=5.0) as client:
+            for name in self.nats_hosts:
+                url = f"http://{self.address(name)}:{MONITOR_PORT}/connz"
+                connz = client.get(url, params={"limit": 10_000}).json()
+                address = self.address(host)
+                counts[name] = sum(1 for c in connz.get("connections", []) if c["ip"] == address)
+        return counts
+
+    def nearest_nats(self, host: str) -> str:
+        """The NATS server a service host lists first."""
+        return self.nats_hosts[self._nats_index[host] % len(self.nats_hosts)]
 
     def nats_url_for(self, index: int) -> str:
         """Every NATS server, the `index`-th host's turn first (its nearest)."""
@@ -448,6 +466,7 @@ class HostsCluster:
     def _spawn_service(
         self, name: str, kind: str, host: str, index: int, env: dict[str, str] | None = None
     ) -> None:
+        self._nats_index[host] = index
         full_env = os.environ | {
             "QUIRE_NATS_URL": self.nats_url_for(index),
             "QUIRE_DATABASE_URL": self.database_url,

@@ -1,11 +1,13 @@
 """The multi-host run: the fault suite's workload, history, final phase and checker on a
 cluster spread over network namespaces (quire/hosts.py), with rack-aware placement, while
-the network is partitioned: one NATS server cut from the other two (a minority), then one
-bookie host cut from everything; then a heal, the repair, the final phase, the checker and
-a placement check of every ledger's segments.
+the network is partitioned: one NATS server cut from the other two (a minority), one bookie
+host cut from everything, one gateway host cut from its nearest NATS server; then the heal,
+the repair, the final phase, the checker and a placement check of every ledger's segments.
 
-`python -m quire.faults.multihost --out DIR [--seed S]` prints its figures and writes
-DIR/run.json; tests/e2e/test_multihost.py runs it. Needs root (see quire/hosts.py).
+`python -m quire.faults.multihost --out DIR [--tier short|long] [--seed S]` prints its
+figures and writes DIR/run.json; tests/e2e/test_multihost.py runs the short tier (a fixed
+schedule), the long one draws partitions of any kind on any host for two minutes. Needs root
+(see quire/hosts.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,19 +50,49 @@ PLACEMENT_ENV = {
         PLACEMENT.min_num_racks_per_write_quorum
     ),
 }
-# The schedule's pace (seconds): long enough for a bookie's adds to time out
-# (add_bookie_timeout_ms, 5 s) and for the NATS servers to see a dead route (quire/hosts.py).
+# The pace (seconds): faults long enough for a bookie's adds to time out
+# (add_bookie_timeout_ms, 5 s) and for a dead link to be seen by the NATS servers' and the
+# services' pings (about 10 s: quire/hosts.py, shared/service.py).
 WARM_UP_S = 5.0
-NATS_PARTITION_S = 12.0
-BOOKIE_PARTITION_S = 15.0
 BETWEEN_S = 5.0
 REPAIR_TIMEOUT_S = 90.0
+MOVE_TIMEOUT_S = 60.0  # a nats-link fault: how long its host's services may take to move
 WORKLOAD = {"writers": 2, "readers": 1, "rate": 15.0}  # per gateway: the box has 2 cores
+# The fault kinds, each a partition of hosts:
+# - nats-minority: a NATS server cut from the other two (it keeps its clients);
+# - host-isolated: a bookie host, a gateway host or the meta host cut from every other host
+#   and the test;
+# - nats-link: a service host cut from the NATS server it lists first (its nearest): its
+#   services must see it by their pings and reconnect to another.
+KINDS = ("nats-minority", "host-isolated", "nats-link")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """`schedule`: fixed faults (kind, duration), each on a host drawn from the seed; or,
+    when empty, faults drawn from the seed for `fault_period_s`."""
+
+    schedule: tuple[tuple[str, float], ...] = ()
+    fault_period_s: float = 0.0
+    duration_s: tuple[float, float] = (2.0, 12.0)
+    gap_s: tuple[float, float] = (1.0, 4.0)
+
+
+TIERS = {
+    # make test's: one of each, the bookie host as the isolated one (~95 s in all).
+    "short": Tier(schedule=(("nats-minority", 12.0), ("host-isolated", 15.0), ("nats-link", 12.0))),
+    # Any kind on any host (the meta host and the gateways too), for two minutes.
+    "long": Tier(fault_period_s=120.0),
+}
 
 
 class MultiHostRun:
-    def __init__(self, run_dir: Path, seed: int = 1, stream: IO[str] = sys.stdout) -> None:
+    def __init__(
+        self, run_dir: Path, tier: str = "short", seed: int = 1, stream: IO[str] = sys.stdout
+    ) -> None:
         self.run_dir = run_dir
+        self.tier_name = tier
+        self.tier = TIERS[tier]
         self.seed = seed
         self.stream = stream
         self.rng = random.Random(seed)
@@ -71,7 +104,11 @@ class MultiHostRun:
         print(f"multihost: {text}", file=self.stream, flush=True)
 
     def execute(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"seed": self.seed, "run_dir": str(self.run_dir)}
+        result: dict[str, Any] = {
+            "tier": self.tier_name,
+            "seed": self.seed,
+            "run_dir": str(self.run_dir),
+        }
         workloads: list[Workload] = []
         history: History | None = None
         started = time.monotonic()
@@ -118,6 +155,7 @@ class MultiHostRun:
                 and not result["exited"]
                 and result["repair_s"] is not None
                 and result["event_stream_replicas"] == 3
+                and all(f.get("moved_s", 0) is not None for f in self.faults)
             )
         except Exception as exc:  # a run that could not finish is a failed run, with its cause
             result["ok"] = False
@@ -149,27 +187,66 @@ class MultiHostRun:
             await nc.close()
 
     def _faults(self) -> None:
-        """The schedule: the NATS minority partition, then a bookie host cut off; the
-        durations are the faults' own (pacing, not waiting for a condition)."""
-        network = self.cluster.network
+        """The tier's faults, one at a time, each healed before the next; durations and
+        gaps are the faults' own (pacing, not waiting for a condition)."""
         time.sleep(WARM_UP_S)
-        minority, *majority = self.rng.sample(self.cluster.nats_hosts, 3)
-        self._fault("nats-minority", minority, NATS_PARTITION_S)
-        for other in majority:
-            network.cut(minority, other)
-        time.sleep(NATS_PARTITION_S)
-        network.heal()
-        time.sleep(BETWEEN_S)
-        bookie = self.rng.choice(sorted(self.layout.bookies))
-        self._fault("bookie-isolated", bookie, BOOKIE_PARTITION_S)
-        network.isolate(bookie)
-        time.sleep(BOOKIE_PARTITION_S)
-        network.heal()
-        time.sleep(BETWEEN_S)
+        if self.tier.schedule:
+            for kind, duration_s in self.tier.schedule:
+                self._inject(kind, duration_s, short=True)
+                time.sleep(BETWEEN_S)
+            return
+        ends = time.monotonic() + self.tier.fault_period_s
+        while time.monotonic() < ends:
+            self._inject(self.rng.choice(KINDS), self.rng.uniform(*self.tier.duration_s))
+            time.sleep(self.rng.uniform(*self.tier.gap_s))
 
-    def _fault(self, kind: str, host: str, duration_s: float) -> None:
-        self.faults.append({"kind": kind, "host": host, "duration_s": duration_s})
-        self.say(f"{kind}: {host} for {duration_s:.0f} s")
+    def _inject(self, kind: str, duration_s: float, short: bool = False) -> None:
+        """One fault for `duration_s`, then the heal. `short`: the host isolated is a
+        bookie's and the host cut from its NATS server a gateway's (whose clients see it)."""
+        cluster, network = self.cluster, self.cluster.network
+        services = ["meta", *self.layout.bookies, *cluster.gateway_hosts]
+        if kind == "nats-minority":
+            host, *majority = self.rng.sample(cluster.nats_hosts, len(cluster.nats_hosts))
+            for other in majority:
+                network.cut(host, other)
+        elif kind == "host-isolated":
+            host = self.rng.choice(sorted(self.layout.bookies) if short else services)
+            network.isolate(host)
+        elif kind == "nats-link":
+            host = self.rng.choice(cluster.gateway_hosts if short else services)
+            self._nats_link(host, duration_s)
+            return
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self._record({"kind": kind, "host": host, "duration_s": round(duration_s, 1)})
+        time.sleep(duration_s)
+        network.heal()
+
+    def _nats_link(self, host: str, duration_s: float) -> None:
+        """`host` cut from its nearest NATS server until its services are connected to
+        the others (seen in the servers' /connz; `moved_s`, None if not within
+        MOVE_TIMEOUT_S), and for `duration_s` at least."""
+        cluster = self.cluster
+        nearest = cluster.nearest_nats(host)
+        before = sum(cluster.nats_connections(host).values())
+        started = time.monotonic()
+        cluster.network.cut(host, nearest)
+        fault = {"kind": "nats-link", "host": host, "nats": nearest, "moved_s": None}
+        while time.monotonic() - started < MOVE_TIMEOUT_S:
+            counts = cluster.nats_connections(host)
+            if sum(n for name, n in counts.items() if name != nearest) >= before:
+                fault["moved_s"] = round(time.monotonic() - started, 1)
+                break
+            time.sleep(0.5)
+        time.sleep(max(0.0, duration_s - (time.monotonic() - started)))
+        fault["duration_s"] = round(time.monotonic() - started, 1)
+        self._record(fault)
+        cluster.network.heal()
+
+    def _record(self, fault: dict[str, Any]) -> None:
+        self.faults.append(fault)
+        moved = f", moved to other servers in {fault['moved_s']} s" if "moved_s" in fault else ""
+        self.say(f"{fault['kind']}: {fault['host']} for {fault['duration_s']:.0f} s{moved}")
 
     def _repair_time(self, healed_at: float) -> float | None:
         """Seconds from the heal until the auditor (asked to audit now) lists no ledger
@@ -227,7 +304,11 @@ def print_result(result: dict[str, Any], stream: IO[str]) -> None:
             f"{result['exited'] or 0}; event stream replicas {result['event_stream_replicas']}",
             file=stream,
         )
-    faults = ", ".join(f"{f['kind']} {f['host']} {f['duration_s']:.0f} s" for f in result["faults"])
+    faults = ", ".join(
+        f"{f['kind']} {f['host']} {f['duration_s']:.0f} s"
+        + (f" (moved in {f['moved_s']} s)" if "moved_s" in f else "")
+        for f in result["faults"]
+    )
     print(f"  faults: {faults or 'none'}; repair s: {result.get('repair_s')}", file=stream)
     print(
         f"  elapsed {result['elapsed_s']} s: {'PASSED' if result['ok'] else 'FAILED'}", file=stream
@@ -240,13 +321,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Quire over network namespaces, partitioned, checked (needs root).",
     )
     parser.add_argument("--out", type=Path, required=True, help="where the run's files go")
+    parser.add_argument("--tier", choices=sorted(TIERS), default="short")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.default_int_handler)
     args.out.mkdir(parents=True, exist_ok=False)
     args.out.chmod(0o711)  # PostgreSQL runs as another user when we are root
-    result = MultiHostRun(args.out, args.seed).execute()
+    result = MultiHostRun(args.out, args.tier, args.seed).execute()
     print_result(result, sys.stdout)
     return 0 if result["ok"] else 1
 
