@@ -35,10 +35,11 @@ faults: $(STAMP)
 
 # The multi-host run (docs/reliability.md, "Multi-host run"): Quire over network namespaces on
 # this machine, partitioned (a NATS minority, a bookie host), checked; needs root.
+MULTIHOST_TIER ?= short
 MULTIHOST_OUT ?= multihost-out
 multihost: $(STAMP)
 	rm -rf $(MULTIHOST_OUT)
-	$(BIN)/python -m quire.faults.multihost --out $(MULTIHOST_OUT)
+	$(BIN)/python -m quire.faults.multihost --tier $(MULTIHOST_TIER) --out $(MULTIHOST_OUT)
 
 # The deterministic simulator: SEEDS seeds of the real protocol cores under faults; ends with
 # the line "N seeds, F failures". One seed: $(BIN)/python -m quire.sim --seed S --log

@@ -325,7 +325,6 @@ class HostsCluster:
         self.postgres: ManagedProcess | None = None
         self.services: list[ManagedProcess] = []
         self.database_url = ""
-        self._nats_index: dict[str, int] = {}  # service host -> its NATS server's turn
 
     # -- names and addresses ------------------------------------------------------------
 
@@ -355,10 +354,6 @@ class HostsCluster:
                 address = self.address(host)
                 counts[name] = sum(1 for c in connz.get("connections", []) if c["ip"] == address)
         return counts
-
-    def nearest_nats(self, host: str) -> str:
-        """The NATS server a service host lists first."""
-        return self.nats_hosts[self._nats_index[host] % len(self.nats_hosts)]
 
     def nats_url_for(self, index: int) -> str:
         """Every NATS server, the `index`-th host's turn first (its nearest)."""
@@ -466,7 +461,6 @@ class HostsCluster:
     def _spawn_service(
         self, name: str, kind: str, host: str, index: int, env: dict[str, str] | None = None
     ) -> None:
-        self._nats_index[host] = index
         full_env = os.environ | {
             "QUIRE_NATS_URL": self.nats_url_for(index),
             "QUIRE_DATABASE_URL": self.database_url,

@@ -62,8 +62,9 @@ WORKLOAD = {"writers": 2, "readers": 1, "rate": 15.0}  # per gateway: the box ha
 # - nats-minority: a NATS server cut from the other two (it keeps its clients);
 # - host-isolated: a bookie host, a gateway host or the meta host cut from every other host
 #   and the test;
-# - nats-link: a service host cut from the NATS server it lists first (its nearest): its
-#   services must see it by their pings and reconnect to another.
+# - nats-link: a service host cut from the NATS server its services are connected to (at
+#   first the one they list first, their nearest): they must see it by their pings and
+#   reconnect to another.
 KINDS = ("nats-minority", "host-isolated", "nats-link")
 
 
@@ -223,18 +224,20 @@ class MultiHostRun:
         network.heal()
 
     def _nats_link(self, host: str, duration_s: float) -> None:
-        """`host` cut from its nearest NATS server until its services are connected to
-        the others (seen in the servers' /connz; `moved_s`, None if not within
+        """`host` cut from the NATS server most of its services are connected to (at first
+        their nearest; a service that moved stays where it went) until they are connected
+        to the others (seen in the servers' /connz; `moved_s`, None if not within
         MOVE_TIMEOUT_S), and for `duration_s` at least."""
         cluster = self.cluster
-        nearest = cluster.nearest_nats(host)
-        before = sum(cluster.nats_connections(host).values())
+        counts = cluster.nats_connections(host)
+        before = sum(counts.values())
+        server = max(counts, key=lambda name: counts[name])
         started = time.monotonic()
-        cluster.network.cut(host, nearest)
-        fault = {"kind": "nats-link", "host": host, "nats": nearest, "moved_s": None}
+        cluster.network.cut(host, server)
+        fault = {"kind": "nats-link", "host": host, "nats": server, "moved_s": None}
         while time.monotonic() - started < MOVE_TIMEOUT_S:
             counts = cluster.nats_connections(host)
-            if sum(n for name, n in counts.items() if name != nearest) >= before:
+            if sum(n for name, n in counts.items() if name != server) >= before:
                 fault["moved_s"] = round(time.monotonic() - started, 1)
                 break
             time.sleep(0.5)
