@@ -20,7 +20,7 @@ from quire.hosts import Host, Network, available, start_nats_hosts
 from quire.infra import ManagedProcess, ended_with_parent
 from shared.config import QuireSettings
 from shared.service import ServiceRuntime
-from tests.integration.test_nats_cluster import jetstream_ready
+from tests.support.events import jetstream_ready
 from tests.support.wait import until
 
 PORT = 9000

@@ -11,7 +11,6 @@ from pathlib import Path
 import nats
 import pytest
 from nats.errors import NoRespondersError, TimeoutError
-from nats.js.errors import APIError
 from nats.micro.request import Request
 
 from quire.infra import ManagedProcess, start_nats_cluster
@@ -19,7 +18,7 @@ from shared.config import QuireSettings, nats_servers
 from shared.events import ensure_event_stream
 from shared.service import ServiceRuntime, redact_nats_url
 from shared.subjects import Subjects
-from tests.support.events import stream_events
+from tests.support.events import jetstream_ready, stream_events
 from tests.support.wait import until
 
 
@@ -35,15 +34,6 @@ def cluster(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
 
 def cluster_settings(servers: list[ManagedProcess], **kwargs) -> QuireSettings:
     return QuireSettings(nats_url=",".join(s.url for s in servers), **kwargs)
-
-
-async def jetstream_ready(nc) -> bool:
-    """The cluster elected its JetStream meta leader (a few seconds after the ports open)."""
-    try:
-        await nc.jetstream().account_info()
-    except (APIError, NoRespondersError, TimeoutError):
-        return False
-    return True
 
 
 @pytest.fixture
