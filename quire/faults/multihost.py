@@ -57,7 +57,7 @@ WARM_UP_S = 5.0
 BETWEEN_S = 5.0
 REPAIR_TIMEOUT_S = 90.0
 MOVE_TIMEOUT_S = 60.0  # a nats-link fault: how long its host's services may take to move
-WORKLOAD = {"writers": 2, "readers": 1, "rate": 15.0}  # per gateway: the box has 2 cores
+WORKLOAD = {"writers": 2, "readers": 2, "rate": 15.0}  # two of these: the box has 2 cores
 # The fault kinds, each a partition of hosts:
 # - nats-minority: a NATS server cut from the other two (it keeps its clients);
 # - host-isolated: a bookie host, a gateway host or the meta host cut from every other host
@@ -119,11 +119,15 @@ class MultiHostRun:
             self.say(f"cluster up in {result['cluster_start_s']} s on {self.cluster.nats_url}")
             result["event_stream_replicas"] = asyncio.run(self._event_stream_replicas())
             history = History(self.run_dir / "history.jsonl")
-            for i in range(len(self.cluster.gateway_hosts)):
+            # Each workload's HTTP clients on one gateway, its gRPC clients on the next:
+            # every gateway holds writers of both workloads, and readers and recoverers
+            # read and fence ledgers whose writer is on the other gateway.
+            gateways = len(self.cluster.gateway_hosts)
+            for i in range(gateways):
                 workloads.append(
                     Workload(
                         self.cluster.http_url(i),
-                        self.cluster.grpc_address(i),
+                        self.cluster.grpc_address((i + 1) % gateways),
                         history,
                         seed=self.rng.randrange(2**32),
                         **WORKLOAD,
