@@ -43,6 +43,8 @@ def test_multihost_run_under_partitions() -> None:
     assert "error" not in run, f"{run.get('error')}; {report}"
     check = run["check"]
     assert {rule: check[rule] for rule in FATAL} == dict.fromkeys(FATAL, 0), check["examples"]
+    after = run["check_after_repair"]  # read back again once the repair finished
+    assert {rule: after[rule] for rule in FATAL} == dict.fromkeys(FATAL, 0), after["examples"]
     assert check["operations"]["append"]["ok"] > 0  # the workload did work
     assert [f["kind"] for f in run["faults"]] == ["nats-minority", "host-isolated", "nats-link"]
     # The gateway cut from its nearest NATS server moved to the others.
