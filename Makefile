@@ -24,9 +24,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fault suite (docs/reliability.md): the scenarios of tier TIER (short: a few minutes, also
-# run by `make test`; long: every fault kind, ~20 min) on fresh local clusters; runs, logs and
-# summary.json in OUT. Fails when a run lost or invented an acknowledged entry (or broke another
-# rule) or when the control run (fsync off) shows no loss.
+# run by `make test`; long: every fault kind and the multi-host run's partitions, ~25 min) on
+# fresh clusters; runs, logs and summary.json in OUT. Fails when a run lost or invented an
+# acknowledged entry (or broke another rule) or when the control run (fsync off) shows no loss.
 TIER ?= short
 OUT ?= faults-out
 faults: $(STAMP)
