@@ -381,9 +381,9 @@ class PlacementPolicy:
             search = _Search(self, layout, write_quorum, by_location, rng, target)
             found = search.run(open_positions)
             if found is not None:
-                bookies = self._bookies_for(slots, found, by_location, rng)
+                placed = self._bookies_for(slots, found, by_location, rng)
                 invalid = self._invalid_quorum(len(slots), write_quorum)
-                return Placement(bookies, Adherence.FAIL if invalid else target, reason=invalid)
+                return Placement(placed, Adherence.FAIL if invalid else target, reason=invalid)
         what = (
             f"no {self.name} placement of {len(open_positions)} bookie(s) with write_quorum "
             f"{write_quorum} over {len(pool)} candidate(s) in "
