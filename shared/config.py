@@ -9,11 +9,13 @@ operator who tuned BookKeeper finds the same lever here.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.protocol.flow import DEFAULT_MAX_ADD_REQUESTS_PER_BOOKIE
+from shared.protocol.placement import DEFAULT_LOCATION, PlacementRules, parse_location
 
 MIB = 1024 * 1024
 
@@ -341,6 +343,37 @@ class ReplicatorSettings(BaseModel):
         return self
 
 
+class PlacementSettings(BaseModel):
+    """Where ledgers' bookies go (shared/protocol/placement.py; docs/placement.md). Read by
+    the gateway (new ensembles, ensemble changes), the replicator (re-replication targets)
+    and the auditor (placement check): a deployment sets the same values on all three."""
+
+    # BookKeeper's ensemblePlacementPolicy: random (DefaultEnsemblePlacementPolicy),
+    # rackaware (RackawareEnsemblePlacementPolicy), zoneaware (ZoneawareEnsemblePlacementPolicy).
+    policy: Literal["random", "rackaware", "zoneaware"] = "random"
+    # rackaware: every write quorum on at least this many racks (minNumRacksPerWriteQuorum);
+    # enforced, a ledger that cannot have it fails NOT_ENOUGH_BOOKIES, else it is placed at
+    # random and counted (enforceMinNumRacksPerWriteQuorum).
+    min_num_racks_per_write_quorum: int = Field(default=2, ge=1)
+    enforce_min_num_racks_per_write_quorum: bool = False
+    # zoneaware: minNumZonesPerWriteQuorum, desiredNumZonesPerWriteQuorum,
+    # enforceStrictZoneawarePlacement.
+    min_num_zones_per_write_quorum: int = Field(default=2, ge=1)
+    desired_num_zones_per_write_quorum: int = Field(default=3, ge=1)
+    enforce_strict_zoneaware_placement: bool = True
+
+    @model_validator(mode="after")
+    def _zones(self) -> PlacementSettings:
+        if self.desired_num_zones_per_write_quorum < self.min_num_zones_per_write_quorum:
+            raise ValueError(
+                "desired_num_zones_per_write_quorum must be at least min_num_zones_per_write_quorum"
+            )
+        return self
+
+    def rules(self) -> PlacementRules:
+        return PlacementRules(**self.model_dump())
+
+
 class QuireSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUIRE_", env_nested_delimiter="__", extra="ignore"
@@ -360,6 +393,9 @@ class QuireSettings(BaseSettings):
     data_dir: Path = Path("./quire-data")
     # The bookie a journal or ledgerstore process serves.
     bookie_id: str = Field(default="bookie-1", pattern=r"^[A-Za-z0-9_-]+$")
+    # The bookie's network location, "/zone/rack" (BookKeeper's networkLocation, given
+    # here instead of resolved by DNS): its journal registers it for placement.
+    bookie_location: str = DEFAULT_LOCATION
     log_level: str = "INFO"
     # Bearer tokens the gateway accepts: comma-separated, or "@/path" to a file with one a
     # line. Empty: the APIs need no token (the local cluster's default, on 127.0.0.1).
@@ -383,6 +419,12 @@ class QuireSettings(BaseSettings):
     auditor: AuditorSettings = AuditorSettings()
     gateway: GatewaySettings = GatewaySettings()
     replicator: ReplicatorSettings = ReplicatorSettings()
+    placement: PlacementSettings = PlacementSettings()
+
+    @field_validator("bookie_location")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return parse_location(value)
 
     @property
     def bookie_dir(self) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.digest import DigestType
+from shared.protocol.placement import DEFAULT_LOCATION
 from shared.quorum import QuorumSpec
 
 # 1: the first format; 2: adds the creator token (BookKeeper's cToken); 3: adds the ledger's
@@ -106,6 +107,9 @@ class LedgerMetadata(_Strict):
 # subscribed, so a restarted bookie registers anew. Clients use it to tell a bookie that is
 # just starting (its subscriptions may not be known everywhere yet) from one that is gone.
 REGISTERED_AT = "registered_at"
+# A bookie's network location, "/zone/rack" (QuireSettings.bookie_location), for placement
+# (shared/protocol/placement.py); a registration without it counts as DEFAULT_LOCATION.
+LOCATION = "location"
 
 
 class BookieInfo(_Strict):
@@ -114,6 +118,10 @@ class BookieInfo(_Strict):
     last_seen: int  # ms since the epoch of the last heartbeat
     lease_expires_at: int  # ms since the epoch
     info: dict[str, Any] = Field(default_factory=dict)  # what the bookie says of itself
+
+    @property
+    def location(self) -> str:
+        return str(self.info.get(LOCATION, DEFAULT_LOCATION))
 
 
 # -- metadata service requests ------------------------------------------------------------

@@ -41,6 +41,7 @@ from shared.protocol.driver import (
     password_hash,
 )
 from shared.protocol.messages import EnsembleChanged, ReplicaCorrupt
+from shared.protocol.placement import PlacementPolicy
 from shared.quorum import QuorumSpec
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
@@ -126,7 +127,13 @@ class Ledgers(ProtocolObserver):
         self._adds_ok = metrics.adds.labels("ok")  # counted on every acknowledgement
         self.clock = clock
         self.client = ProtocolClient(
-            bookies, meta, settings.gateway, observer=self, rng=rng, clock=clock
+            bookies,
+            meta,
+            settings.gateway,
+            observer=self,
+            rng=rng,
+            clock=clock,
+            placement=PlacementPolicy(settings.placement.rules()),
         )
         self.writers: dict[int, WriterHandle] = {}
         self._acks: dict[int, _AckWindow] = {}
@@ -268,7 +275,7 @@ class Ledgers(ProtocolObserver):
         body["reachable"] = info is not None
         return body
 
-    async def writable_bookies(self) -> list[str]:
+    async def writable_bookies(self) -> dict[str, str]:
         return await self._call_meta(self.client.writable_bookies())
 
     async def _authorized(self, ledger_id: int, password: bytes | None) -> LedgerMetadata:
@@ -383,8 +390,20 @@ class Ledgers(ProtocolObserver):
             del self.writers[handle.ledger_id]
         self.metrics.writer_handles.set(len(self.writers))
 
+    def placement_fallback(self, ledger_id: int, reason: str) -> None:
+        self.metrics.placement_fallbacks.labels("create").inc()
+
     def ensemble_changed(self, command: EnsembleChanged) -> None:
         self.metrics.ensemble_changes.inc()
+        if command.placement_fallback:
+            self.metrics.placement_fallbacks.labels("ensemble_change").inc()
+            log.warning(
+                "replacement placed at random: the placement policy cannot be met",
+                extra={
+                    "ledger_id": command.metadata.ledger_id,
+                    "reason": command.placement_fallback,
+                },
+            )
         # The acks so far were written to the old ensemble: their event goes out before the
         # change's (the next ack would end the window anyway, but only when it comes).
         window = self._acks.pop(command.metadata.ledger_id, None)

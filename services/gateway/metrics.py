@@ -98,6 +98,13 @@ class GatewayMetrics:
             "Segments added because a bookie of the ensemble failed",
             registry=self.registry,
         )
+        self.placement_fallbacks = Counter(
+            "quire_gateway_placement_fallbacks",
+            "Ensembles (op=create) and replacements (op=ensemble_change) placed at random "
+            "because the placement policy could not be met and is not enforced",
+            ["op"],
+            registry=self.registry,
+        )
         self.recoveries = Counter(
             "quire_gateway_ledger_recoveries",
             "Ledger recoveries (fence and close), by outcome",

@@ -58,7 +58,7 @@ from shared.bookie.rules import admit_adds, disk_read_only, meta_records, refuse
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import serve_metrics
-from shared.models import NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
+from shared.models import LOCATION, NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
@@ -480,6 +480,7 @@ class JournalService:
             "journal_pid": os.getpid(),
             "bookie_dir": str(settings.bookie_dir.resolve()),
             REGISTERED_AT: clock.wall_ms(),
+            LOCATION: settings.bookie_location,
         }
         registered = False
         while True:

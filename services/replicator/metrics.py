@@ -55,6 +55,11 @@ def replicator_metrics(stats: ReplicatorStats) -> Builder:
             stats.claim_errors,
         )
         e.counter(
+            "quire_replicator_placement_fallbacks",
+            "Fragments copied to a bookie that breaks the placement policy (not enforced)",
+            stats.placement_fallbacks,
+        )
+        e.counter(
             "quire_replicator_idle_polls",
             "Claims answered with nothing to do",
             stats.idle_polls,

@@ -77,6 +77,7 @@ from shared.models import (
 )
 from shared.protocol.driver import ProtocolClient, monotonic_ms, wall_clock_ms
 from shared.protocol.messages import FragmentReplicated
+from shared.protocol.placement import PlacementPolicy
 from shared.protocol.replication import ReplicationSettings, fragments_on, open_fragment_on
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus, QuireError
@@ -101,6 +102,7 @@ class ReplicatorStats:
     bytes: int = 0  # entry bytes copied
     claim_errors: int = 0  # claims the queue failed to hand out (unavailable, malformed)
     idle_polls: int = 0  # claims answered with nothing to do (or autorecovery disabled)
+    placement_fallbacks: int = 0  # fragments copied to a target that breaks the policy
     # worker id -> (ledger id, when it was claimed, monotonic ms)
     in_progress: dict[str, tuple[int, int]] = field(default_factory=dict)
     # BookKeeper's rereplicate: each claim from its start to its end (success: replicated).
@@ -398,6 +400,15 @@ class ReplicationWorker:
         stats.fragments += 1
         stats.entries += copied.entries
         stats.bytes += copied.bytes
+        if copied.placement_fallback:
+            stats.placement_fallbacks += 1
+            log.warning(
+                "re-replication target placed at random: the placement policy cannot be met",
+                extra={
+                    "ledger_id": copied.metadata.ledger_id,
+                    "reason": copied.placement_fallback,
+                },
+            )
         # Fragments are copied one after the other: this one took since the last one.
         started_ms = self._fragment_started_ms
         now_ms = monotonic_ms()
@@ -558,7 +569,12 @@ class Replicator:
             add_timeout_ms=settings.gateway.add_bookie_timeout_ms,
             read_timeout_ms=settings.gateway.read_entry_timeout_ms,
         )
-        self.client = ProtocolClient(bookies, self._meta, settings.gateway)
+        self.client = ProtocolClient(
+            bookies,
+            self._meta,
+            settings.gateway,
+            placement=PlacementPolicy(settings.placement.rules()),
+        )
         self.stats = ReplicatorStats()
         self.workers = [
             ReplicationWorker(

@@ -43,7 +43,6 @@ from shared.config import GatewaySettings
 from shared.digest import DigestManager, LedgerKeys, mac_key, master_key
 from shared.metaclient import MetadataError
 from shared.models import BookieState, CreateLedgerRequest, LedgerMetadata
-from shared.protocol.ensemble import choose_ensemble
 from shared.protocol.flow import merge_sends, send_size, split_add_reply
 from shared.protocol.messages import (
     AddSendFailed,
@@ -75,6 +74,7 @@ from shared.protocol.messages import (
     UpdateLedger,
     WritableBookies,
 )
+from shared.protocol.placement import PlacementPolicy
 from shared.protocol.reader import LedgerReader, ReadSettings, lac_from_replies
 from shared.protocol.recovery import LedgerRecovery
 from shared.protocol.replication import LedgerReplication, ReplicationSettings
@@ -193,6 +193,10 @@ class ProtocolObserver:
 
     def ensemble_changed(self, command: EnsembleChanged) -> None:
         """A writer or a recovery replaced bookies."""
+
+    def placement_fallback(self, ledger_id: int, reason: str) -> None:
+        """A new ledger's ensemble could not meet the placement policy (not enforced, so it
+        was placed at random): BookKeeper logs it; the gateway counts it too."""
 
     def replica_corrupt(self, ledger_id: int, command: ReplicaCorrupt) -> None:
         """A bookie returned a frame that failed its digest."""
@@ -530,8 +534,9 @@ class WriterHandle:
                 writable = await self._client.writable_bookies()
         except MetadataError as exc:
             log.warning("no bookie list for an ensemble change", extra={"err": exc.message})
-            writable = []
-        self.core.step(WritableBookies(tuple(writable)), self._client.clock())
+            writable = {}
+        event = WritableBookies(tuple(writable), tuple(writable.items()))
+        self.core.step(event, self._client.clock())
         self.pump()
 
     def _on_add_reply(self, reply: AddReply) -> None:
@@ -1037,10 +1042,13 @@ class ProtocolClient:
         clock: Clock = monotonic_ms,
         wall_clock: Clock = wall_clock_ms,
         clock_us: Clock | None = None,
+        placement: PlacementPolicy | None = None,
     ) -> None:
         self.bookies = bookies
         self.meta = meta
         self.settings = settings
+        # Where ensembles go (new ledgers, ensemble changes, re-replication targets).
+        self.placement = placement or PlacementPolicy()
         self.observer = observer or ProtocolObserver()
         self.rng = rng or random.Random(os.urandom(16))
         self.clock = clock
@@ -1103,17 +1111,17 @@ class ProtocolClient:
         except MetadataError as exc:
             return LedgerUpdateFailed(None, f"{reason}; re-read: {exc.code}: {exc.message}")
 
-    async def writable_bookies(self) -> list[str]:
-        """The registered bookies that are writable and whose lease has not expired;
-        raises MetadataError."""
+    async def writable_bookies(self) -> dict[str, str]:
+        """The registered bookies that are writable and whose lease has not expired, each
+        with its network location (for placement); raises MetadataError."""
         now_ms = self.wall_clock()
         bookies = await self.meta.list_bookies()
         self.bookies.bookies_listed(bookies)
-        return [
-            b.bookie_id
+        return {
+            b.bookie_id: b.location
             for b in bookies
             if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
-        ]
+        }
 
     # -- create -------------------------------------------------------------------------------
 
@@ -1137,8 +1145,10 @@ class ProtocolClient:
                 "need 1 <= ack_quorum <= write_quorum <= ensemble_size, got "
                 f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}",
             )
-        candidates = [b for b in await self.writable_bookies() if b not in excluding]
-        ensemble = choose_ensemble(candidates, ensemble_size, self.rng)
+        placed = self.placement.new_ensemble(
+            ensemble_size, write_quorum, await self.writable_bookies(), self.rng, excluding
+        )
+        ensemble = list(placed.bookies)
         salt = os.urandom(SALT_BYTES).hex()
         request = CreateLedgerRequest(
             ensemble_size=ensemble_size,
@@ -1155,6 +1165,16 @@ class ProtocolClient:
             mac_key=mac_key(password).hex(),
         )
         created = await self.meta.create_ledger(request)
+        if placed.fallback:
+            log.warning(
+                "new ledger placed at random: the placement policy cannot be met",
+                extra={
+                    "ledger_id": created.ledger_id,
+                    "policy": self.placement.name,
+                    "reason": placed.reason,
+                },
+            )
+            self.observer.placement_fallback(created.ledger_id, placed.reason)
         settings = self.settings
         core = LedgerWriter(
             created,
@@ -1166,6 +1186,7 @@ class ProtocolClient:
             explicit_lac_interval_ms=settings.explicit_lac_interval_ms,
             max_add_requests_per_bookie=settings.max_add_requests_per_bookie,
             max_pending_adds=settings.max_pending_adds_per_ledger,
+            placement=self.placement,
             now_ms=self.clock(),
         )
         return WriterHandle(core, self)
@@ -1212,6 +1233,7 @@ class ProtocolClient:
             DigestManager.for_keys(metadata.digest, keys),
             self.clock(),
             rng=self.rng,
+            placement=self.placement,
             retry_interval_ms=settings.recovery_retry_interval_ms,
             recovery_timeout_ms=settings.recovery_timeout_ms,
             add_entry_timeout_ms=settings.add_entry_timeout_ms,
@@ -1250,7 +1272,8 @@ class ProtocolClient:
                 return await self.send_adds(command)
             case ListWritableBookies():
                 try:
-                    return WritableBookies(tuple(await self.writable_bookies()))
+                    writable = await self.writable_bookies()
+                    return WritableBookies(tuple(writable), tuple(writable.items()))
                 except MetadataError:
                     return WritableBookies(())
         raise AssertionError(f"unknown command {command!r}")
@@ -1289,6 +1312,7 @@ class ProtocolClient:
             self.clock(),
             settings=settings or self.replication_settings(),
             rng=self.rng,
+            placement=self.placement,
         )
 
         def dispatch(command: Any) -> Any:

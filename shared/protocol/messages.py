@@ -53,7 +53,11 @@ class ListWritableBookies:
 
 @dataclass(frozen=True, slots=True)
 class WritableBookies:
+    """`locations`: (bookie, network location) of those that registered one, for placement;
+    a bookie missing from it is at the default location."""
+
     bookie_ids: tuple[str, ...]
+    locations: tuple[tuple[str, str], ...] = ()
 
 
 # -- writer events and commands ---------------------------------------------------------------
@@ -117,11 +121,14 @@ class FailAdds:
 
 @dataclass(frozen=True, slots=True)
 class EnsembleChanged:
-    """A new segment is stored: `replaced` maps ensemble index -> (old bookie, new bookie)."""
+    """A new segment is stored: `replaced` maps ensemble index -> (old bookie, new bookie).
+    `placement_fallback`: why the replacements break the placement policy (not enforced, so
+    placed anyway), empty when they keep it."""
 
     first_entry_id: int
     replaced: tuple[tuple[int, str, str], ...]
     metadata: LedgerMetadata
+    placement_fallback: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +308,7 @@ class FragmentReplicated:
     entries: int
     bytes: int  # frame bytes written to the new bookie
     metadata: LedgerMetadata
+    placement_fallback: str = ""  # why the new bookie breaks the placement policy, if it does
 
 
 @dataclass(frozen=True, slots=True)

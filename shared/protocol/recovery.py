@@ -55,6 +55,7 @@ from shared.protocol.messages import (
     UpdateLedger,
     WritableBookies,
 )
+from shared.protocol.placement import PlacementPolicy
 from shared.protocol.writer import LedgerWriter
 from shared.quorum import write_set
 from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
@@ -123,6 +124,7 @@ class LedgerRecovery:
         add_entry_timeout_ms: int = 10_000,
         max_send_bytes: int = DEFAULT_MAX_SEND_BYTES,
         read_batch_size: int = 64,
+        placement: PlacementPolicy | None = None,
     ) -> None:
         assert read_batch_size >= 1
         self.metadata = metadata
@@ -131,6 +133,7 @@ class LedgerRecovery:
         self.master_key = master_key
         self._digest = digest
         self._rng = rng
+        self._placement = placement
         self.retry_interval_ms = retry_interval_ms
         self.recovery_timeout_ms = recovery_timeout_ms
         self.add_entry_timeout_ms = add_entry_timeout_ms
@@ -279,6 +282,7 @@ class LedgerRecovery:
             add_entry_timeout_ms=self.add_entry_timeout_ms,
             max_send_bytes=self.max_send_bytes,
             rng=self._rng,
+            placement=self._placement,
             recovery=True,
             now_ms=self._now_ms,
         )

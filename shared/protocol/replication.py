@@ -69,6 +69,7 @@ from shared.protocol.messages import (
     WritableBookies,
     api_for_status,
 )
+from shared.protocol.placement import DEFAULT_LOCATION, PlacementPolicy
 from shared.protocol.reader import LedgerReader, ReadSettings
 from shared.quorum import QuorumSpec, write_set
 from shared.rate_limit import ByteRateLimiter
@@ -260,6 +261,7 @@ class _Copy:
     read_done: bool = False
     entries: int = 0
     bytes: int = 0
+    placement_fallback: str = ""  # why the target breaks the placement policy, if it does
 
     @property
     def complete(self) -> bool:
@@ -279,6 +281,7 @@ class LedgerReplication:
         *,
         settings: ReplicationSettings | None = None,
         rng: RandomLike | None = None,
+        placement: PlacementPolicy | None = None,
     ) -> None:
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
@@ -289,6 +292,7 @@ class LedgerReplication:
         self._digest = DigestManager.for_keys(metadata.digest, keys)
         self._flags = add_flags(metadata.digest, recovery=True)
         self._rng = rng
+        self.placement = placement or PlacementPolicy()
         self._now_ms = now_ms
         self._throttle = ByteRateLimiter(self.settings.replication_rate_by_bytes, now_ms)
         self.phase = ReplicationPhase.LIST
@@ -297,6 +301,7 @@ class LedgerReplication:
         self.fragments = _named_on(metadata, self.bad_bookies)
         self._next_fragment = 0
         self._writable: frozenset[str] = frozenset()
+        self._located: dict[str, str] = {}  # bookie -> network location, of those known
         self._chosen: dict[str, str] = {}  # bad bookie -> its replacement so far
         self._copy: _Copy | None = None
         self._commands: list[ReplicationCommand] = []
@@ -342,7 +347,11 @@ class LedgerReplication:
             if segment.bookies[fragment.ensemble_index] != fragment.bookie_id:
                 self.repaired_by_others += 1
                 continue
-            target = self._choose_target(fragment, segment)
+            try:
+                target, fallback = self._choose_target(fragment, segment)
+            except QuireError as exc:
+                self._fail(exc.api, f"{self._name(fragment)}: {exc.detail}")
+                return
             if target is None:
                 self._fail(
                     ApiCodes.NOT_ENOUGH_BOOKIES,
@@ -350,25 +359,40 @@ class LedgerReplication:
                     f"{segment.bookies} and the bad bookies",
                 )
                 return
-            self._start_copy(fragment, target)
+            self._start_copy(fragment, target, fallback)
             return
         self._finish()
 
-    def _choose_target(self, fragment: Fragment, segment: Segment) -> str | None:
+    def _choose_target(self, fragment: Fragment, segment: Segment) -> tuple[str | None, str]:
+        """The fragment's new bookie (None: no writable one outside the ensemble and the bad
+        bookies) and, when it breaks the placement policy, why. The random policy keeps one
+        replacement per bad bookie across its segments; the others place each segment's
+        by its write quorums (BookKeeper's replaceBookie). Raises QuireError when an
+        enforced policy finds none."""
         excluded = self.bad_bookies | set(segment.bookies)
-        previous = self._chosen.get(fragment.bookie_id)
-        if previous is not None and previous not in excluded:
-            return previous
-        candidates = sorted(self._writable - excluded)
-        if not candidates:
-            return None
-        chosen = self._rng.sample(candidates, 1)[0] if self._rng is not None else candidates[0]
+        if not self._writable - excluded:
+            return None, ""
+        if self.placement.name == "random":
+            previous = self._chosen.get(fragment.bookie_id)
+            if previous is not None and previous not in excluded:
+                return previous, ""
+        writable = {b: self._located.get(b, DEFAULT_LOCATION) for b in self._writable}
+        placed = self.placement.replace(
+            segment.bookies,
+            self.quorum.write_quorum,
+            [fragment.ensemble_index],
+            writable,
+            self._rng,
+            excluded=self.bad_bookies,
+            known=self._located,
+        )
+        chosen = placed.bookies[fragment.ensemble_index]
         self._chosen[fragment.bookie_id] = chosen
-        return chosen
+        return chosen, placed.reason if placed.fallback else ""
 
     # -- 2. copy ----------------------------------------------------------------------------------
 
-    def _start_copy(self, fragment: Fragment, target: str) -> None:
+    def _start_copy(self, fragment: Fragment, target: str, fallback: str) -> None:
         self._enter(ReplicationPhase.COPY)
         settings = self.settings
         buffered = settings.max_buffered_entries
@@ -376,7 +400,7 @@ class LedgerReplication:
         if read_settings.read_ahead_max_entries > buffered:
             read_settings = _bounded_read_ahead(read_settings, buffered)
         reader = LedgerReader(self.metadata, self._digest, read_settings, avoid=self.bad_bookies)
-        self._copy = _Copy(fragment, target, reader)
+        self._copy = _Copy(fragment, target, reader, placement_fallback=fallback)
         index, quorum = fragment.ensemble_index, self.quorum
         reader.read(
             fragment.first_entry_id,
@@ -497,7 +521,7 @@ class LedgerReplication:
         self.metadata = stored
         self._copy = None
         replicated = FragmentReplicated(
-            copy.fragment, copy.target, copy.entries, copy.bytes, stored
+            copy.fragment, copy.target, copy.entries, copy.bytes, stored, copy.placement_fallback
         )
         self.replicated.append(replicated)
         self._commands.append(replicated)
@@ -547,6 +571,7 @@ class LedgerReplication:
             case WritableBookies():
                 if self.phase is ReplicationPhase.LIST:
                     self._writable = frozenset(event.bookie_ids)
+                    self._located = dict(event.locations)
                     self._start_next()
             case BookieReadReply() | ReadSendFailed():
                 if self.phase is ReplicationPhase.COPY and self._copy is not None:

@@ -34,6 +34,7 @@ from shared.protocol.messages import (
     WriterEvent,
     api_for_status,
 )
+from shared.protocol.placement import DEFAULT_LOCATION, PlacementPolicy
 from shared.quorum import AckSet, QuorumSpec, write_set
 from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
 from shared.wire import AddItem, add_flags
@@ -67,6 +68,7 @@ class _EnsembleChange:
     failed: dict[int, str]  # ensemble index -> the bookie it replaces
     replaced: dict[int, str] = field(default_factory=dict)  # index -> the new bookie
     proposed: list[Segment] | None = None
+    placement_fallback: str = ""  # why the replacements break the placement policy
 
 
 class LedgerWriter:
@@ -110,6 +112,7 @@ class LedgerWriter:
         recovery: bool = False,
         max_add_requests_per_bookie: int | None = None,
         max_pending_adds: int | None = None,
+        placement: PlacementPolicy | None = None,
         now_ms: int = 0,
     ) -> None:
         assert max_pending_adds is None or max_pending_adds >= 1
@@ -128,6 +131,7 @@ class LedgerWriter:
         self.explicit_lac_interval_ms = explicit_lac_interval_ms
         self.ensemble_change_retry_ms = ensemble_change_retry_ms
         self.ensemble_change_delay_ms = ensemble_change_delay_ms
+        self.placement = placement or PlacementPolicy()
         self.recovery = recovery
         self.max_add_requests_per_bookie = max_add_requests_per_bookie
         self.max_pending_adds = max_pending_adds
@@ -247,7 +251,7 @@ class LedgerWriter:
                     )
                 self._flow.answered(event.bookie_id)
             case WritableBookies():
-                self._on_writable_bookies(event.bookie_ids)
+                self._on_writable_bookies(event)
             case LedgerUpdated():
                 self._on_updated(event.metadata)
             case LedgerUpdateFailed():
@@ -364,22 +368,33 @@ class LedgerWriter:
             self._close_cas or self.closed is not None or (self.closing and not self._pending)
         )
 
-    def _on_writable_bookies(self, bookie_ids: Sequence[str]) -> None:
+    def _on_writable_bookies(self, event: WritableBookies) -> None:
         change = self._change
         if change is None or change.proposed is not None or self.broken is not None:
             return
         if self.closed is not None:
             self._change = None
             return
-        ensemble = list(self.metadata.segments[-1].bookies)
-        candidates = sorted(set(bookie_ids) - set(ensemble))
+        current = self.metadata.segments[-1].bookies
+        candidates = sorted(set(event.bookie_ids) - set(current))
         if len(candidates) < len(change.failed):
-            self._no_replacement(change, len(candidates))
+            self._no_replacement(change, f"{len(candidates)} writable bookie(s) can replace them")
             return
-        chosen = self._sample(candidates, len(change.failed))
-        for (index, _old), new in zip(change.failed.items(), chosen, strict=True):
-            change.replaced[index] = new
-            ensemble[index] = new
+        # The placement policy picks among the writable bookies (BookKeeper's
+        # replaceBookie): the write quorums around each replaced position keep their racks.
+        located = dict(event.locations)
+        writable = {b: located.get(b, DEFAULT_LOCATION) for b in event.bookie_ids}
+        try:
+            placed = self.placement.replace(
+                current, self.quorum.write_quorum, change.failed, writable, self._rng, known=located
+            )
+        except QuireError as exc:
+            self._no_replacement(change, exc.detail)
+            return
+        ensemble = list(placed.bookies)
+        for index in change.failed:
+            change.replaced[index] = ensemble[index]
+        change.placement_fallback = placed.reason if placed.fallback else ""
         segments = [s for s in self.metadata.segments if s.first_entry_id < change.first_entry_id]
         change.proposed = [
             *segments,
@@ -393,17 +408,11 @@ class LedgerWriter:
             return
         self._cas_change(change)
 
-    def _sample(self, candidates: list[str], count: int) -> list[str]:
-        if self._rng is None:
-            return candidates[:count]
-        return list(self._rng.sample(candidates, count))
-
-    def _no_replacement(self, change: _EnsembleChange, available: int) -> None:
+    def _no_replacement(self, change: _EnsembleChange, why: str) -> None:
         self._change = None
         detail = (
             f"ledger {self.ledger_id}: {len(change.failed)} bookie(s) of the ensemble failed "
-            f"({', '.join(change.failed.values())}) and {available} writable bookie(s) can "
-            "replace them"
+            f"({', '.join(change.failed.values())}) and {why}"
         )
         if self._quorum_blocked() is not None:
             self._break(ApiCodes.NOT_ENOUGH_BOOKIES, detail)
@@ -453,6 +462,7 @@ class LedgerWriter:
                 change.first_entry_id,
                 tuple((i, change.failed[i], change.replaced[i]) for i in replaced),
                 metadata,
+                change.placement_fallback,
             )
         )
 

@@ -19,6 +19,7 @@ CORES = [
     "shared/bookie/gc.py",
     "shared/protocol/messages.py",
     "shared/protocol/ensemble.py",
+    "shared/protocol/placement.py",
     "shared/protocol/flow.py",
     "shared/protocol/writer.py",
     "shared/protocol/reader.py",
