@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test faults lint lock proto dashboards clean
+.PHONY: run test faults multihost lint lock proto dashboards clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "Quire needs Python 3.11 or newer" >&2; exit 1; }
@@ -32,6 +32,13 @@ OUT ?= faults-out
 faults: $(STAMP)
 	rm -rf $(OUT)
 	$(BIN)/python -m quire.faults --tier $(TIER) --out $(OUT)
+
+# The multi-host run (docs/reliability.md, "Multi-host run"): Quire over network namespaces on
+# this machine, partitioned (a NATS minority, a bookie host), checked; needs root.
+MULTIHOST_OUT ?= multihost-out
+multihost: $(STAMP)
+	rm -rf $(MULTIHOST_OUT)
+	$(BIN)/python -m quire.faults.multihost --out $(MULTIHOST_OUT)
 
 # The deterministic simulator: SEEDS seeds of the real protocol cores under faults; ends with
 # the line "N seeds, F failures". One seed: $(BIN)/python -m quire.sim --seed S --log

@@ -87,7 +87,13 @@ class Connection:
     async def connect(self) -> Any:
         import nats
 
-        kwargs: dict[str, Any] = {"servers": [self.url], "allow_reconnect": False}
+        # `url` may list the servers of a cluster, comma-separated (QUIRE_NATS_URL's form).
+        servers = [part.strip() for part in self.url.split(",") if part.strip()]
+        kwargs: dict[str, Any] = {
+            "servers": servers,
+            "dont_randomize": True,  # in the order given, as the services connect
+            "allow_reconnect": False,
+        }
         if self.user is not None:
             kwargs.update(user=self.user, password=self.password)
         if self.creds is not None:

@@ -379,6 +379,9 @@ class QuireSettings(BaseSettings):
         env_prefix="QUIRE_", env_nested_delimiter="__", extra="ignore"
     )
 
+    # One NATS server, or several of one cluster, comma-separated
+    # ("nats://n1:4222,nats://n2:4222,nats://n3:4222"): a client connects to the first it
+    # reaches, in order (list the nearest first), and reconnects to another when it is lost.
     nats_url: str = "nats://127.0.0.1:4222"
     # NATS credentials, when the server wants them: user and password, or an nkey seed
     # file; and a CA file to connect over TLS. `quire up` generates a user and password
@@ -387,6 +390,9 @@ class QuireSettings(BaseSettings):
     nats_password: SecretStr = SecretStr("")
     nats_nkey_seed_file: Path | None = None
     nats_tls_ca_file: Path | None = None
+    # The replicas of the QUIRE_EVENTS stream when a service creates it (3 on a 3-node NATS
+    # cluster). A stream that exists is used as it is: changing it is the operator's.
+    event_stream_replicas: int = Field(default=1, ge=1, le=5)
     database_url: str = "postgresql+psycopg://quire@127.0.0.1:5432/quire"
     # Every subject starts with it, so that two clusters can share one NATS.
     subject_prefix: str = Field(default="quire", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -439,6 +445,14 @@ class QuireSettings(BaseSettings):
             path = Path(name)
             dirs.append(path / self.bookie_id if path.is_absolute() else self.bookie_dir / path)
         return dirs
+
+
+def nats_servers(url: str) -> list[str]:
+    """The servers of a NATS URL setting (see `QuireSettings.nats_url`), in order."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("the NATS URL names no server")
+    return servers
 
 
 def load_settings() -> QuireSettings:

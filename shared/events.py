@@ -59,8 +59,9 @@ class Event(BaseModel):
     boot_id: str | None = None  # random per publisher instance (per process start)
 
 
-async def ensure_event_stream(js: JetStreamContext, subjects: Subjects) -> None:
-    """Create the events stream if it is missing (idempotent, safe to race)."""
+async def ensure_event_stream(js: JetStreamContext, subjects: Subjects, replicas: int = 1) -> None:
+    """Create the events stream if it is missing (idempotent, safe to race), with `replicas`
+    copies on a NATS cluster (`QuireSettings.event_stream_replicas`)."""
     config = StreamConfig(
         name=subjects.event_stream,
         subjects=[subjects.events_wildcard],
@@ -68,6 +69,7 @@ async def ensure_event_stream(js: JetStreamContext, subjects: Subjects) -> None:
         storage=StorageType.FILE,
         max_age=7 * 24 * 3600.0,
         duplicate_window=120.0,
+        num_replicas=replicas,
     )
     try:
         await js.add_stream(config)

@@ -30,7 +30,7 @@ from nats.micro.service import EndpointConfig, Service
 
 from shared import __version__, clock
 from shared.aio import cancel_all
-from shared.config import QuireSettings, load_settings
+from shared.config import QuireSettings, load_settings, nats_servers
 from shared.events import EventPublisher, ensure_event_stream
 from shared.gc_tuning import tune_gc
 from shared.logs import setup_logging
@@ -63,13 +63,16 @@ def nats_options(settings: QuireSettings) -> dict[str, Any]:
 async def connect_nats(
     settings: QuireSettings, name: str, deadline_s: float = CONNECT_DEADLINE_S
 ) -> NatsClient:
-    """Connect, retrying while the server is not up yet; later losses reconnect forever.
-    A refused authorization is not retried: it will not get better."""
+    """Connect, retrying while the server is not up yet; later losses reconnect forever, to
+    any server of `settings.nats_url` (several when NATS is a cluster) or one the cluster
+    told of. A refused authorization is not retried: it will not get better."""
     give_up_at = time.monotonic() + deadline_s
     while True:
         try:
             return await nats.connect(
-                settings.nats_url,
+                servers=nats_servers(settings.nats_url),
+                # In the order given (the nearest server first), not shuffled.
+                dont_randomize=True,
                 name=name,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
@@ -83,9 +86,15 @@ async def connect_nats(
             if time.monotonic() > give_up_at:
                 raise
             log.info(
-                "waiting for NATS", extra={"url": redact_url(settings.nats_url), "err": repr(exc)}
+                "waiting for NATS",
+                extra={"url": redact_nats_url(settings.nats_url), "err": repr(exc)},
             )
             await asyncio.sleep(0.3)
+
+
+def redact_nats_url(url: str) -> str:
+    """A NATS URL setting (one server or several, comma-separated) without passwords."""
+    return ",".join(redact_url(server) for server in nats_servers(url))
 
 
 def redact_url(url: str) -> str:
@@ -139,7 +148,7 @@ class ServiceRuntime:
     async def start(self) -> None:
         self.nc = await connect_nats(self.settings, self.instance)
         js = self.nc.jetstream()
-        await ensure_event_stream(js, self.subjects)
+        await ensure_event_stream(js, self.subjects, self.settings.event_stream_replicas)
         self.events = EventPublisher(js, self.subjects, source=self.instance)
         self.events.start()
         self.micro = await add_service(

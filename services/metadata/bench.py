@@ -36,6 +36,7 @@ from quire.infra import start_nats, start_postgres
 from services.metadata import core
 from services.metadata.postgres import connect, conninfo_from_url
 from services.metadata.sql import LEDGER_FIELDS
+from shared.config import nats_servers
 from shared.metaclient import MetadataClient, MetadataError
 from shared.models import CreateLedgerRequest, UpdateLedgerRequest
 from shared.subjects import Subjects
@@ -233,7 +234,7 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
         subprocess.Popen([sys.executable, "-m", "services.metadata"], env=env)
         for _ in range(args.instances)
     ]
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(servers=nats_servers(nats_url))
     try:
         client = MetadataClient(nc, Subjects(prefix), timeout_s=10.0)
         await wait_ready(client)

@@ -155,13 +155,13 @@ class QuireUp:
         import nats
 
         from quire.cluster import nats_credentials
+        from shared.config import nats_servers
 
         credentials = nats_credentials(self.data_dir)
         assert credentials is not None, "quire up made no NATS credentials"
         user, password = credentials
-        return await nats.connect(
-            self.cluster_json()["nats_url"], user=user, password=password, **kwargs
-        )
+        servers = nats_servers(self.cluster_json()["nats_url"])
+        return await nats.connect(servers=servers, user=user, password=password, **kwargs)
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)
