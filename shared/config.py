@@ -49,6 +49,24 @@ class JournalSettings(BaseModel):
     # stops the bookie from starting. On: log it, skip to the next valid group commit and
     # start (the skipped records are lost; absent entries answer UNKNOWN_LEDGER_STATE).
     skip_replay_journal_invalid_record: bool = False
+    # journalDirectories: where the journal lives. BookKeeper's advice is a device of its
+    # own: an add waits on the journal's fdatasync, and on a disk shared with the entry
+    # logs and the index that fsync queues behind their flushes. Same path rules as
+    # ledgerstore.ledger_directories (relative: under the bookie's dir; absolute: the
+    # bookie id appended). JSON list in the environment: '["/mnt/journal"]'.
+    journal_directories: list[str] = Field(default=["journal"], min_length=1)
+
+    @model_validator(mode="after")
+    def _one_journal_directory(self) -> JournalSettings:
+        # The journal process runs one journal (one writer, one LastLogMark, one position
+        # the ledgerstore follows): a second directory would be silently unused.
+        if len(self.journal_directories) > 1:
+            raise ValueError(
+                f"journal_directories={self.journal_directories!r}: one journal directory "
+                "per bookie is supported; put it on its own device (several journals per "
+                "bookie are not implemented)"
+            )
+        return self
 
 
 class LedgerstoreSettings(BaseModel):
@@ -432,6 +450,18 @@ class QuireSettings(BaseSettings):
     def _location(cls, value: str) -> str:
         return parse_location(value)
 
+    @model_validator(mode="after")
+    def _journal_apart_from_ledgers(self) -> QuireSettings:
+        # The ledgerstore's directories hold entry logs and the index, the journal's its
+        # files, lastMark and snapshot: one directory for both would mix what each lists.
+        shared = set(self.journal_dirs) & set(self.ledger_dirs)
+        if shared:
+            raise ValueError(
+                f"journal.journal_directories and ledgerstore.ledger_directories share "
+                f"{sorted(str(d) for d in shared)}: give the journal a directory of its own"
+            )
+        return self
+
     @property
     def bookie_dir(self) -> Path:
         """Every file of this bookie (journal, entry logs, index, cookie) lives here."""
@@ -440,8 +470,18 @@ class QuireSettings(BaseSettings):
     @property
     def ledger_dirs(self) -> list[Path]:
         """This bookie's ledgerDirectories (see LedgerstoreSettings.ledger_directories)."""
+        return self._bookie_paths(self.ledgerstore.ledger_directories)
+
+    @property
+    def journal_dirs(self) -> list[Path]:
+        """This bookie's journalDirectories (see JournalSettings.journal_directories)."""
+        return self._bookie_paths(self.journal.journal_directories)
+
+    def _bookie_paths(self, names: list[str]) -> list[Path]:
+        """Relative names under the bookie's dir; absolute ones with the bookie id appended,
+        so that every bookie of one machine (`quire up`) has its own."""
         dirs = []
-        for name in self.ledgerstore.ledger_directories:
+        for name in names:
             path = Path(name)
             dirs.append(path / self.bookie_id if path.is_absolute() else self.bookie_dir / path)
         return dirs

@@ -105,7 +105,7 @@ def readjournal(
 ) -> None:
     """Every record of the bookie's journal files, with its file and offset; stops at the
     first bad record of a file and says where and why."""
-    directory = _settings(data_dir, bookie_id).bookie_dir / "journal"
+    directory = _settings(data_dir, bookie_id).journal_dirs[0]
     if not directory.exists():
         fail(f"no journal at {directory}")
     ids = [journal_id] if journal_id is not None else journal_files(directory)
@@ -207,7 +207,7 @@ def lastmark(
     output: OutputOption = Output.TABLE,
 ) -> None:
     """The journal's LastLogMark (where replay starts), its snapshot position, and files."""
-    directory = _settings(data_dir, bookie_id).bookie_dir / "journal"
+    directory = _settings(data_dir, bookie_id).journal_dirs[0]
     mark_path, snapshot_path = directory / LAST_MARK, directory / SNAPSHOT
     mark = decode_last_mark(mark_path.read_bytes()) if mark_path.exists() else None
     snapshot = decode_snapshot(snapshot_path.read_bytes()) if snapshot_path.exists() else None

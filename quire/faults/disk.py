@@ -46,6 +46,7 @@ from shared.bookie.journal_format import (
     scan_records,
 )
 from shared.clock import CLOCK_OFFSET_FILE
+from shared.config import QuireSettings
 
 POWER_LOSS_MODES = ("lose", "tear")
 
@@ -180,19 +181,21 @@ def set_clock_offset(faults_dir: Path, ms: int) -> None:
 
 def bookie_files(data_dir: Path, bookie_id: str) -> dict[str, list[Path]]:
     """A bookie's files by kind: journal, journal_meta (lastMark, snapshot), entrylog,
-    index (the SQLite files), cookie. Assumes the default ledger directory."""
-    bookie_dir = data_dir / bookie_id
-    journal_dir, ledgers_dir = bookie_dir / "journal", bookie_dir / "ledgers"
+    index (the SQLite files), cookie. Its directories are those its processes get from
+    this process's environment (QUIRE_JOURNAL__JOURNAL_DIRECTORIES,
+    QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES; `quire up` passes its own on)."""
+    settings = QuireSettings(data_dir=data_dir, bookie_id=bookie_id)
 
-    def listed(directory: Path) -> list[Path]:
-        return sorted(directory.iterdir()) if directory.is_dir() else []
+    def listed(directories: list[Path]) -> list[Path]:
+        return [p for d in directories if d.is_dir() for p in sorted(d.iterdir())]
 
+    journal, ledgers = listed(settings.journal_dirs), listed(settings.ledger_dirs)
     return {
-        "journal": [p for p in listed(journal_dir) if parse_journal_file_name(p.name) is not None],
-        "journal_meta": [p for p in listed(journal_dir) if p.name in (LAST_MARK, SNAPSHOT)],
-        "entrylog": [p for p in listed(ledgers_dir) if parse_entry_log_name(p.name) is not None],
-        "index": [p for p in listed(ledgers_dir) if p.name.startswith(INDEX_FILE)],
-        "cookie": [p for p in [bookie_dir / "cookie"] if p.exists()],
+        "journal": [p for p in journal if parse_journal_file_name(p.name) is not None],
+        "journal_meta": [p for p in journal if p.name in (LAST_MARK, SNAPSHOT)],
+        "entrylog": [p for p in ledgers if parse_entry_log_name(p.name) is not None],
+        "index": [p for p in ledgers if p.name.startswith(INDEX_FILE)],
+        "cookie": [p for p in [settings.bookie_dir / "cookie"] if p.exists()],
     }
 
 
@@ -200,9 +203,11 @@ def wipe_bookie(data_dir: Path, bookie_id: str, faults_dirs: Sequence[Path] = ()
     """The bookie's disk lost whole (its processes must be down): remove its directory,
     and the files.log of its processes (they described files that are gone). Heal it by
     starting it again (module docstring)."""
-    bookie_dir = data_dir / bookie_id
+    settings = QuireSettings(data_dir=data_dir, bookie_id=bookie_id)
     counts = {kind: len(paths) for kind, paths in bookie_files(data_dir, bookie_id).items()}
-    shutil.rmtree(bookie_dir, ignore_errors=True)
+    # Directories on other disks (absolute paths) are outside the bookie's dir.
+    for directory in [*settings.journal_dirs, *settings.ledger_dirs, settings.bookie_dir]:
+        shutil.rmtree(directory, ignore_errors=True)
     for faults_dir in faults_dirs:
         (faults_dir / FILES_LOG).unlink(missing_ok=True)
     return {"bookie_id": bookie_id, "removed": counts}

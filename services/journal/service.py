@@ -38,6 +38,8 @@ from shared.bookie.cookie import (
     NO_INSTANCE,
     Cookie,
     CookieMismatch,
+    check_journal_copy,
+    journal_copy_dir,
     read_disk_cookie,
     reconcile,
     reconcile_offline,
@@ -89,7 +91,9 @@ class JournalService:
         self.rt = rt
         self.bookie_id = rt.settings.bookie_id
         # The disks of this bookie: the journal's and every ledger directory.
-        self.disk_dirs = [rt.settings.bookie_dir / "journal", *rt.settings.ledger_dirs]
+        (self.journal_dir,) = rt.settings.journal_dirs  # one: JournalSettings checks it
+        self.disk_dirs = [self.journal_dir, *rt.settings.ledger_dirs]
+        self.journal_copy = journal_copy_dir(rt.settings.bookie_dir, self.journal_dir)
         self.disk_usage = disk_usage
         self.read_only = False
         self.disk_usage_fraction = 0.0
@@ -104,7 +108,7 @@ class JournalService:
         self._announce_timer: asyncio.TimerHandle | None = None
         self._announcing: set[asyncio.Task[None]] = set()
         self.journal = Journal(
-            rt.settings.bookie_dir / "journal",
+            self.journal_dir,
             rt.settings.journal,
             on_commit=self._on_commit,
             files=files_for(rt.settings.faults_dir),
@@ -426,14 +430,18 @@ class JournalService:
         settings = self.rt.settings
         return Cookie(
             bookie_id=self.bookie_id,
-            journal_dir=str((settings.bookie_dir / "journal").resolve()),
+            journal_dir=str(self.journal_dir.resolve()),
             ledger_dirs=[str(d.resolve()) for d in settings.ledger_dirs],
             instance_id=instance_id,
         )
 
     def _has_data(self) -> bool:
-        dirs = [self.rt.settings.bookie_dir / "journal", *self.rt.settings.ledger_dirs]
-        return any(d.exists() and any(d.iterdir()) for d in dirs)
+        return any(d.exists() and any(d.iterdir()) for d in self.disk_dirs)
+
+    def _write_cookie(self, cookie: Cookie) -> None:
+        write_disk_cookie(
+            self.rt.settings.bookie_dir, cookie, self.journal.files, self.journal_copy
+        )
 
     async def establish_identity(self, client: MetadataClient) -> bool:
         """Check the cookie on disk against this bookie and against metadata; write what is
@@ -441,6 +449,8 @@ class JournalService:
         not be asked (then only the disk was checked; `keep_registered` asks later)."""
         bookie_dir = self.rt.settings.bookie_dir
         disk = read_disk_cookie(bookie_dir)
+        if self.journal_copy is not None:
+            check_journal_copy(self.expected_cookie(), disk, self.journal_copy)
         try:
             instance_id = await client.instance_id()
             stored = await client.get_cookie(self.bookie_id)
@@ -450,13 +460,13 @@ class JournalService:
             log.warning("metadata unavailable: cookie checked against the disk only")
             cookie = reconcile_offline(self.expected_cookie(), disk, self._has_data())
             if cookie != disk:
-                write_disk_cookie(bookie_dir, cookie, self.journal.files)
+                self._write_cookie(cookie)
             self.limbo = cookie.limbo
             return False
         meta = Cookie.decode(stored.data) if stored.data else None
         cookie, publish = reconcile(self.expected_cookie(instance_id), disk, meta, self._has_data())
         if cookie != disk:
-            write_disk_cookie(bookie_dir, cookie, self.journal.files)
+            self._write_cookie(cookie)
         self.limbo = cookie.limbo
         if publish:
             await client.put_cookie(
@@ -513,7 +523,7 @@ class JournalService:
         bookie_dir = self.rt.settings.bookie_dir
         cookie = read_disk_cookie(bookie_dir)
         if cookie is not None and cookie.limbo:
-            write_disk_cookie(bookie_dir, replace(cookie, limbo=False), self.journal.files)
+            self._write_cookie(replace(cookie, limbo=False))
             log.warning("bookie limbo cleared: its lost ledgers were re-replicated")
         self.limbo = False
         self._state_changed.set()  # registered at once, not at the next beat

@@ -61,6 +61,7 @@ class LedgerstoreService:
             rt.settings.bookie_dir,
             self.settings,
             ledger_dirs=rt.settings.ledger_dirs,
+            journal_dir=rt.settings.journal_dirs[0],
             files=files_for(rt.settings.faults_dir),
             on_corrupt=self._on_corrupt,
             skip_invalid_journal_records=rt.settings.journal.skip_replay_journal_invalid_record,

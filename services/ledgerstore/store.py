@@ -135,6 +135,7 @@ class LedgerStore:
         fatal: Callable[[str], None] = die,
         *,
         ledger_dirs: list[Path] | None = None,
+        journal_dir: Path | None = None,
         files: FileLayer = OS_FILES,
         on_corrupt: CorruptListener | None = None,
         skip_invalid_journal_records: bool = False,
@@ -148,7 +149,9 @@ class LedgerStore:
         ]
         self.index = EntryIndex(self.ledger_dirs[0] / INDEX_FILE, files)
         self.tailer = JournalTailer(
-            bookie_dir / "journal", JOURNAL_START, skip_invalid=skip_invalid_journal_records
+            journal_dir or bookie_dir / "journal",
+            JOURNAL_START,
+            skip_invalid=skip_invalid_journal_records,
         )
         self.stats = LedgerstoreStats()
         self.ledgers: dict[int, LedgerInfo] = {}

@@ -83,9 +83,48 @@ def read_disk_cookie(bookie_dir: Path) -> Cookie | None:
     return Cookie.decode(path.read_text()) if path.exists() else None
 
 
-def write_disk_cookie(bookie_dir: Path, cookie: Cookie, files: FileLayer = OS_FILES) -> None:
-    bookie_dir.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(bookie_dir / COOKIE_FILE, (cookie.encode() + "\n").encode())
+def journal_copy_dir(bookie_dir: Path, journal_dir: Path) -> Path | None:
+    """Where the journal keeps its copy of the cookie: its own directory when that is
+    outside the bookie's dir (a disk of its own, as BookKeeper keeps a cookie in every
+    directory); None when it is inside, on the cookie's disk (the one cookie says it)."""
+    if journal_dir.resolve().is_relative_to(bookie_dir.resolve()):
+        return None
+    return journal_dir
+
+
+def write_disk_cookie(
+    bookie_dir: Path,
+    cookie: Cookie,
+    files: FileLayer = OS_FILES,
+    journal_copy: Path | None = None,
+) -> None:
+    """The cookie in the bookie's dir; with `journal_copy` (`journal_copy_dir`), first a
+    copy there, so that a bookie's cookie never exists without its journal's copy."""
+    data = (cookie.encode() + "\n").encode()
+    for directory in [journal_copy, bookie_dir]:
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            files.write_atomic(directory / COOKIE_FILE, data)
+
+
+def check_journal_copy(expected: Cookie, disk: Cookie | None, journal_copy: Path) -> None:
+    """A journal on a disk of its own must be this bookie's: its copy of the cookie names
+    this bookie, and it has one whenever the bookie's dir has a cookie. Else the journal's
+    disk is not mounted there, or was lost or replaced: starting would forget the fences
+    and master keys that journal held. Raises CookieMismatch."""
+    copy = read_disk_cookie(journal_copy)
+    if copy is not None:
+        problem = mismatch(expected, copy, f"the journal directory {journal_copy}")
+        if problem:
+            raise CookieMismatch(_refusal(problem))
+    elif disk is not None:
+        raise CookieMismatch(
+            f"refusing to start: this bookie has a cookie but its journal directory "
+            f"{journal_copy} has none: the journal's disk is not mounted there, or was lost "
+            "or replaced (with the fences and master keys it held). Mount it; if it is "
+            "lost, empty all of the bookie's directories and start it again: it rejoins in "
+            "limbo (docs/storage.md, 'A wiped bookie')"
+        )
 
 
 def reconcile(
@@ -137,6 +176,7 @@ def reconcile_offline(expected: Cookie, disk: Cookie | None, has_data: bool) -> 
 def _refusal(problem: str) -> str:
     return (
         f"refusing to start: {problem}. If the directories moved, fix the settings "
-        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
+        "(QUIRE_BOOKIE_ID, QUIRE_DATA_DIR, QUIRE_JOURNAL__JOURNAL_DIRECTORIES, "
+        "QUIRE_LEDGERSTORE__LEDGER_DIRECTORIES); if this "
         "disk belongs to another bookie or cluster, use another data dir"
     )

@@ -8,11 +8,22 @@ import asyncio
 import json
 import shutil
 from contextlib import AsyncExitStack
+from dataclasses import replace
 
 import pytest
 
-from shared.bookie.cookie import COOKIE_FILE, Cookie, CookieMismatch, reconcile
-from shared.config import QuireSettings
+from shared.bookie.cookie import (
+    COOKIE_FILE,
+    Cookie,
+    CookieMismatch,
+    check_journal_copy,
+    journal_copy_dir,
+    read_disk_cookie,
+    reconcile,
+    write_disk_cookie,
+)
+from shared.bookie.journal_dir import journal_files
+from shared.config import JournalSettings, QuireSettings
 from shared.metaclient import MetadataClient
 from shared.status import BookieStatus
 from shared.subjects import Subjects
@@ -62,6 +73,53 @@ async def test_cookie_mismatch_refuses_and_a_wiped_disk_answers_unknown(
             )
             results = await client.read([(71, 1), (71, 5)])
             assert [r.status for r in results] == [BookieStatus.OK, BookieStatus.NO_ENTRY]
+
+
+async def test_a_journal_on_its_own_disk_is_served_and_recorded_in_the_cookie(
+    nc, settings: QuireSettings, fresh_database_url: str, tmp_path
+) -> None:
+    journal_disk = tmp_path / "journal-disk"  # outside the bookie's dir, as a mount is
+    settings = settings.model_copy(
+        update={
+            "database_url": fresh_database_url,
+            "journal": settings.journal.model_copy(
+                update={"journal_directories": [str(journal_disk)]}
+            ),
+        }
+    )
+    journal_dir = journal_disk / settings.bookie_id
+    client = Bookie(nc, settings)
+    frames = [frame(90, e, e - 1) for e in range(5)]
+    async with running_service("metadata", settings):
+        async with bookie(settings):
+            assert await client.add(frames) == [BookieStatus.OK] * 5
+            # The ledgerstore found them by following the journal there.
+            assert [r.frame for r in await client.read([(90, e) for e in range(5)])] == frames
+        assert journal_files(journal_dir) and not (settings.bookie_dir / "journal").exists()
+        on_disk = json.loads((settings.bookie_dir / COOKIE_FILE).read_text())
+        assert on_disk["journal_dir"] == str(journal_dir.resolve())
+        # BookKeeper's cookie in every directory: the journal's disk keeps a copy.
+        assert json.loads((journal_dir / COOKIE_FILE).read_text()) == on_disk
+
+        # The journal's disk not mounted (an empty directory where it was): refuse, or
+        # the bookie would come up without the fences and keys that journal holds.
+        journal_disk.rename(tmp_path / "unmounted")
+        journal_disk.mkdir()  # the bare mount point
+        with pytest.raises(CookieMismatch, match="has none: the journal's disk is not mounted"):
+            async with running_service("journal", settings):
+                pass
+        assert list(journal_disk.iterdir()) == []  # refused before writing anything there
+        journal_disk.rmdir()
+        (tmp_path / "unmounted").rename(journal_disk)
+        async with bookie(settings):
+            assert [r.frame for r in await client.read([(90, e) for e in range(5)])] == frames
+            assert await client.add([frame(90, 5, 4)]) == [BookieStatus.OK]
+
+        # Back to the default journal directory: not the disk the cookie names.
+        default = settings.model_copy(update={"journal": JournalSettings()})
+        with pytest.raises(CookieMismatch, match="journal_dir"):
+            async with running_service("journal", default):
+                pass
 
 
 async def test_a_disk_wiped_while_metadata_was_away_is_found_once_it_answers(
@@ -123,3 +181,20 @@ def test_reconcile(disk, meta, has_data, expected, publish) -> None:
 def test_reconcile_refuses_what_is_not_this_bookie(disk, meta, field: str) -> None:
     with pytest.raises(CookieMismatch, match=field):
         reconcile(cookie(), disk, meta, True)
+
+
+def test_a_journal_outside_the_bookie_dir_keeps_a_copy_of_the_cookie(tmp_path) -> None:
+    bookie_dir, outside = tmp_path / "data" / "b1", tmp_path / "jdisk" / "b1"
+    assert journal_copy_dir(bookie_dir, bookie_dir / "journal") is None
+    assert journal_copy_dir(bookie_dir, outside) == outside
+    cookie = Cookie("b1", str(outside), [str(bookie_dir / "ledgers")], instance_id="i1")
+    write_disk_cookie(bookie_dir, cookie, journal_copy=outside)
+    assert read_disk_cookie(outside) == cookie == read_disk_cookie(bookie_dir)
+    check_journal_copy(cookie, cookie, outside)
+    # Another bookie's journal disk mounted here: refused, naming what differs.
+    with pytest.raises(CookieMismatch, match="bookie_id"):
+        check_journal_copy(replace(cookie, bookie_id="b2", journal_dir="x"), None, outside)
+    (outside / COOKIE_FILE).unlink()
+    check_journal_copy(cookie, None, outside)  # a new bookie: nothing anywhere yet
+    with pytest.raises(CookieMismatch, match="not mounted there, or was lost"):
+        check_journal_copy(cookie, cookie, outside)

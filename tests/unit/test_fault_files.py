@@ -243,3 +243,19 @@ def test_bookie_files_and_wipe(tmp_path):
     done = faults_disk.wipe_bookie(tmp_path, "bookie-1", [faults])
     assert done["removed"]["journal"] == 1
     assert not bookie.exists() and not (faults / FILES_LOG).exists()
+
+
+def test_bookie_files_and_wipe_follow_a_journal_on_its_own_disk(tmp_path, monkeypatch):
+    # What the bookie's processes get from the same environment: the journal elsewhere.
+    monkeypatch.setenv("QUIRE_JOURNAL__JOURNAL_DIRECTORIES", f'["{tmp_path / "jdisk"}"]')
+    journal = tmp_path / "jdisk" / "bookie-1"
+    journal.mkdir(parents=True)
+    for name in (journal_file_name(1), journal_file_name(2), LAST_MARK):
+        (journal / name).write_bytes(b"x")
+    (tmp_path / "data" / "bookie-1" / "ledgers").mkdir(parents=True)
+    files = faults_disk.bookie_files(tmp_path / "data", "bookie-1")
+    assert files["journal"] == [journal / journal_file_name(1), journal / journal_file_name(2)]
+    assert files["journal_meta"] == [journal / LAST_MARK]
+    done = faults_disk.wipe_bookie(tmp_path / "data", "bookie-1")
+    assert done["removed"]["journal"] == 2
+    assert not journal.exists() and not (tmp_path / "data" / "bookie-1").exists()
