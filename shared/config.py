@@ -230,6 +230,12 @@ class GatewaySettings(BaseModel):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=7480, ge=0, le=65535)
     grpc_port: int = Field(default=7481, ge=0, le=65535)
+    # How clients reach this gateway from outside (its own address, not a load balancer's):
+    # recorded in each ledger it creates as the ledger's writer, where other gateways
+    # redirect that ledger's appends and close. None: from the bound host and ports
+    # (the host name when bound to every interface).
+    advertised_http_url: str | None = None  # e.g. "http://gw-1.example:7480"
+    advertised_grpc: str | None = None  # host:port, e.g. "gw-1.example:7481"
     # TLS for HTTP and gRPC: both files set turns it on (PEM certificate chain and key).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None

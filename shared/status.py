@@ -41,6 +41,8 @@ class ApiCodes:
     NO_SUCH_BOOKIE = ApiCode("NO_SUCH_BOOKIE", 404, "No such bookie")
     LEDGER_CLOSED = ApiCode("LEDGER_CLOSED", 409, "Ledger closed")
     LEDGER_FENCED = ApiCode("LEDGER_FENCED", 409, "Ledger fenced")
+    # Not an error: another gateway holds the OPEN ledger's writer (a 307 to it over HTTP).
+    WRITER_REDIRECT = ApiCode("WRITER_REDIRECT", 307, "Writer on another gateway")
     ENTRY_TOO_LARGE = ApiCode("ENTRY_TOO_LARGE", 413, "Entry too large")
     TOO_MANY_REQUESTS = ApiCode("TOO_MANY_REQUESTS", 429, "Too many requests")
     INTERNAL = ApiCode("INTERNAL", 500, "Internal error")

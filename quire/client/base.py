@@ -8,6 +8,15 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# A gateway's answer that another gateway holds the OPEN ledger's writer (HTTP 307, gRPC
+# FAILED_PRECONDITION with the writer in trailing metadata): the clients repeat the call
+# there, once (the writer never redirects).
+WRITER_REDIRECT = "WRITER_REDIRECT"
+# The client's own code when the writer a gateway redirected to does not answer at all: its
+# gateway is gone, and with it the writer handle. Recover the ledger through any gateway
+# (POST /v1/ledgers/{id}/recover) and write on in a new ledger.
+WRITER_UNREACHABLE = "WRITER_UNREACHABLE"
+
 
 class QuireClientError(Exception):
     """An error answer: `code` is the API's stable code (API.md), `status` the HTTP status

@@ -9,11 +9,41 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from quire.client.base import Entry, Ledger, QuireClient, QuireClientError
+from quire.client.base import (
+    WRITER_REDIRECT,
+    WRITER_UNREACHABLE,
+    Entry,
+    Ledger,
+    QuireClient,
+    QuireClientError,
+)
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
 
 PASSWORD_KEY = "quire-ledger-password"
+ERROR_CODE_KEY = "quire-error-code"
+# WRITER_REDIRECT's trailing metadata: the writer's gateway, gRPC host:port.
+WRITER_GRPC_KEY = "quire-writer-grpc"
+
+
+def _writer_of(error: grpc.aio.AioRpcError) -> str | None:
+    """The writer's address when a gateway answered WRITER_REDIRECT, else None."""
+    if error.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    trailing = dict(error.trailing_metadata() or ())
+    if trailing.get(ERROR_CODE_KEY) != WRITER_REDIRECT:
+        return None
+    return trailing.get(WRITER_GRPC_KEY)
+
+
+def _from_writer(error: grpc.aio.AioRpcError, writer: str) -> QuireClientError:
+    """An error from the writer a gateway redirected to: one that is no gateway's answer
+    (no code of Quire's) but UNAVAILABLE means its gateway cannot be reached."""
+    trailing = dict(error.trailing_metadata() or ())
+    if error.code() is grpc.StatusCode.UNAVAILABLE and ERROR_CODE_KEY not in trailing:
+        detail = f"the ledger's writer at {writer} does not answer: {error.details()}"
+        return QuireClientError(WRITER_UNREACHABLE, detail, error.code().name)
+    return _client_error(error)
 
 
 def _client_error(error: grpc.aio.AioRpcError) -> QuireClientError:
@@ -49,19 +79,42 @@ def _ledger(message: pb.Ledger) -> Ledger:
 
 class GrpcClient(QuireClient):
     def __init__(
-        self, target: str, *, token: str | None = None, tls_ca: bytes | None = None
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """`token`: the bearer token, when the gateway wants one; `tls_ca`: PEM roots to
-        trust, which also turns TLS on."""
-        if tls_ca is not None:
-            credentials = grpc.ssl_channel_credentials(tls_ca)
-            self._channel = grpc.aio.secure_channel(target, credentials)
-        else:
-            self._channel = grpc.aio.insecure_channel(target)
+        trust, which also turns TLS on; `channel_options`: gRPC channel arguments, for
+        this client's every channel."""
+        self._tls_ca = tls_ca
+        self._options = list(channel_options)
+        self._channel = self._open(target)
         self._stub = pb_grpc.LedgersStub(self._channel)
         self._token = token
+        # Channels to the gateways that hold writers this client was redirected to.
+        self._writers: dict[str, tuple[grpc.aio.Channel, pb_grpc.LedgersStub]] = {}
+
+    def _open(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        options = [*self._options, *options]
+        if self._tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(self._tls_ca)
+            return grpc.aio.secure_channel(target, credentials, options)
+        return grpc.aio.insecure_channel(target, options)
+
+    def _writer_stub(self, target: str) -> pb_grpc.LedgersStub:
+        if target not in self._writers:
+            # A subchannel of its own: gRPC shares connections between channels to one
+            # target, and a shared one to a writer that was down waits out its backoff.
+            channel = self._open(target, [("grpc.use_local_subchannel_pool", 1)])
+            self._writers[target] = (channel, pb_grpc.LedgersStub(channel))
+        return self._writers[target][1]
 
     async def aclose(self) -> None:
+        for channel, _ in self._writers.values():
+            await channel.close()
         await self._channel.close()
 
     def _metadata(self, password: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -77,6 +130,30 @@ class GrpcClient(QuireClient):
             return await method(request, metadata=self._metadata(password))
         except grpc.aio.AioRpcError as error:
             raise _client_error(error) from None
+
+    async def _writer_call(self, name: str, request: Any, password: str) -> Any:
+        """An append or close: where a gateway answers that another holds the ledger's
+        writer, the same call there, once (the writer never redirects)."""
+        try:
+            return await getattr(self._stub, name)(request, metadata=self._metadata(password))
+        except grpc.aio.AioRpcError as error:
+            writer = _writer_of(error)
+            if writer is None:
+                raise _client_error(error) from None
+        stub = self._writer_stub(writer)
+        try:
+            return await getattr(stub, name)(request, metadata=self._metadata(password))
+        except grpc.aio.AioRpcError as error:
+            raise await self._from_writer(error, writer) from None
+
+    async def _from_writer(self, error: grpc.aio.AioRpcError, writer: str) -> QuireClientError:
+        """The error of a call redirected to `writer`. A writer that does not answer is
+        forgotten: its channel would wait out a reconnect backoff before trying again, and
+        a gateway that comes back at that address must be asked at once."""
+        failure = _from_writer(error, writer)
+        if failure.code == WRITER_UNREACHABLE and writer in self._writers:
+            await self._writers.pop(writer)[0].close()
+        return failure
 
     async def create(
         self,
@@ -118,26 +195,36 @@ class GrpcClient(QuireClient):
         self, ledger_id: int, password: str, entries: Sequence[bytes]
     ) -> tuple[int, int, int]:
         request = pb.AppendRequest(ledger_id=ledger_id, entries=list(entries))
-        reply = await self._unary(self._stub.Append, request, password)
+        reply = await self._writer_call("Append", request, password)
         return reply.first_entry_id, reply.last_entry_id, reply.lac
 
     async def append_many(
         self, ledger_id: int, password: str, entries: Sequence[bytes], batch: int = 500
     ) -> tuple[int, int]:
-        """Pipelined through AppendStream: the server acknowledges in entry order."""
+        """Pipelined through AppendStream: the server acknowledges in entry order. A
+        gateway that does not hold the writer refuses the stream before its first
+        acknowledgement, so the whole stream goes again to the writer it names."""
 
         async def requests() -> AsyncIterator[pb.AppendStreamRequest]:
             for data in entries:
                 yield pb.AppendStreamRequest(ledger_id=ledger_id, entry=data)
 
         first = last = -1
-        try:
-            async for ack in self._stub.AppendStream(requests(), metadata=self._metadata(password)):
-                first = ack.entry_id if first < 0 else first
-                last = ack.entry_id
-        except grpc.aio.AioRpcError as error:
-            raise _client_error(error) from None
-        return first, last
+        stub, writer = self._stub, None
+        while True:
+            try:
+                call = stub.AppendStream(requests(), metadata=self._metadata(password))
+                async for ack in call:
+                    first = ack.entry_id if first < 0 else first
+                    last = ack.entry_id
+                return first, last
+            except grpc.aio.AioRpcError as error:
+                if writer is not None:
+                    raise await self._from_writer(error, writer) from None
+                writer = _writer_of(error) if first < 0 else None
+                if writer is None:
+                    raise _client_error(error) from None
+                stub = self._writer_stub(writer)
 
     async def read_stream(
         self,
@@ -181,7 +268,7 @@ class GrpcClient(QuireClient):
         return (await self._unary(self._stub.ReadLac, request, password)).lac
 
     async def close(self, ledger_id: int, password: str) -> int:
-        reply = await self._unary(self._stub.Close, pb.CloseRequest(ledger_id=ledger_id), password)
+        reply = await self._writer_call("Close", pb.CloseRequest(ledger_id=ledger_id), password)
         return reply.last_entry_id
 
     async def recover(self, ledger_id: int, password: str) -> int:

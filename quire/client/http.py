@@ -10,7 +10,13 @@ from typing import Any
 
 import httpx
 
-from quire.client.base import Entry, Ledger, QuireClient, QuireClientError
+from quire.client.base import (
+    WRITER_UNREACHABLE,
+    Entry,
+    Ledger,
+    QuireClient,
+    QuireClientError,
+)
 
 PASSWORD_HEADER = "Quire-Ledger-Password"
 NDJSON = "application/x-ndjson"
@@ -61,7 +67,28 @@ class HttpClient(QuireClient):
         if password is not None:
             headers[PASSWORD_HEADER] = password
         response = await self._http.request(method, path, headers=headers, **kwargs)
+        if response.status_code == httpx.codes.TEMPORARY_REDIRECT:
+            response = await self._follow_writer(response, method, headers, **kwargs)
         if response.status_code >= 400:
+            raise problem_error(response)
+        return response
+
+    async def _follow_writer(
+        self, redirect: httpx.Response, method: str, headers: dict[str, str], **kwargs: Any
+    ) -> httpx.Response:
+        """A gateway sent an append or close to the gateway that holds the ledger's writer
+        (307: same method, same body). Followed once: the writer never redirects, so a
+        second 307 is an error, not a loop."""
+        location = redirect.headers.get("location")
+        if location is None:
+            raise problem_error(redirect)
+        try:
+            response = await self._http.request(method, location, headers=headers, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # the request never went
+            raise QuireClientError(
+                WRITER_UNREACHABLE, f"the ledger's writer at {location} does not answer: {exc}"
+            ) from exc
+        if response.is_redirect:
             raise problem_error(response)
         return response
 

@@ -43,7 +43,6 @@ from quire.client.grpc import _client_error
 from quire.faults.checker import INFO, OK, outcome
 from quire.faults.history import History
 from quire.v1 import ledgers_pb2 as pb
-from quire.v1 import ledgers_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +80,7 @@ class _Grpc(GrpcClient):
     would leave a gRPC worker failing long after a restarted gateway is back."""
 
     def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=RECONNECT_OPTIONS)
-        self._stub = pb_grpc.LedgersStub(self._channel)
-        self._token = None
+        super().__init__(target, channel_options=RECONNECT_OPTIONS)
 
     def stream_call(self, ledger_id: int, requests: AsyncIterator[bytes]) -> Any:
         async def messages() -> AsyncIterator[pb.AppendStreamRequest]:

@@ -25,7 +25,7 @@ from grpc_status import rpc_status
 from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
 from services.gateway.auth import TokenAuth
-from services.gateway.ledgers import Ledgers, Page
+from services.gateway.ledgers import Ledgers, Page, WriterElsewhere
 from services.gateway.limits import check_entry_size, check_payloads
 from services.gateway.tracing import grpc_interceptors
 from shared.config import GatewaySettings
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Ledgers"].full_name  # "quire.v1.Ledgers"
 PASSWORD_KEY = "quire-ledger-password"
 ERROR_CODE_KEY = "quire-error-code"
+# WRITER_REDIRECT's trailing metadata: where the ledger's writer is (gRPC, HTTP).
+WRITER_GRPC_KEY = "quire-writer-grpc"
+WRITER_HTTP_KEY = "quire-writer-http"
 ERROR_DOMAIN = "quire.v1"
 # AppendStream reads at most this many entries ahead of their acknowledgements; beyond
 # it the server stops reading and HTTP/2 flow control holds the client back.
@@ -59,6 +62,9 @@ GRPC_STATUS: dict[str, grpc.StatusCode] = {
     "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "LEDGER_CLOSED": grpc.StatusCode.FAILED_PRECONDITION,
     "LEDGER_FENCED": grpc.StatusCode.FAILED_PRECONDITION,
+    # Another gateway holds the writer: not writable here, as LEDGER_FENCED was before
+    # writers were recorded, so a client that knows no redirect fails as it did then.
+    "WRITER_REDIRECT": grpc.StatusCode.FAILED_PRECONDITION,
     "ENTRY_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "TOO_MANY_REQUESTS": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "NOT_ENOUGH_BOOKIES": grpc.StatusCode.UNAVAILABLE,
@@ -80,7 +86,7 @@ def grpc_status_for(code: str) -> grpc.StatusCode:
     return GRPC_STATUS.get(code, grpc.StatusCode.UNKNOWN)
 
 
-def error_status(code: str, detail: str) -> grpc.Status:
+def error_status(code: str, detail: str, extra: tuple[tuple[str, str], ...] = ()) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=code, domain=ERROR_DOMAIN)
     packed = any_pb2.Any()
     packed.Pack(info)
@@ -91,12 +97,15 @@ def error_status(code: str, detail: str) -> grpc.Status:
     return _Status(
         converted.code,
         converted.details,
-        (*converted.trailing_metadata, (ERROR_CODE_KEY, code)),
+        (*converted.trailing_metadata, (ERROR_CODE_KEY, code), *extra),
     )
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: QuireError) -> None:
-    await context.abort_with_status(error_status(error.api.code, error.detail))
+    extra: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, WriterElsewhere):
+        extra = ((WRITER_GRPC_KEY, error.writer.grpc), (WRITER_HTTP_KEY, error.writer.http))
+    await context.abort_with_status(error_status(error.api.code, error.detail, extra))
 
 
 def invalid(detail: str) -> QuireError:
@@ -481,10 +490,14 @@ def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
 
 async def start_grpc_server(
-    ledgers: Ledgers, settings: GatewaySettings, auth: TokenAuth | None = None
+    ledgers: Ledgers,
+    settings: GatewaySettings,
+    auth: TokenAuth | None = None,
+    on_bound: Callable[[int], None] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Serve `quire.v1.Ledgers`, health checking and reflection on the configured port;
-    the server and the port it bound."""
+    the server and the port it bound. `on_bound` gets the port before the first call can
+    come (the gateway's advertised address may name it)."""
     # Tracing outermost: a call refused for its token is traced and answered with
     # `traceresponse` too.
     interceptors = grpc_interceptors(SERVICE_NAME)
@@ -513,6 +526,8 @@ async def start_grpc_server(
         port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"cannot bind gRPC on {settings.http_host}:{settings.grpc_port}")
+    if on_bound is not None:
+        on_bound(port)
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

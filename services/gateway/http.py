@@ -25,7 +25,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.gateway.admin import create_admin_router
 from services.gateway.admission import AdmissionControl
 from services.gateway.auth import BearerAuthMiddleware, TokenAuth
-from services.gateway.ledgers import Ledgers, Page
+from services.gateway.ledgers import (
+    RESERVED_METADATA_PREFIX,
+    WRITER_GRPC_KEY,
+    WRITER_HTTP_KEY,
+    Ledgers,
+    Page,
+    WriterElsewhere,
+)
 from services.gateway.limits import check_batch_size, check_entry_size
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.problems import (
@@ -47,6 +54,8 @@ from shared.status import ApiCodes, QuireError
 log = logging.getLogger(__name__)
 
 PASSWORD_HEADER = "Quire-Ledger-Password"
+# A 307's header naming the writer's gRPC address (Location names its HTTP one).
+WRITER_GRPC_HEADER = "Quire-Writer-Grpc"
 NDJSON = "application/x-ndjson"
 MAX_PASSWORD_CHARS = 4096
 
@@ -85,6 +94,27 @@ READ_RANGE_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
+# The answer of a gateway that does not hold an OPEN ledger's writer, where another does.
+WRITER_REDIRECT_RESPONSE: dict[int | str, dict[str, Any]] = {
+    307: {
+        "description": (
+            "WRITER_REDIRECT: another gateway holds this OPEN ledger's writer (the one it "
+            f"recorded in the ledger's metadata, `{WRITER_HTTP_KEY}` and `{WRITER_GRPC_KEY}`). "
+            "Repeat the request, same method and body, at `Location`; the writer never "
+            "redirects, so follow at most once. The body is a problem with `writer`."
+        ),
+        "headers": {
+            "Location": {"schema": {"type": "string"}, "description": "The same path there"},
+            WRITER_GRPC_HEADER: {
+                "schema": {"type": "string"},
+                "description": "The writer's gRPC address, host:port",
+            },
+        },
+        "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+}
+
+
 # -- bodies ---------------------------------------------------------------------------------------
 
 
@@ -96,7 +126,14 @@ class CreateLedgerBody(BaseModel):
     ack_quorum: int = Field(default=2, ge=1, le=1000)
     digest: DigestType = DigestType.CRC32C
     password: str = Field(max_length=MAX_PASSWORD_CHARS)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            f"Custom metadata. Keys under `{RESERVED_METADATA_PREFIX}` are Quire's own (400): "
+            f"the creating gateway adds `{WRITER_HTTP_KEY}` and `{WRITER_GRPC_KEY}`, where its "
+            "writer is."
+        ),
+    )
 
 
 APPEND_BODY_DOC = {
@@ -341,7 +378,17 @@ def create_app(
         )
         return created.public()
 
-    @app.get("/v1/ledgers/{ledger_id}", responses=ERROR_RESPONSES, tags=["ledgers"])
+    @app.get(
+        "/v1/ledgers/{ledger_id}",
+        responses=ERROR_RESPONSES,
+        tags=["ledgers"],
+        description=(
+            "The ledger's metadata. `metadata` holds the custom metadata given at creation "
+            f"and, under `{WRITER_HTTP_KEY}` and `{WRITER_GRPC_KEY}`, the address of the "
+            "gateway that created it: the one that holds its writer, where its appends and "
+            "close go."
+        ),
+    )
     async def get_ledger(ledger_id: LedgerId) -> dict[str, Any]:
         return (await ledgers.get(ledger_id)).public()
 
@@ -364,7 +411,7 @@ def create_app(
 
     @app.post(
         "/v1/ledgers/{ledger_id}/entries",
-        responses=ERROR_RESPONSES,
+        responses={**ERROR_RESPONSES, **WRITER_REDIRECT_RESPONSE},
         tags=["entries"],
         openapi_extra=APPEND_BODY_DOC,
     )
@@ -440,7 +487,11 @@ def create_app(
         lac = await ledgers.read_lac(ledger_id, password_bytes(password), after, timeout_ms)
         return {"lac": lac}
 
-    @app.post("/v1/ledgers/{ledger_id}/close", responses=ERROR_RESPONSES, tags=["ledgers"])
+    @app.post(
+        "/v1/ledgers/{ledger_id}/close",
+        responses={**ERROR_RESPONSES, **WRITER_REDIRECT_RESPONSE},
+        tags=["ledgers"],
+    )
     async def close_ledger(ledger_id: LedgerId, password: Password = None) -> dict[str, Any]:
         closed = await ledgers.close(ledger_id, password_bytes(password))
         return {
@@ -494,7 +545,9 @@ def create_app(
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QuireError)
-    async def quire_error(_: Request, exc: QuireError) -> JSONResponse:
+    async def quire_error(request: Request, exc: QuireError) -> JSONResponse:
+        if isinstance(exc, WriterElsewhere):
+            return writer_redirect(request, exc)
         return api_problem(exc.api, exc.detail)
 
     @app.exception_handler(RequestValidationError)
@@ -523,6 +576,17 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
+
+
+def writer_redirect(request: Request, exc: WriterElsewhere) -> JSONResponse:
+    """307 to the same path and query on the writer's gateway: a 307 keeps the method and
+    the body (RFC 9110), so the client repeats the very request there."""
+    location = exc.writer.http.rstrip("/") + request.url.path
+    if request.url.query:
+        location += f"?{request.url.query}"
+    headers = {"Location": location, WRITER_GRPC_HEADER: exc.writer.grpc}
+    writer = {"http": exc.writer.http, "grpc": exc.writer.grpc}
+    return api_problem(exc.api, exc.detail, headers, writer=writer)
 
 
 def allowed_methods(request: Request) -> list[str]:

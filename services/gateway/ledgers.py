@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 ACK_EVENT_INTERVAL_MS = 1_000
 LAC_POLL_INTERVAL_S = 0.05
 
+# Keys of a ledger's custom metadata that Quire keeps for itself: users may set none under
+# this prefix. The gateway that creates a ledger records there where its writer is, so that
+# any other gateway can send the ledger's appends and close to it.
+RESERVED_METADATA_PREFIX = "quire."
+WRITER_HTTP_KEY = "quire.writer.http"
+WRITER_GRPC_KEY = "quire.writer.grpc"
+
 
 def _ms(us: int | None) -> float:
     return 0.0 if us is None else us / 1000
@@ -76,6 +83,38 @@ def metadata_error(exc: MetadataError, ledger_id: int | None = None) -> QuireErr
         case MetaErrorCode.LEDGER_CLOSED:
             return QuireError(ApiCodes.LEDGER_CLOSED, exc.message)
     return QuireError(ApiCodes.INTERNAL, f"metadata service: {exc.code}: {exc.message}")
+
+
+@dataclass(frozen=True, slots=True)
+class WriterAddress:
+    """Where a gateway is reached from outside: its HTTP base URL and its gRPC host:port."""
+
+    http: str
+    grpc: str
+
+    @classmethod
+    def recorded(cls, metadata: LedgerMetadata) -> WriterAddress | None:
+        """The writer its creating gateway recorded; None for a ledger created without one
+        (before gateways recorded it, or by an in-process client)."""
+        http = metadata.metadata.get(WRITER_HTTP_KEY)
+        grpc = metadata.metadata.get(WRITER_GRPC_KEY)
+        return cls(http, grpc) if http is not None and grpc is not None else None
+
+    def custom_metadata(self) -> dict[str, str]:
+        return {WRITER_HTTP_KEY: self.http, WRITER_GRPC_KEY: self.grpc}
+
+
+class WriterElsewhere(QuireError):
+    """An append or close of an OPEN ledger whose writer handle another gateway holds: the
+    HTTP API answers 307 to that gateway, the gRPC API names it in trailing metadata."""
+
+    def __init__(self, ledger_id: int, writer: WriterAddress) -> None:
+        super().__init__(
+            ApiCodes.WRITER_REDIRECT,
+            f"ledger {ledger_id} is written by the gateway at {writer.http} "
+            f"(gRPC {writer.grpc}): send its appends and its close there",
+        )
+        self.writer = writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +175,9 @@ class Ledgers(ProtocolObserver):
             placement=PlacementPolicy(settings.placement.rules()),
         )
         self.writers: dict[int, WriterHandle] = {}
+        # This gateway's address, recorded in the ledgers it creates (`advertise`); None
+        # records none (an in-process gateway that nobody reaches from outside).
+        self.address: WriterAddress | None = None
         self._acks: dict[int, _AckWindow] = {}
         # The operator commands that only the elected auditor carries out.
         timeout_s = settings.request_timeout_ms / 1000
@@ -309,6 +351,10 @@ class Ledgers(ProtocolObserver):
 
     # -- create, delete -----------------------------------------------------------------------
 
+    def advertise(self, address: WriterAddress) -> None:
+        """Record `address` as the writer of every ledger created from now on."""
+        self.address = address
+
     async def create(
         self,
         *,
@@ -319,6 +365,14 @@ class Ledgers(ProtocolObserver):
         password: bytes,
         metadata: dict[str, str],
     ) -> LedgerMetadata:
+        reserved = sorted(k for k in metadata if k.startswith(RESERVED_METADATA_PREFIX))
+        if reserved:
+            raise QuireError(
+                ApiCodes.INVALID_ARGUMENT,
+                f"metadata keys under {RESERVED_METADATA_PREFIX!r} are Quire's own: {reserved}",
+            )
+        if self.address is not None:
+            metadata = {**metadata, **self.address.custom_metadata()}
         handle = await self._call_meta(
             self.client.create_ledger(
                 ensemble_size=ensemble_size,
@@ -352,8 +406,19 @@ class Ledgers(ProtocolObserver):
             raise self._not_writable(metadata)
         return await handle.append(payloads)
 
-    @staticmethod
-    def _not_writable(metadata: LedgerMetadata) -> QuireError:
+    def _writer_elsewhere(self, metadata: LedgerMetadata) -> WriterElsewhere | None:
+        """Whether another gateway holds the writer of this OPEN ledger. The recorded
+        writer being this gateway (it restarted, the handle went with it) is no redirect:
+        the owner never sends a client on, so a redirect is followed at most once."""
+        writer = WriterAddress.recorded(metadata)
+        if metadata.state is not LedgerState.OPEN or writer is None or writer == self.address:
+            return None
+        return WriterElsewhere(metadata.ledger_id, writer)
+
+    def _not_writable(self, metadata: LedgerMetadata) -> QuireError:
+        elsewhere = self._writer_elsewhere(metadata)
+        if elsewhere is not None:
+            return elsewhere
         if metadata.state is LedgerState.CLOSED:
             return QuireError(ApiCodes.LEDGER_CLOSED, f"ledger {metadata.ledger_id} is closed")
         if metadata.state is LedgerState.IN_RECOVERY:
@@ -363,8 +428,9 @@ class Ledgers(ProtocolObserver):
         return QuireError(
             ApiCodes.LEDGER_FENCED,
             f"ledger {metadata.ledger_id} is open but this gateway does not hold its writer "
-            "handle (it was created by another gateway, or before this one restarted); only "
-            "its writer may append. POST /v1/ledgers/{id}/recover fences and closes it.",
+            "handle (it was created before this gateway restarted, or by a gateway that "
+            "recorded no address); only its writer may append. "
+            "POST /v1/ledgers/{id}/recover fences and closes it.",
         )
 
     async def close(self, ledger_id: int, password: bytes | None) -> LedgerMetadata:

@@ -20,7 +20,7 @@ import uvicorn
 from services.gateway.auth import TokenAuth, TokenError, load_tokens
 from services.gateway.grpc_api import start_grpc_server
 from services.gateway.http import create_app
-from services.gateway.ledgers import Ledgers
+from services.gateway.ledgers import Ledgers, WriterAddress
 from services.gateway.metrics import GatewayMetrics
 from shared.bookie_client import BookieClient
 from shared.config import GatewaySettings
@@ -66,6 +66,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def advertised_address(
+    gateway: GatewaySettings, host: str, http_port: int, grpc_port: int, tls: bool
+) -> WriterAddress:
+    """How clients reach this gateway: the configured addresses, else the bound ones (the
+    host name in place of an every-interface address, which no client can dial)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    http = gateway.advertised_http_url or f"{'https' if tls else 'http'}://{host}:{http_port}"
+    return WriterAddress(http=http, grpc=gateway.advertised_grpc or f"{host}:{grpc_port}")
+
+
 async def main(rt: ServiceRuntime) -> None:
     settings = rt.settings
     gateway = settings.gateway
@@ -101,6 +114,23 @@ async def main(rt: ServiceRuntime) -> None:
     sock = bind_socket(gateway.http_host, gateway.http_port)
     host, port = sock.getsockname()[:2]
 
+    # gRPC first: its port is known only once bound, and the address this gateway records
+    # in the ledgers it creates names both ports before either API takes a call.
+    def advertise(grpc_port: int) -> None:
+        ledgers.advertise(advertised_address(gateway, host, port, grpc_port, tls is not None))
+
+    try:
+        grpc_server, grpc_port = await start_grpc_server(ledgers, gateway, auth, advertise)
+    except BaseException:
+        sock.close()
+        raise
+
+    async def stop_grpc() -> None:
+        await grpc_server.stop(HTTP_GRACEFUL_SHUTDOWN_S)
+
+    rt.on_shutdown(stop_grpc)
+    log.info("gateway gRPC listening", extra={"address": f"{host}:{grpc_port}"})
+
     async def serve() -> None:
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
         try:
@@ -121,15 +151,13 @@ async def main(rt: ServiceRuntime) -> None:
             raise RuntimeError(f"the HTTP server did not start on {host}:{port}")
         await asyncio.sleep(0.01)
     scheme = "https" if tls else "http"
+    assert ledgers.address is not None
     log.info(
         "gateway HTTP listening",
-        extra={"url": f"{scheme}://{host}:{port}", "api_tokens": auth.enabled},
+        extra={
+            "url": f"{scheme}://{host}:{port}",
+            "api_tokens": auth.enabled,
+            "advertised_http": ledgers.address.http,
+            "advertised_grpc": ledgers.address.grpc,
+        },
     )
-
-    grpc_server, grpc_port = await start_grpc_server(ledgers, gateway, auth)
-
-    async def stop_grpc() -> None:
-        await grpc_server.stop(HTTP_GRACEFUL_SHUTDOWN_S)
-
-    rt.on_shutdown(stop_grpc)
-    log.info("gateway gRPC listening", extra={"address": f"{host}:{grpc_port}"})

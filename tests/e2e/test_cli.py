@@ -77,7 +77,8 @@ def test_ledger_lifecycle(cluster: QuireUp, via: str) -> None:
         )
     )
     lid = str(created["ledger_id"])
-    assert created["state"] == "OPEN" and created["metadata"] == {"team": "ops"}
+    assert created["state"] == "OPEN" and created["metadata"]["team"] == "ops"
+    assert created["metadata"]["quire.writer.http"] == cluster.url
     appended = as_json(
         quire(cluster, "ledger", "append", lid, "one", "two", "-p", "pw", "-o", "json", via=via)
     )

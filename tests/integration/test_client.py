@@ -34,7 +34,9 @@ async def client(request, stack: Stack) -> AsyncIterator[QuireClient]:
 
 async def test_write_read_close(client: QuireClient) -> None:
     ledger = await client.create_ledger(password=PASSWORD, metadata={"k": "v"})
-    assert ledger.ledger.state == "OPEN" and ledger.ledger.metadata == {"k": "v"}
+    assert ledger.ledger.state == "OPEN" and ledger.ledger.metadata["k"] == "v"
+    # Beside the user's keys, the gateway that holds its writer (the one this client reached).
+    assert {"quire.writer.http", "quire.writer.grpc"} < set(ledger.ledger.metadata)
     assert await ledger.append(b"zero") == 0
     payloads = [f"entry-{i}".encode() for i in range(1, 121)]
     assert await ledger.append_many(payloads, batch=40) == (1, 120)

@@ -379,8 +379,9 @@ async def test_every_error_is_a_problem_and_changes_nothing(stack: Stack) -> Non
 
 
 async def test_appends_need_the_writer_handle(stack: Stack) -> None:
-    """A second gateway (like this one after a restart) does not hold the writer handle: it
-    refuses appends with LEDGER_FENCED, but reads with the LAC the bookies know."""
+    """A second gateway does not hold the writer handle: it sends appends and the close to
+    the writer's gateway (307, tests/integration/test_gateway_writers.py), but reads with
+    the LAC the bookies know."""
     http = stack.http
     lid = (await create(http))["ledger_id"]
     await append_batch(http, lid, [b"a", b"b"])
@@ -390,9 +391,10 @@ async def test_appends_need_the_writer_handle(stack: Stack) -> None:
     try:
         port = other.gateway.http_port
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http2:
-            refused = await append_raw(http2, lid, b"d")
-            assert refused.status_code == 409 and refused.json()["code"] == "LEDGER_FENCED"
-            assert "writer handle" in refused.json()["detail"]
+            redirected = await append_raw(http2, lid, b"d")
+            assert redirected.status_code == 307
+            assert redirected.json()["code"] == "WRITER_REDIRECT"
+            assert redirected.headers["location"] == f"{stack.url}/v1/ledgers/{lid}/entries"
             # Each entry carried the LAC before it: the bookies know LAC 1 (BookKeeper too).
             lac = (await http2.get(f"/v1/ledgers/{lid}/lac", headers=PW)).json()["lac"]
             assert lac == 1
@@ -400,7 +402,7 @@ async def test_appends_need_the_writer_handle(stack: Stack) -> None:
             unconfirmed = await read_all(http2, lid, **{"from": 0, "to": 5, "unconfirmed": True})
             assert payloads_of(unconfirmed) == [b"a", b"b", b"c"]
             closing = await http2.post(f"/v1/ledgers/{lid}/close", headers=PW)
-            assert closing.status_code == 409 and closing.json()["code"] == "LEDGER_FENCED"
+            assert closing.status_code == 307 and closing.json()["code"] == "WRITER_REDIRECT"
     finally:
         await stack.stop("gateway-2")
     # The writer still writes.
