@@ -431,3 +431,21 @@ def describe_validation_error(exc: ValidationError) -> str:
     if more > 0:
         parts.append(f"and {more} more")
     return "; ".join(parts)
+
+
+# libpq's target_session_attrs that connect only to a server taking writes.
+PRIMARY_SESSION_ATTRS = frozenset({"read-write", "primary"})
+
+
+def multi_host_problem(hosts: Sequence[str], target_session_attrs: str | None) -> str | None:
+    """Why a database URL naming `hosts` is unsafe for the metadata service, or None.
+    Several hosts (a primary and its standbys) need target_session_attrs=read-write (or
+    primary): with libpq's default, `any`, a connection may land on a standby, which
+    answers reads from a past that may be behind what was acknowledged and fails writes."""
+    if len([h for h in hosts if h]) <= 1 or target_session_attrs in PRIMARY_SESSION_ATTRS:
+        return None
+    return (
+        f"the database URL names {len(hosts)} hosts ({', '.join(hosts)}) with "
+        f"target_session_attrs={target_session_attrs or 'any'}: add "
+        "target_session_attrs=read-write so that only the primary is used"
+    )

@@ -30,10 +30,12 @@ from typing import Any
 import psycopg
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from psycopg import AsyncConnection
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
@@ -129,9 +131,23 @@ MetadataPool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
 
 def conninfo_from_url(database_url: str) -> str:
-    """psycopg's form of the SQLAlchemy URL (postgresql+psycopg://... -> postgresql://...)."""
-    url = make_url(database_url).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
+    """libpq's key/value form of the SQLAlchemy URL, read as SQLAlchemy's psycopg dialect
+    reads it (the migrations connect through that dialect, the pool through this), so both
+    reach the same servers. Several hosts are SQLAlchemy's
+    `?host=h1:p1&host=h2:p2&target_session_attrs=read-write`, which becomes libpq's
+    `host=h1,h2 port=p1,p2 target_session_attrs=read-write`: each connection tries the
+    hosts in order and keeps the first that takes writes, the primary.
+    InvalidDatabaseUrl when several hosts do not say so (core.multi_host_problem)."""
+    _, options = PGDialect_psycopg().create_connect_args(make_url(database_url))
+    hosts = str(options.get("host") or "").split(",")
+    problem = core.multi_host_problem(hosts, options.get("target_session_attrs"))
+    if problem is not None:
+        raise InvalidDatabaseUrl(problem)
+    return make_conninfo(**{k: v for k, v in options.items() if v is not None})
+
+
+class InvalidDatabaseUrl(ValueError):
+    """QUIRE_DATABASE_URL names servers the metadata service must not use as it stands."""
 
 
 def connection_kwargs(timeout_s: float) -> dict[str, Any]:
@@ -214,6 +230,9 @@ def is_unavailable(exc: BaseException) -> bool:
         exc,
         psycopg.OperationalError
         | psycopg.InterfaceError
+        # A server that stopped taking writes (a fenced or demoted primary, or a standby):
+        # nothing was written; the connection is dropped so that the pool finds the primary.
+        | psycopg.errors.ReadOnlySqlTransaction
         | sa_exc.OperationalError
         | sa_exc.InterfaceError
         | sa_exc.TimeoutError
@@ -246,8 +265,8 @@ class PostgresMetadataStore:
         startup_deadline_s: float = STARTUP_DEADLINE_S,
     ) -> PostgresMetadataStore:
         """Connect, bring the schema to the newest migration, and serve."""
+        pool = new_pool(database_url, pool_size, timeout_s)  # refuses a bad URL at once
         await migrate_when_reachable(database_url, startup_deadline_s)
-        pool = new_pool(database_url, pool_size, timeout_s)
         try:
             await pool.open(wait=True, timeout=timeout_s)
             async with pool.connection() as conn:

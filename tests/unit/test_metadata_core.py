@@ -171,3 +171,24 @@ def test_validation_errors_read_as_one_line() -> None:
         UpdateLedgerRequest.model_validate({f"f{i}": i for i in range(10)})
     assert many.value.error_count() > core.MAX_REPORTED_ERRORS
     assert core.describe_validation_error(many.value).endswith("more")
+
+
+@pytest.mark.parametrize(
+    ("hosts", "attrs", "safe"),
+    [
+        ([""], None, True),  # libpq's default host
+        (["db"], None, True),
+        (["db"], "any", True),
+        (["pg1", "pg2"], "read-write", True),
+        (["pg1", "pg2"], "primary", True),
+        (["pg1", "pg2"], None, False),  # libpq's `any`: a standby may be chosen
+        (["pg1", "pg2"], "any", False),
+        (["pg1", "pg2", "pg3"], "prefer-standby", False),
+        (["pg1", "pg2"], "read-only", False),
+    ],
+)
+def test_several_database_hosts_need_the_primary_only(hosts, attrs, safe) -> None:
+    problem = core.multi_host_problem(hosts, attrs)
+    assert (problem is None) is safe
+    if not safe:
+        assert "target_session_attrs=read-write" in problem
