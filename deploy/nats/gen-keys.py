@@ -3,19 +3,23 @@ beside this file), never committed:
 
 - nats.env: the environment variables that accounts.conf and nats-N.conf name (the public
   nkeys of Quire's services and of the system account's user, the SLA job's and the
-  routes' passwords), for every NATS node's environment (compose: env_file; systemd:
+  routes' passwords, and ROUTES: the nodes' route URLs with the routes' password, as
+  nats-server wants it), for every NATS node's environment (compose: env_file; systemd:
   EnvironmentFile; k8s: the Secret nats-keys).
 - quire-services.nk: the services' nkey seed (QUIRE_NATS_NKEY_SEED_FILE; k8s: the Secret
   quire-nats, key nkey-seed).
 - system.nk: the system account user's seed (nats CLI: --nkey system.nk).
 - sla.password: the SLA job's password (user "sla"; deploy/spark/submit-sla.sh).
 
-Usage: python deploy/nats/gen-keys.py [DIR]. Refuses to overwrite: rotating keys is a
+Usage: python deploy/nats/gen-keys.py [--routes HOST:PORT,...] [DIR]; the routes default to
+nats-1:6222,nats-2:6222,nats-3:6222 (hosts and compose; Kubernetes:
+nats-0.nats:6222,nats-1.nats:6222,nats-2.nats:6222). Refuses to overwrite: rotating keys is a
 deliberate act (new files, a config reload on every node, then the services restarted).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import sys
@@ -36,7 +40,11 @@ def user_seed() -> tuple[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    directory = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "keys"
+    parser = argparse.ArgumentParser(description="Generate a Quire NATS cluster's credentials.")
+    parser.add_argument("directory", nargs="?", type=Path, default=Path(__file__).parent / "keys")
+    parser.add_argument("--routes", default="nats-1:6222,nats-2:6222,nats-3:6222")
+    args = parser.parse_args(argv[1:])
+    directory: Path = args.directory
     directory.mkdir(parents=True, exist_ok=True)
     names = ["nats.env", "quire-services.nk", "system.nk", "sla.password"]
     present = [name for name in names if (directory / name).exists()]
@@ -49,6 +57,12 @@ def main(argv: list[str]) -> int:
     # value, and one starting with a digit could read as a number.
     sla_password = "p" + secrets.token_hex(24)
     route_password = "p" + secrets.token_hex(24)
+    # A route URL carries the password (a URL without one is refused), and the array is
+    # unquoted: the value reaches nats-server as written whatever reads the file (compose,
+    # systemd and kubectl keep or strip quotes differently), and it parses it as config.
+    routes = ",".join(
+        f"nats-route://route:{route_password}@{host}" for host in args.routes.split(",") if host
+    )
     write_private(directory / "quire-services.nk", services_seed + "\n")
     write_private(directory / "system.nk", system_seed + "\n")
     write_private(directory / "sla.password", sla_password + "\n")
@@ -58,7 +72,8 @@ def main(argv: list[str]) -> int:
         f"SERVICES_NKEY={services_public}\n"
         f"SYSTEM_NKEY={system_public}\n"
         f"SLA_PASSWORD={sla_password}\n"
-        f"ROUTE_PASSWORD={route_password}\n",
+        f"ROUTE_PASSWORD={route_password}\n"
+        f"ROUTES=[{routes}]\n",
     )
     print(f"wrote {', '.join(names)} in {directory}")
     return 0
