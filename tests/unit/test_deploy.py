@@ -399,7 +399,8 @@ def named_modules() -> set[str]:
     modules = set()
     for path in deploy_text_files():
         text = path.read_text(errors="replace")
-        modules.update(re.findall(r"python3?\s+-m\s+([a-z_][\w.]*)", text))
+        # Whole names only: "python -m services.<kind>" names none.
+        modules.update(re.findall(r"python3?\s+-m\s+([a-z_][\w.]*\w)(?![\w.<])", text))
         modules.update(re.findall(r'"-m",\s*"([a-z_][\w.]*)"', text))
     for _, spec in pod_specs():
         for container in spec["containers"]:
