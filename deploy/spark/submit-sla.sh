@@ -13,10 +13,9 @@
 # it to the job (--since, --until, --target-ms, --window, --output, --follow ...).
 # Environment:
 #   QUIRE_NATS_URL      the NATS servers, comma-separated (as the services' setting)
-#   SLA_PASSWORD_FILE   the "sla" user's password (deploy/nats/gen-keys.py writes it). The job
-#                       takes it as --password: it shows in the driver's command line (ps,
-#                       the Spark UI's environment page), so run the driver where only the
-#                       operators see those.
+#   SLA_PASSWORD_FILE   the "sla" user's password (deploy/nats/gen-keys.py writes it), read by
+#                       the driver (--password-file: never on a command line); in cluster
+#                       deploy mode, a path on the driver's node.
 #   SPARK_SUBMIT        spark-submit to use (default: the one on PATH)
 # The executors' Python needs pyspark's sql extras (pyarrow, pandas) and nats-py, at the
 # versions of constraints.txt: install them on the nodes, or ship an environment
@@ -32,7 +31,7 @@ done
 [ $# -gt 0 ] && shift  # the "--"
 : "${QUIRE_NATS_URL:?set QUIRE_NATS_URL to the NATS servers}"
 : "${SLA_PASSWORD_FILE:?set SLA_PASSWORD_FILE to the file of the sla password}"
-password=$(<"$SLA_PASSWORD_FILE")
+[ -r "$SLA_PASSWORD_FILE" ] || { echo "cannot read $SLA_PASSWORD_FILE" >&2; exit 2; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -53,5 +52,5 @@ PY
     --name quire-sla \
     --py-files "$work/quire-analytics.zip" \
     "$repo/analytics/sla/job.py" \
-    --url "$QUIRE_NATS_URL" --user sla --password "$password" \
+    --url "$QUIRE_NATS_URL" --user sla --password-file "$SLA_PASSWORD_FILE" \
     "$@"
