@@ -42,8 +42,9 @@ KUBERNETES_VERSION = "1.33.0"
 NOT_DEPLOY_TEXT = {"compose-spec.json", "LICENSE"}
 # A fieldRef's value, as the kubelet would give it, for the settings check.
 FIELD_REFS = {"metadata.name": "bookie-zone-a-0", "status.podIP": "10.1.2.3"}
-# Compose variables (`${VAR:-default}` or `${VAR:?message}`) stand for what the operator sets.
-COMPOSE_VARIABLE = re.compile(r"\$\{(\w+)(?::[-?]([^}]*))?\}")
+# Compose variables (`${VAR:-default}`, `${VAR:?message}`) stand for what the operator sets:
+# the default where there is one, else a placeholder.
+COMPOSE_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*)|:\?[^}]*)?\}")
 
 
 def k8s_manifests() -> list[Path]:
