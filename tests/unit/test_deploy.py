@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from quire.cli import app as quire_app
 from quire.infra import nats_server_binary
+from services.metadata.postgres import conninfo_from_url
 from shared.config import QuireSettings
 from shared.subjects import EVENT_STREAM
 from tests.support.layout import ROOT
@@ -379,7 +380,8 @@ def workload_environments() -> Iterator[tuple[str, dict[str, str]]]:
 
 def test_every_workload_environment_loads_as_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Names and values: each process's environment builds a QuireSettings (JSON lists,
-    placement policies, locations, ports all parse and pass the validators)."""
+    placement policies, locations, ports all parse and pass the validators), and its
+    database URL is one the metadata service takes."""
     seen = 0
     for env_name in [k for k in os.environ if k.startswith("QUIRE_")]:
         monkeypatch.delenv(env_name)
@@ -389,7 +391,9 @@ def test_every_workload_environment_loads_as_settings(monkeypatch: pytest.Monkey
             for key, value in quire_env.items():
                 patch.setenv(key, value)
             try:
-                QuireSettings()
+                settings = QuireSettings()
+                # As the metadata service reads it (several hosts need read-write sessions).
+                conninfo_from_url(settings.database_url)
             except Exception as exc:
                 pytest.fail(f"{workload}: {exc}")
         seen += 1
