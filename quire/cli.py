@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,15 @@ from quire.commands import bookie as bookie_commands
 from quire.commands import ledger as ledger_commands
 from quire.commands import shell as shell_commands
 from quire.commands import trace as trace_commands
+
+
+class Placement(StrEnum):
+    """QUIRE_PLACEMENT__POLICY's values (shared/protocol/placement.py POLICIES)."""
+
+    RANDOM = "random"
+    RACKAWARE = "rackaware"
+    ZONEAWARE = "zoneaware"
+
 
 app = typer.Typer(
     name="quire",
@@ -40,6 +50,21 @@ def up(
             "needs a bookie to stay lost.",
         ),
     ] = False,
+    bookie_location: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--bookie-location",
+            help="A bookie's network location, BOOKIE=/zone/rack (repeatable), e.g. "
+            "bookie-1=/zone-a/rack-1; the others are at /default-zone/default-rack.",
+        ),
+    ] = None,
+    placement_policy: Annotated[
+        Placement | None,
+        typer.Option(
+            help="Ensemble placement of every process (QUIRE_PLACEMENT__POLICY); default: "
+            "the environment's, else random.",
+        ),
+    ] = None,
 ) -> None:
     """Start a whole cluster on this machine and stay in the foreground.
 
@@ -51,15 +76,28 @@ def up(
     """
     from quire.cluster import ClusterConfig, run_up
 
-    config = ClusterConfig(
-        data_dir=data_dir,
-        bookies=bookies,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        nats_url=os.environ.get("QUIRE_NATS_URL") or None,
-        database_url=os.environ.get("QUIRE_DATABASE_URL") or None,
-        restart=not no_restart,
-    )
+    locations = {}
+    for pair in bookie_location or []:
+        bookie_id, sep, location = pair.partition("=")
+        if not sep:
+            raise typer.BadParameter(
+                f"{pair!r}: want BOOKIE=/zone/rack", param_hint="--bookie-location"
+            )
+        locations[bookie_id] = location
+    try:
+        config = ClusterConfig(
+            data_dir=data_dir,
+            bookies=bookies,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            nats_url=os.environ.get("QUIRE_NATS_URL") or None,
+            database_url=os.environ.get("QUIRE_DATABASE_URL") or None,
+            restart=not no_restart,
+            bookie_locations=locations,
+            placement_policy=placement_policy.value if placement_policy else None,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     raise typer.Exit(run_up(config))
 
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -47,6 +47,7 @@ from quire.infra import (
     start_postgres,
     write_private,
 )
+from shared.protocol.placement import DEFAULT_LOCATION, POLICIES, parse_location
 
 READY_TIMEOUT_S = 120.0
 MONITOR_INTERVAL_S = 0.5
@@ -71,10 +72,27 @@ class ClusterConfig:
     # last to that process's environment (the fault runner's proxy addresses and fault
     # directories). Not called for the cluster's own NATS and PostgreSQL.
     env_for: Callable[[str], dict[str, str]] | None = None
+    # Bookie id -> its network location "/zone/rack" (QUIRE_BOOKIE_LOCATION; a bookie not
+    # named is at the default), and QUIRE_PLACEMENT__POLICY for every process (None: what
+    # the environment says). docs/placement.md.
+    bookie_locations: Mapping[str, str] = field(default_factory=dict)
+    placement_policy: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.bookie_locations) - set(self.bookie_ids))
+        if unknown:
+            raise ValueError(f"bookie locations for bookies not in the cluster: {unknown}")
+        for location in self.bookie_locations.values():
+            parse_location(location)
+        if self.placement_policy is not None and self.placement_policy not in POLICIES:
+            raise ValueError(f"placement policy {self.placement_policy!r}: want one of {POLICIES}")
 
     @property
     def bookie_ids(self) -> list[str]:
         return [f"bookie-{i}" for i in range(1, self.bookies + 1)]
+
+    def bookie_location(self, bookie_id: str) -> str:
+        return self.bookie_locations.get(bookie_id, DEFAULT_LOCATION)
 
 
 @dataclass
@@ -245,6 +263,8 @@ class Cluster:
                 "QUIRE_GATEWAY__READY_MIN_WRITABLE_BOOKIES": str(min(3, self.config.bookies)),
             }
         )
+        if self.config.placement_policy is not None:
+            env["QUIRE_PLACEMENT__POLICY"] = self.config.placement_policy
         # Every process keeps its spans in the cluster's span store (`quire trace show`),
         # exported within half a second rather than the SDK's 5 s.
         env["QUIRE_TRACES_DIR"] = str(self.data_dir / "traces")
@@ -252,6 +272,8 @@ class Cluster:
         env.update(self.config.extra_env)
         if bookie_id:
             env["QUIRE_BOOKIE_ID"] = bookie_id
+            if bookie_id in self.config.bookie_locations:
+                env["QUIRE_BOOKIE_LOCATION"] = self.config.bookie_locations[bookie_id]
         return env
 
     def _spawn(self, name: str, kind: str, bookie_id: str | None = None) -> None:
@@ -381,6 +403,11 @@ class Cluster:
                     "kind": svc.kind,
                     "bookie_id": svc.bookie_id,
                     "pid": self._pid(svc),
+                    **(
+                        {"location": self.config.bookie_location(svc.bookie_id)}
+                        if svc.bookie_id is not None
+                        else {}
+                    ),
                     "restarts": svc.restarts,
                 }
                 if svc in self.services:
@@ -397,6 +424,8 @@ class Cluster:
             "database_url": without_password(self.database_url),
             "data_dir": str(self.data_dir),
             "pid": os.getpid(),
+            # What every process was given (the environment's, unless --placement-policy).
+            "placement_policy": self._env(None).get("QUIRE_PLACEMENT__POLICY", "random"),
             "services": rows,
         }
 

@@ -18,11 +18,12 @@ defined once, in `shared.protocol.replication`, and used here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.models import LedgerMetadata
+from shared.protocol.placement import Adherence, PlacementPolicy
 from shared.protocol.replication import places_of, segment_range, stored_ends, stored_entry_ids
 from shared.status import BookieStatus
 
@@ -281,6 +282,11 @@ def mark_decisions(
 class PlacementProblem(StrEnum):
     TOO_FEW_BOOKIES = "too_few_bookies"  # fewer distinct bookies than the ensemble size
     UNREGISTERED_BOOKIE = "unregistered_bookie"  # names a bookie the registry does not hold
+    # The placement policy (shared/protocol/placement.py) says FAIL: some write quorum spans
+    # too few racks or zones. Its bookies: those whose replacement would make it adhere.
+    NOT_ADHERING = "not_adhering"
+    # MEETS_SOFT (zoneaware): the minimum of zones, not the desired; reported, never marked.
+    SOFTLY_ADHERING = "softly_adhering"
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,15 +294,25 @@ class PlacementViolation:
     ledger_id: int
     segment_index: int
     problem: PlacementProblem
-    bookie_ids: tuple[str, ...]  # the repeated or unregistered bookies
+    bookie_ids: tuple[str, ...]  # the repeated or unregistered bookies, or those to move
+    reason: str = ""  # the policy's, for NOT_ADHERING and SOFTLY_ADHERING
 
 
 def placement_violations(
-    metadata: LedgerMetadata, registered: set[str]
+    metadata: LedgerMetadata,
+    registered: Mapping[str, str] | set[str],
+    policy: PlacementPolicy | None = None,
+    writable: Mapping[str, str] | None = None,
 ) -> list[PlacementViolation]:
     """Segments that do not adhere to the placement rules (BookKeeper's placement policy
-    check, with Quire's only rule: E distinct registered bookies). Segments that hold no
-    entry are not counted."""
+    check): E distinct registered bookies, and the policy's adherence of every write quorum
+    (isEnsembleAdheringToPlacementPolicy). `registered` maps each registered bookie to its
+    location; `writable` (bookie -> location) are the candidates that may replace the
+    bookies of a segment that fails, which are named for the replicator to move
+    (replaceToAdherePlacementPolicy). Segments that hold no entry are not counted."""
+    policy = policy or PlacementPolicy()
+    locations = registered if isinstance(registered, Mapping) else {}
+    quorum = metadata.write_quorum
     found = []
     for index, segment in enumerate(metadata.segments):
         first, last = segment_range(metadata, index)
@@ -309,13 +325,24 @@ def placement_violations(
                     metadata.ledger_id, index, PlacementProblem.TOO_FEW_BOOKIES, tuple(repeated)
                 )
             )
-        unknown = sorted(set(segment.bookies) - registered)
+        unknown = sorted(set(segment.bookies) - set(registered))
         if unknown:
             found.append(
                 PlacementViolation(
                     metadata.ledger_id, index, PlacementProblem.UNREGISTERED_BOOKIE, tuple(unknown)
                 )
             )
+        check = policy.check(segment.bookies, quorum, locations)
+        if check.adherence is Adherence.FAIL:
+            positions = policy.repair(segment.bookies, quorum, writable or {}, locations)
+            movers = tuple(sorted({segment.bookies[i] for i in positions}))
+            problem = PlacementProblem.NOT_ADHERING
+            found.append(
+                PlacementViolation(metadata.ledger_id, index, problem, movers, check.reason)
+            )
+        elif check.adherence is Adherence.MEETS_SOFT:
+            problem = PlacementProblem.SOFTLY_ADHERING
+            found.append(PlacementViolation(metadata.ledger_id, index, problem, (), check.reason))
     return found
 
 

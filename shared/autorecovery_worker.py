@@ -107,11 +107,17 @@ def grace_remaining_ms(marked_at_ms: int, now_ms: int, grace_period_ms: int) -> 
 
 
 def bookies_to_replace(
-    marked: Sequence[str], alive: Set[str], open_segment: Set[str], intact: Set[str]
+    marked: Sequence[str],
+    alive: Set[str],
+    open_segment: Set[str],
+    intact: Set[str],
+    misplaced: Set[str] = frozenset(),
 ) -> tuple[str, ...]:
     """Which of a claim's marked bookies to copy the ledger off: all of them but those that
     are registered alive, are not in the ledger's open last segment, and read back every
-    entry they store of it intact (`intact`: checked by the driver, digest and all).
+    entry they store of it intact (`intact`: checked by the driver, digest and all), unless
+    the placement policy still wants them moved (`misplaced`: the auditor's placement
+    repair, re-checked now; an intact replica is the point of such a mark).
 
     A mark can outlive its cause: the auditor marks the ledgers of a bookie whose
     registration lapsed for a moment (a stalled process), and the bookie comes back with
@@ -122,7 +128,11 @@ def bookies_to_replace(
     A bookie named for a damaged replica does not read back intact, so it is replaced.
     The open last segment of a ledger not closed cannot be checked (its end is unknown):
     a marked bookie there stays to be replaced, once the ledger is fenced and closed."""
-    return tuple(b for b in marked if not (b in alive and b not in open_segment and b in intact))
+    return tuple(
+        b
+        for b in marked
+        if b in misplaced or not (b in alive and b not in open_segment and b in intact)
+    )
 
 
 def plan_claim(facts: ClaimFacts, now_ms: int, grace_period_ms: int) -> Plan:

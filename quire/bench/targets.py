@@ -24,6 +24,7 @@ from shared.config import QuireSettings
 from shared.metaclient import MetadataClient
 from shared.models import LedgerMetadata
 from shared.protocol.driver import ProtocolClient, WriterHandle
+from shared.protocol.placement import PlacementPolicy
 from shared.service import connect_nats
 from shared.status import ApiCodes, QuireError
 from shared.subjects import Subjects
@@ -91,8 +92,11 @@ class InProcessTarget(Target):
             read_timeout_ms=settings.gateway.read_entry_timeout_ms,
             new_bookie_grace_ms=settings.gateway.new_bookie_grace_ms,
         )
-        # Each writer handle keeps its own deadline timer: no ticker to run here.
-        self.client = ProtocolClient(bookies, meta, settings.gateway)
+        # Each writer handle keeps its own deadline timer: no ticker to run here. Placed as
+        # the gateway places (QUIRE_PLACEMENT__*).
+        self.client = ProtocolClient(
+            bookies, meta, settings.gateway, placement=PlacementPolicy(settings.placement.rules())
+        )
 
     async def create(self, excluding: Collection[str] = ()) -> int:
         assert self.client is not None

@@ -34,9 +34,10 @@ def list_(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
-    """Every registered bookie: writable, readonly, or lost (its lease lapsed)."""
+    """Every registered bookie: writable, readonly, or lost (its lease lapsed), and its
+    network location (/zone/rack, for placement)."""
     body = run(gateway, data_dir, lambda c: c.get_json("/v1/bookies"))
-    columns = ["bookie_id", "state", "last_seen", "lease_expires_at"]
+    columns = ["bookie_id", "state", "location", "last_seen", "lease_expires_at"]
     emit(output, body["bookies"], None if output is Output.JSON else columns, title="bookies")
 
 

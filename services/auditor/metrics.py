@@ -43,6 +43,28 @@ def auditor_metrics(auditor: Auditor) -> Builder:
                 doc="Periodic check runs",
                 check=check,
             )
+        e.gauge(
+            "auditor_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY",
+            "Ledgers with a segment failing the placement policy, as of the last check",
+            periodic.ledgers_not_adhering,
+        )
+        e.gauge(
+            "auditor_NUM_LEDGERS_SOFTLY_ADHERING_TO_PLACEMENT_POLICY",
+            "Ledgers meeting the placement policy only softly, as of the last check",
+            periodic.ledgers_softly_adhering,
+        )
+        e.gauge(
+            "quire_auditor_ledgers_not_adhering",
+            "Ledgers by placement adherence below strict, as of the last placement check",
+            periodic.ledgers_not_adhering,
+            adherence="fail",
+        )
+        e.gauge(
+            "quire_auditor_ledgers_not_adhering",
+            "Ledgers by placement adherence below strict, as of the last placement check",
+            periodic.ledgers_softly_adhering,
+            adherence="soft",
+        )
         e.gauge("quire_auditor_leader", "1 while this auditor is elected", int(auditor.is_leader))
         e.counter(
             "quire_auditor_election_attempts",

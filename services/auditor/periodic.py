@@ -18,6 +18,7 @@ from shared.autorecovery import (
     FragmentCheck,
     MarkDecision,
     MarkReason,
+    PlacementProblem,
     ReadOutcome,
     mark_decisions,
     missing_bookies,
@@ -30,6 +31,7 @@ from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import SLOW_BOUNDS_MS, OpStats
 from shared.models import BookieState, LedgerMetadata
+from shared.protocol.placement import PlacementPolicy
 from shared.status import QuireError
 
 log = logging.getLogger(__name__)
@@ -65,12 +67,15 @@ class PeriodicChecks:
         *,
         waiting: Callable[[], set[str]],
         enabled: Callable[[], bool],
+        placement: PlacementPolicy | None = None,
     ) -> None:
         """`waiting`: the lost bookies still within their lostBookieRecoveryDelay (the
         bookie check leaves them to the lost-bookie audit). `enabled`: the stored
         auto-recovery switch; while it is off every check is skipped, as BookKeeper's
-        ("Ledger replication disabled, skipping ...")."""
+        ("Ledger replication disabled, skipping ...").
+        `placement`: the policy the placement check holds segments to (QUIRE_PLACEMENT__*)."""
         self.settings = settings
+        self.placement = placement or PlacementPolicy()
         self._meta = meta
         self._marker = marker
         self._checker = checker
@@ -93,6 +98,9 @@ class PeriodicChecks:
         # read checks read, over every run.
         self.durations = {name: OpStats(SLOW_BOUNDS_MS) for name in self.status}
         self.ledgers_checked = 0
+        # As of the last placement check (BookKeeper's gauges of the same meaning).
+        self.ledgers_not_adhering = 0
+        self.ledgers_softly_adhering = 0
 
     def schedule_for_new_term(self, now: float) -> None:
         """The bookie check runs at once (as BookKeeper's on election), the others after
@@ -219,17 +227,34 @@ class PeriodicChecks:
         return findings
 
     async def placement_check(self) -> dict[str, Any]:
-        registered = {b.bookie_id for b in await self._meta.list_bookies()}
+        """Each segment against the placement rules and the policy. A failing segment's
+        bookies to move are the fewest whose replacement by writable bookies makes it
+        adhere (none: reported only); marked when repair is on, so that the replicator,
+        which places by the same policy, moves them. Softly adhering segments (zoneaware
+        below the desired zones) are counted, never marked."""
+        bookies = await self._meta.list_bookies()
+        now_ms = clock.wall_ms()
+        registered = {b.bookie_id: b.location for b in bookies}
+        writable = {
+            b.bookie_id: b.location
+            for b in bookies
+            if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
+        }
         violations = 0
         ledgers = 0
+        soft = 0
         repair = self.settings.repaired_placement_policy_not_adhering_bookie_enable
         async for page in self._marker.ledgers():
             for metadata in page:
-                found = placement_violations(metadata, registered)
+                found = placement_violations(metadata, registered, self.placement, writable)
                 if not found:
                     continue
-                ledgers += 1
-                violations += len(found)
+                failing = [v for v in found if v.problem is not PlacementProblem.SOFTLY_ADHERING]
+                if failing:
+                    ledgers += 1
+                    violations += len(failing)
+                else:
+                    soft += 1
                 self._events.emit(
                     "autorecovery.placement_policy_not_adhering",
                     ledger_id=metadata.ledger_id,
@@ -241,8 +266,11 @@ class PeriodicChecks:
                     await self._marker.mark(
                         MarkDecision(metadata.ledger_id, named, MarkReason.PLACEMENT)
                     )
+        self.ledgers_not_adhering = ledgers
+        self.ledgers_softly_adhering = soft
         return {
             "ledgers_not_adhering": ledgers,
+            "ledgers_softly_adhering": soft,
             "segments_not_adhering": violations,
             "marked": repair,
         }

@@ -76,6 +76,7 @@ from shared.bookie_client import BookieClient
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import serve_metrics
 from shared.models import BookieInfo, BookieState, Leadership, MetaErrorCode
+from shared.protocol.placement import PlacementPolicy
 from shared.service import ServiceRuntime
 from shared.status import ApiCodes, QuireError
 from shared.telemetry import nats_consumer_span
@@ -126,6 +127,7 @@ class Auditor:
             rt.events,
             waiting=lambda: self.lost.waiting,
             enabled=lambda: self.autorecovery_enabled,
+            placement=PlacementPolicy(rt.settings.placement.rules()),
         )
         self.limbo_marked: set[str] = set()  # limbo bookies whose ledgers were all marked
         self.pending_cookie_removals: set[str] = set()

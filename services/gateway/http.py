@@ -512,7 +512,10 @@ def create_app(
 
     @app.get("/v1/bookies", responses=ERROR_RESPONSES, tags=["bookies"])
     async def list_bookies() -> dict[str, Any]:
-        return {"bookies": [b.model_dump(mode="json") for b in await ledgers.list_bookies()]}
+        """Every registered bookie's registry row, with its network location (`location`:
+        QUIRE_BOOKIE_LOCATION, the default for a bookie that registered none)."""
+        rows = await ledgers.list_bookies()
+        return {"bookies": [{**b.model_dump(mode="json"), "location": b.location} for b in rows]}
 
     @app.get("/v1/bookies/{bookie_id}", responses=ERROR_RESPONSES, tags=["bookies"])
     async def bookie_info(bookie_id: BookieIdPath) -> Any:

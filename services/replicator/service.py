@@ -48,7 +48,7 @@ from pydantic import ValidationError
 
 from services.replicator.metrics import replicator_metrics
 from shared import wire
-from shared.autorecovery import plan_replicas_check
+from shared.autorecovery import PlacementProblem, placement_violations, plan_replicas_check
 from shared.autorecovery_worker import (
     Action,
     ClaimFacts,
@@ -69,6 +69,7 @@ from shared.events import EventPublisher
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import SLOW_BOUNDS_MS, OpStats, serve_metrics
 from shared.models import (
+    BookieInfo,
     BookieState,
     LedgerMetadata,
     LedgerState,
@@ -84,6 +85,10 @@ from shared.status import BookieStatus, QuireError
 from shared.telemetry import background_span
 
 log = logging.getLogger(__name__)
+
+# What the replicator moves for the placement check's marks even when intact: the bookies
+# whose move makes a segment adhere to the policy.
+_MOVED_BY_PLACEMENT = frozenset({PlacementProblem.NOT_ADHERING})
 
 
 @dataclass
@@ -343,6 +348,7 @@ class ReplicationWorker:
         """`bookies_to_replace` with what the registry and the marked bookies say now."""
         bookies = await self._meta.list_bookies()
         alive = {b.bookie_id for b in bookies if b.state is not BookieState.LOST}
+        misplaced = self._misplaced(metadata, bookies, marked)
         closed = metadata.state is LedgerState.CLOSED
         open_segment = set() if closed else set(metadata.segments[-1].bookies)
         digest = DigestManager.for_keys(metadata.digest, keys)
@@ -353,7 +359,23 @@ class ReplicationWorker:
             and bookie_id not in open_segment
             and await self._reads_intact(metadata, digest, bookie_id)
         }
-        return list(bookies_to_replace(marked, alive, open_segment, intact))
+        return list(bookies_to_replace(marked, alive, open_segment, intact, misplaced))
+
+    def _misplaced(
+        self, metadata: LedgerMetadata, bookies: list[BookieInfo], marked: list[str]
+    ) -> set[str]:
+        """The marked bookies the placement check would name now (the auditor's placement
+        repair, by the same policy): moved even though their replicas are intact."""
+        now_ms = wall_clock_ms()
+        registered = {b.bookie_id: b.location for b in bookies}
+        writable = {
+            b.bookie_id: b.location
+            for b in bookies
+            if b.state is BookieState.WRITABLE and b.lease_expires_at > now_ms
+        }
+        found = placement_violations(metadata, registered, self._client.placement, writable)
+        named = {b for v in found if v.problem in _MOVED_BY_PLACEMENT for b in v.bookie_ids}
+        return named & set(marked)
 
     async def _reads_intact(
         self, metadata: LedgerMetadata, digest: DigestManager, bookie_id: str

@@ -10,7 +10,8 @@
   (LedgerRecoveryOp).
 - `replication.LedgerReplication`: copy a ledger's fragments on bad bookies to new ones and
   store the new ensembles (LedgerChecker, LedgerFragmentReplicator).
-- `ensemble.choose_ensemble`: where a new ledger goes.
+- `ensemble.choose_ensemble`: where a new ledger goes at random; `placement.PlacementPolicy`:
+  the random, rack-aware and zone-aware policies (new ensembles, replacements, adherence).
 - `messages`: the events the cores take and the commands they return.
 - `transport`: what a driver needs of the bookies and the metadata store (interfaces).
 - `driver`: the asyncio driver over the transports (`ProtocolClient`, `WriterHandle`), which

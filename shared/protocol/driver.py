@@ -535,7 +535,7 @@ class WriterHandle:
         except MetadataError as exc:
             log.warning("no bookie list for an ensemble change", extra={"err": exc.message})
             writable = {}
-        event = WritableBookies(tuple(writable), tuple(writable.items()))
+        event = WritableBookies(tuple(writable), tuple(self._client.locations.items()))
         self.core.step(event, self._client.clock())
         self.pump()
 
@@ -1049,6 +1049,9 @@ class ProtocolClient:
         self.settings = settings
         # Where ensembles go (new ledgers, ensemble changes, re-replication targets).
         self.placement = placement or PlacementPolicy()
+        # Every registered bookie's location as last listed: replacements are placed beside
+        # ensemble bookies that may not be writable (read-only, lost) but keep their rack.
+        self.locations: dict[str, str] = {}
         self.observer = observer or ProtocolObserver()
         self.rng = rng or random.Random(os.urandom(16))
         self.clock = clock
@@ -1117,6 +1120,7 @@ class ProtocolClient:
         now_ms = self.wall_clock()
         bookies = await self.meta.list_bookies()
         self.bookies.bookies_listed(bookies)
+        self.locations = {b.bookie_id: b.location for b in bookies}
         return {
             b.bookie_id: b.location
             for b in bookies
@@ -1273,7 +1277,7 @@ class ProtocolClient:
             case ListWritableBookies():
                 try:
                     writable = await self.writable_bookies()
-                    return WritableBookies(tuple(writable), tuple(writable.items()))
+                    return WritableBookies(tuple(writable), tuple(self.locations.items()))
                 except MetadataError:
                     return WritableBookies(())
         raise AssertionError(f"unknown command {command!r}")

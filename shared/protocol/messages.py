@@ -53,8 +53,8 @@ class ListWritableBookies:
 
 @dataclass(frozen=True, slots=True)
 class WritableBookies:
-    """`locations`: (bookie, network location) of those that registered one, for placement;
-    a bookie missing from it is at the default location."""
+    """`locations`: (bookie, network location) of the registered bookies, writable or not,
+    for placement; a bookie missing from it is at the default location."""
 
     bookie_ids: tuple[str, ...]
     locations: tuple[tuple[str, str], ...] = ()

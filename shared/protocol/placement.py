@@ -15,6 +15,7 @@ a layout that satisfies every window is found whenever one exists within the sea
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,7 +31,10 @@ _COMPONENT = r"[A-Za-z0-9_.-]+"
 _LOCATION = re.compile(rf"^/{_COMPONENT}(/{_COMPONENT})?$")
 # Backtracking steps one placement may take before it counts as not found: the pruning makes
 # real layouts take a handful; the bound keeps a hopeless large one from stalling a caller.
-SEARCH_BUDGET = 20_000
+SEARCH_BUDGET = 5_000
+# Sets of positions a repair tries, fewest first (all sets of up to 2 positions of an
+# ensemble of 10): a segment no small move fixes is reported, not marked.
+REPAIR_BUDGET = 64
 
 
 class Adherence(IntEnum):
@@ -262,11 +266,80 @@ class PlacementPolicy:
             for index, new in zip(order, chosen, strict=True):
                 bookies[index] = new
             return Placement(tuple(bookies), Adherence.MEETS_STRICT)
-        self._refuse_invalid(len(ensemble), write_quorum)
+        # Unlike a new ensemble, a replacement is not refused for a quorum strict zone-aware
+        # placement would not create (BookKeeper's replaceBookie neither): the ledger exists.
         slots: list[str | None] = list(ensemble)
         for index in order:
             slots[index] = None
         return self._place(slots, order, write_quorum, pool, rng, {**known, **candidates})
+
+    def repair(
+        self,
+        ensemble: Sequence[str],
+        write_quorum: int,
+        candidates: Mapping[str, str],
+        known: Mapping[str, str],
+    ) -> tuple[int, ...]:
+        """BookKeeper's replaceToAdherePlacementPolicy, as positions: the fewest positions of
+        an ensemble that fails the policy whose bookies, replaced by `candidates` (bookie ->
+        location; those in the ensemble do not count), make it adhere. () when it adheres
+        already, or when no replacement can (nor then a quorum the policy refuses)."""
+        located = {**known, **candidates}
+        if self.check(ensemble, write_quorum, located).adherence is not Adherence.FAIL:
+            return ()
+        if self._invalid_quorum(len(ensemble), write_quorum):
+            return ()
+        pool = {b: loc for b, loc in candidates.items() if b not in set(ensemble)}
+        if self._enforced():
+            pool = {b: loc for b, loc in pool.items() if loc != DEFAULT_LOCATION}
+        by_location: dict[str, list[str]] = defaultdict(list)
+        for bookie in sorted(pool):
+            by_location[pool[bookie]].append(bookie)
+        locs = [located.get(b, DEFAULT_LOCATION) for b in ensemble]
+        size = len(ensemble)
+        target = Adherence.MEETS_STRICT if self.name == "rackaware" else Adherence.MEETS_SOFT
+        if not self._spread_enough({*locs, *pool.values()}, write_quorum, target):
+            return ()  # not racks (zones) enough between them all: cut short
+        tried = 0
+        for count in range(1, min(size, len(pool)) + 1):
+            for positions in itertools.combinations(range(size), count):
+                tried += 1
+                if tried > REPAIR_BUDGET:
+                    return ()
+                layout: list[str | None] = list(locs)
+                for index in positions:
+                    layout[index] = None
+                if not self._untouched_adhere(layout, write_quorum, target):
+                    continue
+                search = _Search(self, layout, write_quorum, by_location, None, target)
+                if search.run(list(positions)) is not None:
+                    return positions
+        return ()
+
+    def _spread_enough(self, locations: set[str], write_quorum: int, target: Adherence) -> bool:
+        """Whether these locations hold the racks (zones) one write quorum needs to reach
+        `target`: a search that cannot succeed is not started."""
+        rules = self.rules
+        usable = locations - {DEFAULT_LOCATION} if self._enforced() else locations
+        if self.name == "rackaware":
+            return len(usable) >= min(write_quorum, rules.min_num_racks_per_write_quorum)
+        if target is Adherence.MEETS_STRICT:
+            need = min(write_quorum, rules.desired_num_zones_per_write_quorum)
+        else:
+            need = rules.min_num_zones_per_write_quorum
+        return len({zone_of(loc) for loc in usable}) >= need
+
+    def _untouched_adhere(
+        self, layout: Sequence[str | None], write_quorum: int, target: Adherence
+    ) -> bool:
+        """The write quorums with no open position reach `target` as they are."""
+        size = len(layout)
+        for start in range(size):
+            window = [layout[(start + j) % size] for j in range(write_quorum)]
+            full = [loc for loc in window if loc is not None]
+            if len(full) == len(window) and self._window(full, write_quorum)[0] < target:
+                return False
+        return True
 
     def _refuse_invalid(self, ensemble_size: int, write_quorum: int) -> None:
         invalid = self._invalid_quorum(ensemble_size, write_quorum)
@@ -301,11 +374,16 @@ class PlacementPolicy:
         targets = [Adherence.MEETS_STRICT]
         if self.name == "zoneaware":
             targets.append(Adherence.MEETS_SOFT)
+        spread = {*by_location, *(loc for loc in layout if loc is not None)}
         for target in targets:
+            if not self._spread_enough(spread, write_quorum, target):
+                continue
             search = _Search(self, layout, write_quorum, by_location, rng, target)
             found = search.run(open_positions)
             if found is not None:
-                return Placement(self._bookies_for(slots, found, by_location, rng), target)
+                placed = self._bookies_for(slots, found, by_location, rng)
+                invalid = self._invalid_quorum(len(slots), write_quorum)
+                return Placement(placed, Adherence.FAIL if invalid else target, reason=invalid)
         what = (
             f"no {self.name} placement of {len(open_positions)} bookie(s) with write_quorum "
             f"{write_quorum} over {len(pool)} candidate(s) in "

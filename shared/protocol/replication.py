@@ -367,20 +367,28 @@ class LedgerReplication:
         """The fragment's new bookie (None: no writable one outside the ensemble and the bad
         bookies) and, when it breaks the placement policy, why. The random policy keeps one
         replacement per bad bookie across its segments; the others place each segment's
-        by its write quorums (BookKeeper's replaceBookie). Raises QuireError when an
-        enforced policy finds none."""
+        by its write quorums (BookKeeper's replaceBookie), with every bad bookie of the
+        segment open at once: bookies the auditor marked to fix the placement are moved
+        together (a pair in a row of one rack may need both moved). Raises QuireError when
+        an enforced policy finds none."""
         excluded = self.bad_bookies | set(segment.bookies)
-        if not self._writable - excluded:
+        spare = self._writable - excluded
+        if not spare:
             return None, ""
+        positions = [fragment.ensemble_index]
         if self.placement.name == "random":
             previous = self._chosen.get(fragment.bookie_id)
             if previous is not None and previous not in excluded:
                 return previous, ""
+        else:
+            bad = [i for i, b in enumerate(segment.bookies) if b in self.bad_bookies]
+            if len(bad) <= len(spare):
+                positions = bad
         writable = {b: self._located.get(b, DEFAULT_LOCATION) for b in self._writable}
         placed = self.placement.replace(
             segment.bookies,
             self.quorum.write_quorum,
-            [fragment.ensemble_index],
+            positions,
             writable,
             self._rng,
             excluded=self.bad_bookies,

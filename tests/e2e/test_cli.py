@@ -20,7 +20,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster(cluster_dir) -> Iterator[QuireUp]:
     parent = cluster_dir("cli")
-    up = QuireUp(parent / "quire-data", bookies=3)
+    # Two bookies labelled, the third at the default location: three racks, so rackaware
+    # placement changes nothing for the 3-bookie ledgers of the other tests.
+    locations = ["bookie-1=/zone-a/rack-1", "bookie-2=/zone-a/rack-2"]
+    args = ["--placement-policy", "rackaware"]
+    for location in locations:
+        args += ["--bookie-location", location]
+    up = QuireUp(parent / "quire-data", bookies=3, args=args)
     with up.running():
         yield up
 
@@ -120,7 +126,18 @@ def test_errors_are_clear_and_exit_non_zero(cluster: QuireUp) -> None:
 
 def test_bookie_commands(cluster: QuireUp) -> None:
     bookies = as_json(quire(cluster, "bookie", "list", "-o", "json"))
-    assert sorted(b["bookie_id"] for b in bookies) == ["bookie-1", "bookie-2", "bookie-3"]
+    assert {b["bookie_id"]: b["location"] for b in bookies} == {
+        "bookie-1": "/zone-a/rack-1",
+        "bookie-2": "/zone-a/rack-2",
+        "bookie-3": "/default-zone/default-rack",
+    }
+    assert b"/zone-a/rack-1" in quire(cluster, "bookie", "list").stdout  # the table's column
+    recorded = json.loads((cluster.data_dir / "cluster.json").read_text())
+    assert recorded["placement_policy"] == "rackaware"
+    journals = {
+        s["bookie_id"]: s["location"] for s in recorded["services"] if s["kind"] == "journal"
+    }
+    assert journals == {b["bookie_id"]: b["location"] for b in bookies}
     state = as_json(quire(cluster, "bookie", "state", "bookie-2", "-o", "json"))
     assert state == {"bookie_id": "bookie-2", "state": "writable"}
     missing = quire(cluster, "bookie", "state", "bookie-9", check=False)

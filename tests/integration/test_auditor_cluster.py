@@ -82,8 +82,12 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def cluster(settings: QuireSettings, database_url: str, nc) -> AsyncIterator[Cluster]:
-    async with running_stack(settings, database_url, bookies=len(BOOKIES)) as stack:
+async def cluster(
+    settings: QuireSettings, database_url: str, nc, **stack_options
+) -> AsyncIterator[Cluster]:
+    async with running_stack(
+        settings, database_url, bookies=len(BOOKIES), **stack_options
+    ) as stack:
         await stack.start("auditor-1", "auditor", stack.settings)
         await stack.start("auditor-2", "auditor", stack.settings)
         c = Cluster(stack, nc)

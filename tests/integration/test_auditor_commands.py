@@ -132,6 +132,7 @@ async def test_commands_reach_the_leader_only_and_mark_what_they_should(
             assert reply["check_all_ledgers"]["unreachable"] > 0
             assert reply["placement_policy_check"] == {
                 "ledgers_not_adhering": 1,
+                "ledgers_softly_adhering": 0,
                 "segments_not_adhering": 1,
                 "marked": False,
             }

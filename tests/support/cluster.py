@@ -47,6 +47,7 @@ class QuireUp:
     grpc_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
     restart: bool = True  # False: `--no-restart`, for a test that kills a process for good
+    args: list[str] = field(default_factory=list)  # more options of `quire up`
     proc: subprocess.Popen | None = None
     ready_line: str = ""
     stderr_path: Path | None = None
@@ -74,6 +75,7 @@ class QuireUp:
                     "--grpc-port",
                     str(self.grpc_port),
                     *([] if self.restart else ["--no-restart"]),
+                    *self.args,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=err,

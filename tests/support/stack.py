@@ -9,7 +9,7 @@ import contextlib
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,8 +89,13 @@ def gateway_settings(settings: QuireSettings, **gateway) -> QuireSettings:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    settings: QuireSettings, database_url: str, bookies: int = 3, **gateway
+    settings: QuireSettings,
+    database_url: str,
+    bookies: int = 3,
+    bookie_locations: Mapping[str, str] | None = None,
+    **gateway,
 ) -> AsyncIterator[Stack]:
+    """`bookie_locations`: bookie id -> QUIRE_BOOKIE_LOCATION, for those not at the default."""
     settings = gateway_settings(
         settings.model_copy(update={"database_url": database_url}), **gateway
     )
@@ -104,7 +109,11 @@ async def running_stack(
         try:
             await stack.start("metadata", "metadata", settings)
             for i in range(1, bookies + 1):
-                bookie = settings.model_copy(update={"bookie_id": f"bookie-{i}"})
+                bookie_id = f"bookie-{i}"
+                update = {"bookie_id": bookie_id}
+                if bookie_locations and bookie_id in bookie_locations:
+                    update["bookie_location"] = bookie_locations[bookie_id]
+                bookie = settings.model_copy(update=update)
                 await stack.start(f"bookie-{i}.journal", "journal", bookie)
                 await stack.start(f"bookie-{i}.ledgerstore", "ledgerstore", bookie)
             await stack.start("gateway", "gateway", settings)

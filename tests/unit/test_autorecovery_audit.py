@@ -25,6 +25,7 @@ from shared.autorecovery import (
 )
 from shared.digest import DigestType
 from shared.models import LedgerMetadata, LedgerState, Segment
+from shared.protocol.placement import PlacementPolicy, PlacementRules
 from shared.protocol.replication import segment_range, stored_entry_ids
 from shared.quorum import write_set
 from shared.status import BookieStatus
@@ -345,6 +346,33 @@ def test_placement_violations() -> None:
         placement_violations(ledger([(0, ["x", "b", "c"]), (0, BCD)], last_entry_id=3), registered)
         == []
     )
+
+
+def test_placement_violations_under_a_policy() -> None:
+    """A segment failing the policy names the bookies whose move (to writable bookies) makes
+    it adhere; one meeting it softly is reported and names none."""
+    racks = {"a": "/z/r1", "b": "/z/r1", "c": "/z/r2", "d": "/z/r2"}
+    rackaware = PlacementPolicy(PlacementRules(policy="rackaware"))
+    one_rack_pair = ledger([(0, ["a", "b", "c", "d"])], last_entry_id=9)  # (a, b), (c, d)
+    [found] = placement_violations(one_rack_pair, racks, rackaware, {"e": "/z/r1", "f": "/z/r2"})
+    assert found.problem is PlacementProblem.NOT_ADHERING and len(found.bookie_ids) == 2
+    assert "1 rack(s), want 2" in found.reason
+    [stuck] = placement_violations(one_rack_pair, racks, rackaware, {})
+    assert stuck.problem is PlacementProblem.NOT_ADHERING and stuck.bookie_ids == ()
+    alternating = ledger([(0, ["a", "c", "b", "d"])], last_entry_id=9)
+    assert placement_violations(alternating, racks, rackaware, {}) == []
+    zones = {
+        "a": "/z1/u1",
+        "b": "/z1/u2",
+        "c": "/z2/u1",
+        "d": "/z2/u2",
+        "e": "/z1/u3",
+        "f": "/z2/u3",
+    }
+    zoneaware = PlacementPolicy(PlacementRules(policy="zoneaware"))
+    two_zones = ledger([(0, ["a", "c", "b", "d", "e", "f"])], last_entry_id=9, write_quorum=3)
+    [soft] = placement_violations(two_zones, zones, zoneaware, {})
+    assert soft.problem is PlacementProblem.SOFTLY_ADHERING and soft.bookie_ids == ()
 
 
 # -- entry.corrupt events -----------------------------------------------------------------

@@ -196,3 +196,10 @@ def test_bookies_to_replace(
     marked: tuple, alive: set, open_segment: set, intact: set, replace: tuple
 ) -> None:
     assert bookies_to_replace(marked, alive, open_segment, intact) == replace
+
+
+def test_a_misplaced_bookie_is_replaced_though_intact() -> None:
+    """The placement check's mark: the bookie is alive and intact, and the policy still
+    wants it moved (or no longer does: then the mark outlived its cause)."""
+    assert bookies_to_replace(("b1",), {"b1"}, set(), {"b1"}, {"b1"}) == ("b1",)
+    assert bookies_to_replace(("b1",), {"b1"}, set(), {"b1"}, set()) == ()

@@ -52,6 +52,8 @@ def builders() -> dict[str, Builder]:
         periodic=SimpleNamespace(
             durations={check: OpStats(SLOW_BOUNDS_MS) for check in CHECK_TIMES},
             ledgers_checked=0,
+            ledgers_not_adhering=0,
+            ledgers_softly_adhering=0,
         ),
         election_attempts=0,
         is_leader=False,

@@ -314,3 +314,85 @@ def test_replacement_never_reuses_and_keeps_what_it_can(counts, size, quorum, da
             possible = True
             break
     assert placed.fallback == (not possible)
+
+
+# -- repair (the auditor's marks) ----------------------------------------------------------
+
+
+def test_repair_names_the_fewest_bookies_whose_move_makes_it_adhere() -> None:
+    located = layout(("/z/r1", 2), ("/z/r2", 2))  # b0 b1 in r1, b2 b3 in r2
+    spares = {"s1": "/z/r1", "s2": "/z/r2"}
+    ensemble = ("b0", "b1", "b2", "b3")  # (b0, b1) and (b2, b3) each on one rack
+    positions = RACKAWARE.repair(ensemble, 2, spares, located)
+    assert len(positions) == 2  # one move cannot do: each is between both racks
+    placed = RACKAWARE.replace(ensemble, 2, positions, spares, random.Random(1), known=located)
+    assert placed.adherence is Adherence.MEETS_STRICT
+    assert RACKAWARE.repair(("b0", "b2", "b1", "b3"), 2, spares, located) == ()  # adheres
+    assert RACKAWARE.repair(ensemble, 2, {"s1": "/z/r1"}, located) == ()  # nothing can fix
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=RACKS, spare=RACKS, size=st.integers(2, 5), quorum=st.integers(2, 5), data=st.data())
+def test_repair_positions_are_enough(counts, spare, size, quorum, data) -> None:
+    quorum = min(quorum, size)
+    located = layout(*((f"/z/r{i}", n) for i, n in enumerate(counts)))
+    if len(located) < size:
+        return
+    spares = {
+        f"s{b}": loc for b, loc in layout(*((f"/z/r{i}", n) for i, n in enumerate(spare))).items()
+    }
+    ensemble = tuple(data.draw(st.permutations(sorted(located)))[:size])
+    positions = RACKAWARE.repair(ensemble, quorum, spares, located)
+    check = RACKAWARE.check(ensemble, quorum, located)
+    if not positions:
+        return
+    assert check.adherence is Adherence.FAIL
+    placed = RACKAWARE.replace(ensemble, quorum, positions, spares, random.Random(0), known=located)
+    assert placed.adherence is Adherence.MEETS_STRICT and not placed.fallback
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    zones=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1)), min_size=1, max_size=6),
+    shape=st.sampled_from([(3, 3), (6, 3), (4, 4), (2, 2)]),
+    seed=st.integers(0, 1000),
+)
+def test_zoneaware_reaches_the_best_level_possible(zones, shape, seed) -> None:
+    """Strict zone-aware placement: the best of MEETS_STRICT / MEETS_SOFT some ensemble of
+    the candidates reaches, else NOT_ENOUGH_BOOKIES (INVALID_ARGUMENT for Qw 2)."""
+    size, quorum = shape
+    candidates = {f"b{i}": f"/z{z}/u{u}_{i}" if u else f"/z{z}/u" for i, (z, u) in enumerate(zones)}
+    best = max(
+        (
+            ZONEAWARE.check(ensemble, quorum, candidates).adherence
+            for ensemble in itertools.permutations(sorted(candidates), size)
+        ),
+        default=None,
+    )
+    try:
+        placed = ZONEAWARE.new_ensemble(size, quorum, candidates, random.Random(seed))
+    except QuireError as err:
+        if quorum <= 2:
+            assert err.api == ApiCodes.INVALID_ARGUMENT
+        else:
+            assert err.api == ApiCodes.NOT_ENOUGH_BOOKIES
+            assert best is None or best is Adherence.FAIL
+        return
+    assert placed.adherence is best and best is not Adherence.FAIL
+    assert ZONEAWARE.check(placed.bookies, quorum, candidates).adherence is best
+
+
+def test_repair_moves_a_default_rack_bookie_when_enforced() -> None:
+    located = {"b0": "/z/r1", "plain": DEFAULT_LOCATION}
+    assert RACKAWARE_ENFORCED.repair(("b0", "plain"), 2, {"s": "/z/r2"}, located) == (1,)
+    assert RACKAWARE_ENFORCED.repair(("b0", "plain"), 2, {"s": "/z/r1"}, located) == ()
+
+
+def test_strict_zoneaware_still_replaces_in_a_quorum_it_would_not_create() -> None:
+    """A ledger made before the policy (E3/Qw2) keeps getting replacements; the result is
+    reported as failing the policy, as the auditor's check says."""
+    candidates = layout(("/z1/u1", 2), ("/z2/u1", 2), ("/z3/u1", 2))
+    placed = ZONEAWARE.replace(("b0", "b2", "b4"), 2, [1], candidates, random.Random(1))
+    assert candidates[placed.bookies[1]] == "/z2/u1" and placed.bookies[1] != "b2"
+    assert placed.adherence is Adherence.FAIL and "multiple of write_quorum" in placed.reason
+    assert not placed.fallback

@@ -32,6 +32,7 @@ from shared.protocol.messages import (
     UpdateLedger,
     WritableBookies,
 )
+from shared.protocol.placement import PlacementPolicy, PlacementRules
 from shared.protocol.reader import ReadSettings
 from shared.protocol.replication import (
     ByteRateLimiter,
@@ -175,6 +176,7 @@ class World:
         self.before_cas: Callable[[UpdateLedger], None] = lambda command: None
         self.bytes_at: list[tuple[int, int]] = []  # (ms, frame bytes) of each SendAdds
         self.buffered_max = 0
+        self.locations: dict[str, str] = {}  # bookie -> network location, for placement
 
     def writable(self) -> tuple[str, ...]:
         return tuple(sorted(b for b in self.stored if b not in self.down))
@@ -182,7 +184,9 @@ class World:
     def answer(self, command: Any) -> Any:
         match command:
             case ListWritableBookies():
-                return WritableBookies(self.writable())
+                writable = self.writable()
+                located = tuple((b, self.locations[b]) for b in writable if b in self.locations)
+                return WritableBookies(writable, located)
             case SendReads():
                 self.reads_asked.setdefault(command.bookie_id, []).extend(command.entry_ids)
                 special = self.on_read(command)
@@ -251,7 +255,13 @@ class World:
         return all(self.stored[bookie_id].get(e) == self.frames[e] for e in wanted)
 
 
-def replication(world: World, bad: set[str], seed: int = 1, **settings: Any) -> LedgerReplication:
+def replication(
+    world: World,
+    bad: set[str],
+    seed: int = 1,
+    placement: PlacementPolicy | None = None,
+    **settings: Any,
+) -> LedgerReplication:
     return LedgerReplication(
         world.metadata,
         bad,
@@ -259,6 +269,7 @@ def replication(world: World, bad: set[str], seed: int = 1, **settings: Any) -> 
         world.now_ms,
         settings=ReplicationSettings(**settings),
         rng=random.Random(seed),
+        placement=placement,
     )
 
 
@@ -643,3 +654,45 @@ def test_a_bad_bookie_named_where_it_holds_nothing_is_replaced_with_nothing_copi
     assert done.entries == 0 and done.new_bookie_id in {"b3", "b4"}
     assert world.metadata.segments[1].bookies == ["b0", done.new_bookie_id, "b2"]
     assert not any(isinstance(c, SendAdds | SendReads) for c in given)
+
+
+# -- placement ------------------------------------------------------------------------------
+
+RACKS = {"b0": "/z/r1", "b1": "/z/r1", "b2": "/z/r2", "b3": "/z/r2", "b4": "/z/r1", "b5": "/z/r2"}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rackaware_targets_move_marked_bookies_together(seed: int) -> None:
+    """r1 r1 r2 r2 with E4/Qw2: the auditor marks b1 and b2 (auto-recovery's placement
+    repair); placed one at a time, each beside a bookie of either rack, no rack would do;
+    placed together they make r1 r2 r1 r2."""
+    metadata = ledger(4, 2, 2, [(0, ["b0", "b1", "b2", "b3"])], last=39)
+    world = World(metadata, frames(40), spare=["b4", "b5"])
+    world.locations = RACKS
+    policy = PlacementPolicy(PlacementRules(policy="rackaware"))
+    given = world.run(replication(world, {"b1", "b2"}, seed=seed, placement=policy))
+    assert isinstance(given[-1], ReplicationDone)
+    assert world.metadata.segments[0].bookies == ["b0", "b5", "b4", "b3"]
+    assert policy.check(world.metadata.segments[0].bookies, 2, RACKS).adherence.name == (
+        "MEETS_STRICT"
+    )
+    done = [c for c in given if isinstance(c, FragmentReplicated)]
+    assert done and not any(d.placement_fallback for d in done)
+
+
+def test_a_rackaware_target_that_breaks_the_policy_is_flagged() -> None:
+    metadata = ledger(2, 2, 2, [(0, ["b0", "b2"])], last=9)
+    world = World(metadata, frames(10), spare=["b4"])  # only an r1 spare
+    world.locations = RACKS
+    policy = PlacementPolicy(PlacementRules(policy="rackaware"))
+    given = world.run(replication(world, {"b2"}, placement=policy))
+    [done] = [c for c in given if isinstance(c, FragmentReplicated)]
+    assert done.new_bookie_id == "b4" and "no rackaware placement" in done.placement_fallback
+    enforced = PlacementPolicy(
+        PlacementRules(policy="rackaware", enforce_min_num_racks_per_write_quorum=True)
+    )
+    world = World(ledger(2, 2, 2, [(0, ["b0", "b2"])], last=9), frames(10), spare=["b4"])
+    world.locations = RACKS
+    given = world.run(replication(world, {"b2"}, placement=enforced))
+    assert isinstance(given[-1], ReplicationFailed)
+    assert given[-1].api == ApiCodes.NOT_ENOUGH_BOOKIES

@@ -5,6 +5,8 @@ h11's tests drive a connection without a socket."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from shared.digest import DigestManager
@@ -16,8 +18,10 @@ from shared.protocol.messages import (
     ListWritableBookies,
     SendAdds,
     SendWriteLac,
+    UpdateLedger,
     WritableBookies,
 )
+from shared.protocol.placement import PlacementPolicy, PlacementRules
 from shared.protocol.writer import LedgerWriter
 from shared.status import ApiCodes, BookieStatus, QuireError
 from shared.wire import AddResult
@@ -420,3 +424,43 @@ def test_next_deadline_and_a_tick_before_it_does_nothing(state, deadline, due) -
     assert due in {type(c) for c in w.take_commands()}
     moved = w.next_deadline_ms()
     assert moved is None or moved > deadline
+
+
+# -- ensemble change under a placement policy -------------------------------------------------
+
+RACKS = (("b0", "/z/r1"), ("b1", "/z/r2"), ("b2", "/z/r1"), ("b3", "/z/r2"), ("b4", "/z/r1"))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rackaware_ensemble_change_keeps_each_write_quorum_on_two_racks(seed: int) -> None:
+    w = writer(
+        4,
+        2,
+        2,
+        rng=random.Random(seed),
+        placement=PlacementPolicy(PlacementRules(policy="rackaware")),
+    )
+    w.add([b"a"], 0)  # entry 0 on b0, b1
+    w.take_commands()
+    w.step(AddSendFailed("b1", (0,), "no responders"), 0)
+    assert outcomes(w) == [ListWritableBookies()]
+    # b4 (r1) and b5 (r2) are writable: only b5 keeps (b0, x) and (x, b2) on two racks.
+    w.step(WritableBookies(("b0", "b2", "b3", "b4", "b5"), (*RACKS, ("b5", "/z/r2"))), 0)
+    [update] = outcomes(w)
+    assert isinstance(update, UpdateLedger)
+    assert update.request.segments[-1].bookies == ["b0", "b5", "b2", "b3"]
+
+
+def test_enforced_rackaware_change_without_a_fitting_bookie_fails_not_enough_bookies() -> None:
+    policy = PlacementPolicy(
+        PlacementRules(policy="rackaware", enforce_min_num_racks_per_write_quorum=True)
+    )
+    w = writer(4, 2, 2, placement=policy)
+    w.add([b"a"], 0)
+    w.take_commands()
+    w.step(AddSendFailed("b1", (0,), "no responders"), 0)
+    assert outcomes(w) == [ListWritableBookies()]
+    w.step(WritableBookies(("b0", "b2", "b3", "b4"), RACKS), 0)  # only r1 to spare
+    [fail] = outcomes(w)
+    assert isinstance(fail, FailAdds) and fail.api == ApiCodes.NOT_ENOUGH_BOOKIES
+    assert "no rackaware placement" in fail.detail
