@@ -24,9 +24,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fault suite (docs/reliability.md): the scenarios of tier TIER (short: a few minutes, also
-# run by `make test`; long: every fault kind, ~20 min) on fresh local clusters; runs, logs and
-# summary.json in OUT. Fails when a run lost or invented an acknowledged entry (or broke another
-# rule) or when the control run (fsync off) shows no loss.
+# run by `make test`; long: every fault kind and the multi-host run's partitions, ~25 min) on
+# fresh clusters; runs, logs and summary.json in OUT. Fails when a run lost or invented an
+# acknowledged entry (or broke another rule) or when the control run (fsync off) shows no loss.
 TIER ?= short
 OUT ?= faults-out
 faults: $(STAMP)
@@ -35,10 +35,11 @@ faults: $(STAMP)
 
 # The multi-host run (docs/reliability.md, "Multi-host run"): Quire over network namespaces on
 # this machine, partitioned (a NATS minority, a bookie host), checked; needs root.
+MULTIHOST_TIER ?= short
 MULTIHOST_OUT ?= multihost-out
 multihost: $(STAMP)
 	rm -rf $(MULTIHOST_OUT)
-	$(BIN)/python -m quire.faults.multihost --out $(MULTIHOST_OUT)
+	$(BIN)/python -m quire.faults.multihost --tier $(MULTIHOST_TIER) --out $(MULTIHOST_OUT)
 
 # The deterministic simulator: SEEDS seeds of the real protocol cores under faults; ends with
 # the line "N seeds, F failures". One seed: $(BIN)/python -m quire.sim --seed S --log

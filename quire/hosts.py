@@ -50,6 +50,7 @@ from quire.infra import (
 
 NATS_PORT = 4222
 ROUTE_PORT = 6222
+MONITOR_PORT = 8222  # the nats-servers' monitoring endpoints (/connz: who is connected)
 POSTGRES_PORT = 5432
 HTTP_PORT = 7480
 GRPC_PORT = 7481
@@ -178,12 +179,17 @@ class Network:
         self._drop(a, self.hosts[b].address)
         self._drop(b, self.hosts[a].address)
 
+    def cut_test(self, name: str) -> None:
+        """No packet from host `name` to the test (until `heal`): the test's own namespace
+        is left as it is, and a connection whose answers never come is as cut."""
+        self._drop(name, self.test_address)
+
     def isolate(self, name: str) -> None:
         """No packet between host `name` and any other host or the test (until `heal`)."""
         for other in self.hosts:
             if other != name:
                 self.cut(name, other)
-        self._drop(name, self.test_address)
+        self.cut_test(name)
 
     def heal(self) -> None:
         for name, address in sorted(self._blackholes):
@@ -221,6 +227,65 @@ def _free_subnet() -> str:
         if f"{subnet}." not in taken:
             return subnet
     raise HostsError(f"no free /24 in {SUBNET_PREFIX}.0.0/16")
+
+
+def start_nats_hosts(hosts: list[Host], directory: Path, logs: Path) -> list[ManagedProcess]:
+    """A nats-server on each host, clustered over their addresses (routes on ROUTE_PORT),
+    JetStream on, pinging its routes and clients every NATS_PING_INTERVAL; each waited for
+    on its client port. JetStream is ready some seconds later (a meta leader is elected)."""
+    routes = ", ".join(f'"nats-route://{h.address}:{ROUTE_PORT}"' for h in hosts)
+    servers: list[ManagedProcess] = []
+    try:
+        for host in hosts:
+            node_dir = directory / host.name
+            node_dir.mkdir(parents=True, exist_ok=True)
+            config = node_dir / "nats.conf"
+            write_private(
+                config,
+                f'server_name: "{host.name}"\n'
+                f'listen: "{host.address}:{NATS_PORT}"\n'
+                f"max_payload: {NATS_MAX_PAYLOAD}\n"
+                f'ping_interval: "{NATS_PING_INTERVAL}"\n'
+                f"ping_max: {NATS_PING_MAX}\n"
+                f'http: "{host.address}:{MONITOR_PORT}"\n'
+                f'jetstream {{\n  store_dir: "{node_dir / "jetstream"}"\n}}\n'
+                f'cluster {{\n  name: "quire-hosts"\n  listen: "{host.address}:{ROUTE_PORT}"\n'
+                f"  routes: [{routes}]\n}}\n",
+            )
+            command = host.command([str(nats_server_binary()), "-c", str(config)])
+            servers.append(launch(host.name, "nats", command, os.environ.copy(), logs))
+            servers[-1].url = f"nats://{host.address}:{NATS_PORT}"
+        for host, server in zip(hosts, servers, strict=True):
+            wait_listening(host.address, NATS_PORT, server)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def launch(
+    name: str, kind: str, command: list[str], env: dict[str, str], logs: Path
+) -> ManagedProcess:
+    """`command` started with its output in `logs/<name>.log`, ended with its parent."""
+    log_path = logs / f"{name}.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            **ended_with_parent(command),
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return ManagedProcess(name, kind, proc, log_path=log_path)
+
+
+def wait_listening(address: str, port: int, managed: ManagedProcess) -> None:
+    try:
+        wait_for_port(address, port, 60, managed.proc, what=managed.name)
+    except InfraError as exc:
+        raise HostsError(f"{exc}; see {managed.log_path}") from None
 
 
 # -- the cluster ------------------------------------------------------------------------
@@ -279,6 +344,17 @@ class HostsCluster:
         """Every NATS server, for a client in the test's own namespace."""
         return ",".join(f"nats://{self.address(h)}:{NATS_PORT}" for h in self.nats_hosts)
 
+    def nats_connections(self, host: str) -> dict[str, int]:
+        """How many client connections from `host` each NATS server has (its /connz)."""
+        counts = {}
+        with httpx.Client(timeout=5.0) as client:
+            for name in self.nats_hosts:
+                url = f"http://{self.address(name)}:{MONITOR_PORT}/connz"
+                connz = client.get(url, params={"limit": 10_000}).json()
+                address = self.address(host)
+                counts[name] = sum(1 for c in connz.get("connections", []) if c["ip"] == address)
+        return counts
+
     def nats_url_for(self, index: int) -> str:
         """Every NATS server, the `index`-th host's turn first (its nearest)."""
         urls = [f"nats://{self.address(h)}:{NATS_PORT}" for h in self.nats_hosts]
@@ -308,31 +384,11 @@ class HostsCluster:
             raise
 
     def _start_nats(self) -> None:
-        routes = ", ".join(
-            f'"nats-route://{self.address(h)}:{ROUTE_PORT}"' for h in self.nats_hosts
+        self.nats = start_nats_hosts(
+            [self.network.hosts[name] for name in self.nats_hosts],
+            self.directory,
+            self.directory / "logs",
         )
-        for name in self.nats_hosts:
-            node_dir = self.directory / name
-            node_dir.mkdir(parents=True, exist_ok=True)
-            address = self.address(name)
-            config = node_dir / "nats.conf"
-            write_private(
-                config,
-                f'server_name: "{name}"\n'
-                f'listen: "{address}:{NATS_PORT}"\n'
-                f"max_payload: {NATS_MAX_PAYLOAD}\n"
-                f'ping_interval: "{NATS_PING_INTERVAL}"\n'
-                f"ping_max: {NATS_PING_MAX}\n"
-                f'jetstream {{\n  store_dir: "{node_dir / "jetstream"}"\n}}\n'
-                f'cluster {{\n  name: "quire-hosts"\n  listen: "{address}:{ROUTE_PORT}"\n'
-                f"  routes: [{routes}]\n}}\n",
-            )
-            command = self.network.hosts[name].command(
-                [str(nats_server_binary()), "-c", str(config)]
-            )
-            self.nats.append(self._launch(name, "nats", command, os.environ.copy()))
-        for name, server in zip(self.nats_hosts, self.nats, strict=True):
-            self._wait_port(name, NATS_PORT, server)
 
     def _start_postgres(self) -> None:
         """PostgreSQL in the meta host: started there by an agent process of ours
@@ -344,8 +400,8 @@ class HostsCluster:
         command = self.network.hosts["meta"].command(
             [sys.executable, "-m", "quire.hosts", "postgres", str(pg_dir), self.address("meta")]
         )
-        self.postgres = self._launch("postgres", "postgres", command, env)
-        self._wait_port("meta", POSTGRES_PORT, self.postgres)
+        self.postgres = launch("postgres", "postgres", command, env, self.directory / "logs")
+        wait_listening(self.address("meta"), POSTGRES_PORT, self.postgres)
         log_path = self.postgres.log_path
         assert log_path is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -415,28 +471,7 @@ class HostsCluster:
             **(env or {}),
         }
         command = self.network.hosts[host].command([sys.executable, "-m", f"services.{kind}"])
-        self.services.append(self._launch(name, kind, command, full_env))
-
-    def _launch(
-        self, name: str, kind: str, command: list[str], env: dict[str, str]
-    ) -> ManagedProcess:
-        log_path = self.directory / "logs" / f"{name}.log"
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
-                **ended_with_parent(command),
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return ManagedProcess(name, kind, proc, log_path=log_path)
-
-    def _wait_port(self, host: str, port: int, managed: ManagedProcess) -> None:
-        try:
-            wait_for_port(self.address(host), port, 60, managed.proc, what=managed.name)
-        except InfraError as exc:
-            raise HostsError(f"{exc}; see {managed.log_path}") from None
+        self.services.append(launch(name, kind, command, full_env, self.directory / "logs"))
 
     @staticmethod
     def _check_alive(managed: ManagedProcess) -> None:

@@ -1,11 +1,13 @@
 """The multi-host run: the fault suite's workload, history, final phase and checker on a
 cluster spread over network namespaces (quire/hosts.py), with rack-aware placement, while
-the network is partitioned: one NATS server cut from the other two (a minority), then one
-bookie host cut from everything; then a heal, the repair, the final phase, the checker and
-a placement check of every ledger's segments.
+the network is partitioned: one NATS server cut from the other two (a minority), one bookie
+host cut from everything, one gateway host cut from its nearest NATS server; then the heal,
+the repair, the final phase, the checker and a placement check of every ledger's segments.
 
-`python -m quire.faults.multihost --out DIR [--seed S]` prints its figures and writes
-DIR/run.json; tests/e2e/test_multihost.py runs it. Needs root (see quire/hosts.py).
+`python -m quire.faults.multihost --out DIR [--tier short|long] [--seed S]` prints its
+figures and writes DIR/run.json; tests/e2e/test_multihost.py runs the short tier (a fixed
+schedule), the long one draws partitions of any kind on any host for two minutes. Needs root
+(see quire/hosts.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,20 +49,54 @@ PLACEMENT_ENV = {
     "QUIRE_PLACEMENT__MIN_NUM_RACKS_PER_WRITE_QUORUM": str(
         PLACEMENT.min_num_racks_per_write_quorum
     ),
+    # A segment a fault left misplaced (a replacement placed at random while its racks'
+    # bookies were cut off) is moved once they are back (docs/placement.md).
+    "QUIRE_AUDITOR__REPAIRED_PLACEMENT_POLICY_NOT_ADHERING_BOOKIE_ENABLE": "true",
 }
-# The schedule's pace (seconds): long enough for a bookie's adds to time out
-# (add_bookie_timeout_ms, 5 s) and for the NATS servers to see a dead route (quire/hosts.py).
+# The pace (seconds): faults long enough for a bookie's adds to time out
+# (add_bookie_timeout_ms, 5 s) and for a dead link to be seen by the NATS servers' and the
+# services' pings (about 10 s: quire/hosts.py, shared/service.py).
 WARM_UP_S = 5.0
-NATS_PARTITION_S = 12.0
-BOOKIE_PARTITION_S = 15.0
 BETWEEN_S = 5.0
 REPAIR_TIMEOUT_S = 90.0
-WORKLOAD = {"writers": 2, "readers": 1, "rate": 15.0}  # per gateway: the box has 2 cores
+MOVE_TIMEOUT_S = 60.0  # a nats-link fault: how long its host's services may take to move
+WORKLOAD = {"writers": 2, "readers": 2, "rate": 15.0}  # two of these: the box has 2 cores
+# The fault kinds, each a partition of hosts:
+# - nats-minority: a NATS server cut from the other two (it keeps its clients);
+# - host-isolated: a bookie host, a gateway host or the meta host cut from every other host
+#   and the test;
+# - nats-link: a service host cut from the NATS server its services are connected to (at
+#   first the one they list first, their nearest): they must see it by their pings and
+#   reconnect to another.
+KINDS = ("nats-minority", "host-isolated", "nats-link")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """`schedule`: fixed faults (kind, duration), each on a host drawn from the seed; or,
+    when empty, faults drawn from the seed for `fault_period_s`."""
+
+    schedule: tuple[tuple[str, float], ...] = ()
+    fault_period_s: float = 0.0
+    duration_s: tuple[float, float] = (2.0, 12.0)
+    gap_s: tuple[float, float] = (1.0, 4.0)
+
+
+TIERS = {
+    # make test's: one of each, the bookie host as the isolated one (~95 s in all).
+    "short": Tier(schedule=(("nats-minority", 12.0), ("host-isolated", 15.0), ("nats-link", 12.0))),
+    # Any kind on any host (the meta host and the gateways too), for two minutes.
+    "long": Tier(fault_period_s=120.0),
+}
 
 
 class MultiHostRun:
-    def __init__(self, run_dir: Path, seed: int = 1, stream: IO[str] = sys.stdout) -> None:
+    def __init__(
+        self, run_dir: Path, tier: str = "short", seed: int = 1, stream: IO[str] = sys.stdout
+    ) -> None:
         self.run_dir = run_dir
+        self.tier_name = tier
+        self.tier = TIERS[tier]
         self.seed = seed
         self.stream = stream
         self.rng = random.Random(seed)
@@ -71,7 +108,11 @@ class MultiHostRun:
         print(f"multihost: {text}", file=self.stream, flush=True)
 
     def execute(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"seed": self.seed, "run_dir": str(self.run_dir)}
+        result: dict[str, Any] = {
+            "tier": self.tier_name,
+            "seed": self.seed,
+            "run_dir": str(self.run_dir),
+        }
         workloads: list[Workload] = []
         history: History | None = None
         started = time.monotonic()
@@ -81,11 +122,15 @@ class MultiHostRun:
             self.say(f"cluster up in {result['cluster_start_s']} s on {self.cluster.nats_url}")
             result["event_stream_replicas"] = asyncio.run(self._event_stream_replicas())
             history = History(self.run_dir / "history.jsonl")
-            for i in range(len(self.cluster.gateway_hosts)):
+            # Each workload's HTTP clients on one gateway, its gRPC clients on the next:
+            # every gateway holds writers of both workloads, and readers and recoverers
+            # read and fence ledgers whose writer is on the other gateway.
+            gateways = len(self.cluster.gateway_hosts)
+            for i in range(gateways):
                 workloads.append(
                     Workload(
                         self.cluster.http_url(i),
-                        self.cluster.grpc_address(i),
+                        self.cluster.grpc_address((i + 1) % gateways),
                         history,
                         seed=self.rng.randrange(2**32),
                         **WORKLOAD,
@@ -97,27 +142,40 @@ class MultiHostRun:
             for workload in workloads:
                 workload.stop()
             self.cluster.network.heal()
-            healed_at = time.monotonic()
-            result["repair_s"] = self._repair_time(healed_at)
-            self.say(f"repair: {result['repair_s']} s after the heal")
-            final_data = final.run_final_phase(
-                self.cluster.http_url(0),
-                QuireSettings(nats_url=self.cluster.nats_url),
-                final.ledgers_of(history.ops()),
+            # The final phase recovers (closes) every ledger and reads it back; then the
+            # auditor, asked to audit, marks what the faults left under-replicated or
+            # misplaced (an open ledger's last segment is checked once closed), the
+            # replicator repairs it, and everything is read back again from where it is now.
+            settings = QuireSettings(nats_url=self.cluster.nats_url)
+            ledgers = final.ledgers_of(history.ops())
+            first = final.run_final_phase(self.cluster.http_url(0), settings, ledgers)
+            check = checker.check(history.ops(), first)
+            result["audits"], result["repair_s"] = self._repair()
+            misplaced = [
+                a.get("placement_policy_check", {}).get("ledgers_not_adhering")
+                for a in result["audits"]
+            ]
+            self.say(
+                f"repair: {result['repair_s']} s, {len(result['audits'])} audit(s), ledgers "
+                f"misplaced found by each: {misplaced}"
             )
-            check = checker.check(history.ops(), final_data)
-            placement = placement_violations(final_data, self.layout.bookies, PLACEMENT)
+            again = final.run_final_phase(self.cluster.http_url(1), settings, ledgers)
+            after = checker.check(history.ops(), again)
+            placement = placement_violations(again, self.layout.bookies, PLACEMENT)
             result |= {
                 "check": dataclasses.asdict(check),
+                "check_after_repair": dataclasses.asdict(after),
                 "placement_violations": placement,
                 "exited": self.cluster.exited(),
             }
             result["ok"] = (
                 check.ok
+                and after.ok
                 and not placement
                 and not result["exited"]
                 and result["repair_s"] is not None
                 and result["event_stream_replicas"] == 3
+                and all(f.get("moved_s", 0) is not None for f in self.faults)
             )
         except Exception as exc:  # a run that could not finish is a failed run, with its cause
             result["ok"] = False
@@ -149,54 +207,121 @@ class MultiHostRun:
             await nc.close()
 
     def _faults(self) -> None:
-        """The schedule: the NATS minority partition, then a bookie host cut off; the
-        durations are the faults' own (pacing, not waiting for a condition)."""
-        network = self.cluster.network
+        """The tier's faults, one at a time, each healed before the next; durations and
+        gaps are the faults' own (pacing, not waiting for a condition)."""
         time.sleep(WARM_UP_S)
-        minority, *majority = self.rng.sample(self.cluster.nats_hosts, 3)
-        self._fault("nats-minority", minority, NATS_PARTITION_S)
-        for other in majority:
-            network.cut(minority, other)
-        time.sleep(NATS_PARTITION_S)
-        network.heal()
-        time.sleep(BETWEEN_S)
-        bookie = self.rng.choice(sorted(self.layout.bookies))
-        self._fault("bookie-isolated", bookie, BOOKIE_PARTITION_S)
-        network.isolate(bookie)
-        time.sleep(BOOKIE_PARTITION_S)
-        network.heal()
-        time.sleep(BETWEEN_S)
+        if self.tier.schedule:
+            for kind, duration_s in self.tier.schedule:
+                self._inject(kind, duration_s, short=True)
+                time.sleep(BETWEEN_S)
+            return
+        ends = time.monotonic() + self.tier.fault_period_s
+        while time.monotonic() < ends:
+            self._inject(self.rng.choice(KINDS), self.rng.uniform(*self.tier.duration_s))
+            time.sleep(self.rng.uniform(*self.tier.gap_s))
 
-    def _fault(self, kind: str, host: str, duration_s: float) -> None:
-        self.faults.append({"kind": kind, "host": host, "duration_s": duration_s})
-        self.say(f"{kind}: {host} for {duration_s:.0f} s")
+    def _inject(self, kind: str, duration_s: float, short: bool = False) -> None:
+        """One fault for `duration_s`, then the heal. `short`: the host isolated is a
+        bookie's and the host cut from its NATS server a gateway's (whose clients see it)."""
+        cluster, network = self.cluster, self.cluster.network
+        services = ["meta", *self.layout.bookies, *cluster.gateway_hosts]
+        if kind == "nats-minority":
+            host, *majority = self.rng.sample(cluster.nats_hosts, len(cluster.nats_hosts))
+            for other in majority:
+                network.cut(host, other)
+        elif kind == "host-isolated":
+            host = self.rng.choice(sorted(self.layout.bookies) if short else services)
+            network.isolate(host)
+        elif kind == "nats-link":
+            host = self.rng.choice(cluster.gateway_hosts if short else services)
+            self._nats_link(host, duration_s)
+            return
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self._record({"kind": kind, "host": host, "duration_s": round(duration_s, 1)})
+        time.sleep(duration_s)
+        network.heal()
 
-    def _repair_time(self, healed_at: float) -> float | None:
-        """Seconds from the heal until the auditor (asked to audit now) lists no ledger
-        under-replicated; None if that did not happen within REPAIR_TIMEOUT_S."""
-        url = self.cluster.http_url(0)
-        with httpx.Client(timeout=10.0) as client:
-            client.put(f"{url}{TRIGGER_AUDIT}")
-            while time.monotonic() - healed_at < REPAIR_TIMEOUT_S:
-                try:
-                    response = client.get(f"{url}{UNDER_REPLICATED}")
-                    if response.status_code == 200 and not response.json():
-                        return round(time.monotonic() - healed_at, 2)
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+    def _nats_link(self, host: str, duration_s: float) -> None:
+        """`host` cut from the NATS server most of its services are connected to (at first
+        their nearest; a service that moved stays where it went) until they are connected
+        to the others (seen in the servers' /connz; `moved_s`, None if not within
+        MOVE_TIMEOUT_S), and for `duration_s` at least."""
+        cluster = self.cluster
+        counts = cluster.nats_connections(host)
+        before = sum(counts.values())
+        server = max(counts, key=lambda name: counts[name])
+        started = time.monotonic()
+        cluster.network.cut(host, server)
+        fault = {"kind": "nats-link", "host": host, "nats": server, "moved_s": None}
+        while time.monotonic() - started < MOVE_TIMEOUT_S:
+            counts = cluster.nats_connections(host)
+            if sum(n for name, n in counts.items() if name != server) >= before:
+                fault["moved_s"] = round(time.monotonic() - started, 1)
+                break
+            time.sleep(0.5)
+        time.sleep(max(0.0, duration_s - (time.monotonic() - started)))
+        fault["duration_s"] = round(time.monotonic() - started, 1)
+        self._record(fault)
+        cluster.network.heal()
+
+    def _record(self, fault: dict[str, Any]) -> None:
+        self.faults.append(fault)
+        moved = f", moved to other servers in {fault['moved_s']} s" if "moved_s" in fault else ""
+        self.say(f"{fault['kind']}: {fault['host']} for {fault['duration_s']:.0f} s{moved}")
+
+    def _repair(self) -> tuple[list[dict[str, Any]], float | None]:
+        """Audits (trigger_audit) until one finds no ledger misplaced with none listed
+        under-replicated, each after the repair of what the last one marked: the audits'
+        answers, and the seconds from the first until then (None if not within
+        REPAIR_TIMEOUT_S)."""
+        started = time.monotonic()
+        audits: list[dict[str, Any]] = []
+        with httpx.Client(base_url=self.cluster.http_url(0), timeout=30.0) as client:
+            while time.monotonic() - started < REPAIR_TIMEOUT_S:
+                audit = _ask(client, "PUT", TRIGGER_AUDIT)
+                if audit is None:
+                    time.sleep(0.5)
+                    continue
+                audits.append(audit)
+                placement = audit.get("placement_policy_check", {})
+                while time.monotonic() - started < REPAIR_TIMEOUT_S:
+                    if _ask(client, "GET", UNDER_REPLICATED) == []:
+                        break
+                    time.sleep(0.5)
+                else:
+                    break
+                if not audit.get("ledgers_marked") and not placement.get("ledgers_not_adhering"):
+                    return audits, round(time.monotonic() - started, 2)
+        return audits, None
+
+
+def _ask(client: httpx.Client, method: str, path: str) -> Any:
+    """The JSON answer, or None if the call failed (retried by the caller)."""
+    try:
+        response = client.request(method, path)
+    except httpx.HTTPError:
         return None
+    return response.json() if response.status_code == 200 else None
 
 
 def placement_violations(
     ledgers: Iterable[FinalLedger], locations: Mapping[str, str], rules: PlacementRules
 ) -> list[str]:
-    """Each segment of each ledger whose ensemble does not adhere to the placement policy
-    (shared/protocol/placement.py's check, the auditor's: every write quorum)."""
+    """Each segment holding entries whose ensemble does not adhere to the placement policy
+    (shared/protocol/placement.py's check, the auditor's: every write quorum). As the
+    auditor, a segment that holds no entry (the ledger closed before its first) is not
+    counted; a ledger left open counts every segment."""
     policy = PlacementPolicy(rules)
     found = []
     for ledger in ledgers:
-        for first, bookies in ledger.segments:
+        for index, (first, bookies) in enumerate(ledger.segments):
+            if index + 1 < len(ledger.segments):
+                last: int | None = ledger.segments[index + 1][0] - 1
+            else:
+                last = ledger.last_entry_id
+            if last is not None and last < first:
+                continue
             adherence = policy.check(bookies, ledger.write_quorum, locations)
             if adherence.adherence is Adherence.FAIL:
                 found.append(f"ledger {ledger.ledger_id} segment {first}: {adherence.reason}")
@@ -222,13 +347,29 @@ def print_result(result: dict[str, Any], stream: IO[str]) -> None:
             f"{check['lost']}, unexpected {check['unexpected']}, violations {violations or 0}",
             file=stream,
         )
+        after = result["check_after_repair"]
+        misplaced = [
+            a.get("placement_policy_check", {}).get("ledgers_not_adhering")
+            for a in result["audits"]
+        ]
+        print(
+            f"  after the repair (read through gateway-2): lost {after['lost']}, violations "
+            f"{ {k: after[k] for k in checker.FATAL if after[k]} or 0 }; ledgers misplaced "
+            f"found by each audit: {misplaced}",
+            file=stream,
+        )
         print(
             f"  placement violations {len(result['placement_violations'])}; processes exited "
             f"{result['exited'] or 0}; event stream replicas {result['event_stream_replicas']}",
             file=stream,
         )
-    faults = ", ".join(f"{f['kind']} {f['host']} {f['duration_s']:.0f} s" for f in result["faults"])
-    print(f"  faults: {faults or 'none'}; repair s: {result.get('repair_s')}", file=stream)
+    faults = ", ".join(
+        f"{f['kind']} {f['host']} {f['duration_s']:.0f} s"
+        + (f" (moved in {f['moved_s']} s)" if "moved_s" in f else "")
+        for f in result["faults"]
+    )
+    print(f"  faults: {faults or 'none'}", file=stream)
+    print(f"  repair s (after the audit): {result.get('repair_s')}", file=stream)
     print(
         f"  elapsed {result['elapsed_s']} s: {'PASSED' if result['ok'] else 'FAILED'}", file=stream
     )
@@ -240,13 +381,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Quire over network namespaces, partitioned, checked (needs root).",
     )
     parser.add_argument("--out", type=Path, required=True, help="where the run's files go")
+    parser.add_argument("--tier", choices=sorted(TIERS), default="short")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.default_int_handler)
     args.out.mkdir(parents=True, exist_ok=False)
     args.out.chmod(0o711)  # PostgreSQL runs as another user when we are root
-    result = MultiHostRun(args.out, args.seed).execute()
+    result = MultiHostRun(args.out, args.tier, args.seed).execute()
     print_result(result, sys.stdout)
     return 0 if result["ok"] else 1
 

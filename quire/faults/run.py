@@ -54,6 +54,9 @@ class Scenario:
     final_deadline_s: float = final.DEADLINE_S
     seeds: tuple[int, ...] = (1,)
     workload: dict[str, Any] = field(default_factory=dict)  # Workload options
+    # Not a local cluster under the nemesis: the multi-host run's long tier, partitions of
+    # hosts in network namespaces (quire/faults/multihost.py; needs root); `schedule` unused.
+    hosts: bool = False
 
 
 # The short tier's pace: a fault every ~2.5 s on average.
@@ -84,6 +87,7 @@ TIERS: dict[str, list[Scenario]] = {
         Scenario("network", Schedule(NETWORK_FAULTS | {"clock-jump": 1}, **STEADY), 75.0, **LONG),
         Scenario("disk", Schedule(DISK_FAULTS | MORE_DISK_FAULTS, **STEADY), 75.0, **LONG),
         Scenario("control-no-fsync", CONTROL, 20.0, **CONTROL_RUN),
+        Scenario("multihost", Schedule({}), 120.0, hosts=True, seeds=(2,)),
     ],
 }
 
@@ -288,13 +292,36 @@ def run_tier(
             run_dir.mkdir(parents=True, exist_ok=False)
             run_dir.chmod(0o711)
             print(f"faults: {sc.name} seed {s} ...", file=stream, flush=True)
-            result = Run(sc, s, run_dir).execute()
+            result = _multihost(s, run_dir) if sc.hosts else Run(sc, s, run_dir).execute()
             results.append(result)
             print(f"faults: {sc.name} seed {s}: {_verdict(result)}", file=stream, flush=True)
     summary = summarise(tier, results)
     _write_json(out / "summary.json", summary)
     print_summary(summary, stream)
     return 0 if summary["passed"] else 1
+
+
+def _multihost(seed: int, run_dir: Path) -> dict[str, Any]:
+    """The multi-host run's long tier, as a run of this suite's summary (its first check;
+    its own run.json has the rest)."""
+    from quire.faults.multihost import MultiHostRun  # it uses this module's constants
+
+    run = MultiHostRun(run_dir, "long", seed, stream=io.StringIO()).execute()
+    result = {
+        "scenario": "multihost",
+        "seed": seed,
+        "control": False,
+        "run_dir": str(run_dir),
+        "faults": dict(Counter(f["kind"] for f in run["faults"])),
+        "ok": run["ok"],
+        "elapsed_s": run["elapsed_s"],
+    }
+    if not run["ok"] and "error" not in run:
+        result["error"] = f"the multi-host run failed its checks: see {run_dir / 'run.json'}"
+    for key in ("error", "check", "repair_s"):
+        if key in run:
+            result.setdefault(key, run[key])
+    return result
 
 
 def _verdict(result: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """Quire beyond one machine, on this one: every NATS server, bookie and gateway in a network
 namespace of its own (quire/hosts.py), NATS a real 3-node cluster, placement rack-aware over
 bookies in three racks; the fault suite's workload on both gateways while one NATS server is
-cut from the other two and then one bookie host from everything; after the heal the repair,
+cut from the other two, then one bookie host from everything, then one gateway host from its
+nearest NATS server (it must reconnect to another); after the heal the repair,
 the final phase and the checker: nothing lost, no violation, every write set of every
 ledger's segments in at least two racks (docs/reliability.md, "Multi-host run")."""
 
@@ -42,8 +43,12 @@ def test_multihost_run_under_partitions() -> None:
     assert "error" not in run, f"{run.get('error')}; {report}"
     check = run["check"]
     assert {rule: check[rule] for rule in FATAL} == dict.fromkeys(FATAL, 0), check["examples"]
+    after = run["check_after_repair"]  # read back again once the repair finished
+    assert {rule: after[rule] for rule in FATAL} == dict.fromkeys(FATAL, 0), after["examples"]
     assert check["operations"]["append"]["ok"] > 0  # the workload did work
-    assert [f["kind"] for f in run["faults"]] == ["nats-minority", "bookie-isolated"]
+    assert [f["kind"] for f in run["faults"]] == ["nats-minority", "host-isolated", "nats-link"]
+    # The gateway cut from its nearest NATS server moved to the others.
+    assert run["faults"][2]["moved_s"] is not None, run["faults"]
     assert run["placement_violations"] == []
     assert run["exited"] == []
     assert run["event_stream_replicas"] == 3

@@ -11,10 +11,17 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
 import pytest
+from nats.errors import NoRespondersError, TimeoutError
+from nats.micro.request import Request
 
-from quire.hosts import Host, Network, available
+from quire.hosts import Host, Network, available, start_nats_hosts
 from quire.infra import ManagedProcess, ended_with_parent
+from shared.config import QuireSettings
+from shared.service import ServiceRuntime
+from tests.support.events import jetstream_ready
+from tests.support.wait import until
 
 PORT = 9000
 SERVE = (
@@ -93,3 +100,52 @@ def test_close_leaves_no_namespace_and_no_link() -> None:
     assert not Path(f"/sys/class/net/{outside}").exists()
     for pid in holders:
         assert not os.path.exists(f"/proc/{pid}")
+
+
+async def test_a_service_whose_link_to_its_nats_server_breaks_moves_to_another(
+    network: Network, tmp_path: Path
+) -> None:
+    """Not a stopped server (the connection ends at once) but a broken link: packets
+    dropped, nothing closed. The service must see it by its pings and reconnect elsewhere."""
+    hosts = [network.add_host(f"nats-{i}") for i in (1, 2, 3)]
+    (tmp_path / "logs").mkdir()
+    servers = start_nats_hosts(hosts, tmp_path, tmp_path / "logs")
+    observer = None
+    rt = None
+    try:
+        observer = await nats.connect(servers=[servers[2].url], allow_reconnect=False)
+        await until(lambda: jetstream_ready(observer), "JetStream ready", timeout_s=60)
+        settings = QuireSettings(nats_url=",".join(s.url for s in servers))
+        rt = ServiceRuntime("test", settings, "test-1")
+        await rt.start()
+
+        async def echo(req: Request) -> None:
+            await req.respond(b"ok:" + req.data)
+
+        subject = f"{settings.subject_prefix}.test.echo"
+        await rt.add_endpoint("echo", subject, echo)
+        assert rt.nc.connected_url is not None
+        assert rt.nc.connected_url.hostname == hosts[0].address  # the first named
+
+        network.cut_test("nats-1")
+        await until(
+            lambda: rt.nc.is_connected and rt.nc.connected_url.hostname != hosts[0].address,
+            "the service reconnected to another server",
+            timeout_s=60,
+        )
+
+        async def answered() -> bool:
+            try:
+                return (await observer.request(subject, b"b", timeout=1)).data == b"ok:b"
+            except (NoRespondersError, TimeoutError):
+                return False
+
+        await until(answered, "the service answering through another server")
+    finally:
+        if rt is not None:
+            rt.stop()
+            await rt.shutdown()
+        if observer is not None:
+            await observer.close()
+        for server in servers:
+            server.stop()

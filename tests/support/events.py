@@ -8,9 +8,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import nats.errors
 from nats.js.api import StreamConfig
+from nats.js.errors import APIError
 
 from shared.subjects import Subjects
+
+
+async def jetstream_ready(nc) -> bool:
+    """The cluster elected its JetStream meta leader (a few seconds after the ports open)."""
+    try:
+        await nc.jetstream().account_info()
+    except (APIError, nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        return False
+    return True
 
 
 async def stream_events(js, subjects: Subjects) -> list[dict]:
