@@ -49,24 +49,15 @@ class JournalSettings(BaseModel):
     # stops the bookie from starting. On: log it, skip to the next valid group commit and
     # start (the skipped records are lost; absent entries answer UNKNOWN_LEDGER_STATE).
     skip_replay_journal_invalid_record: bool = False
-    # journalDirectories: where the journal lives. BookKeeper's advice is a device of its
-    # own: an add waits on the journal's fdatasync, and on a disk shared with the entry
-    # logs and the index that fsync queues behind their flushes. Same path rules as
-    # ledgerstore.ledger_directories (relative: under the bookie's dir; absolute: the
-    # bookie id appended). JSON list in the environment: '["/mnt/journal"]'.
+    # journalDirectories: where the journals live, one journal per directory (each its own
+    # writer thread, group commit and fsync; a ledger's records go to journal
+    # ledger_id % count). BookKeeper's advice is a device of its own for the journal: an
+    # add waits on the journal's fdatasync, and on a disk shared with the entry logs and
+    # the index that fsync queues behind their flushes; several devices, several journals
+    # fsyncing at once. Same path rules as ledgerstore.ledger_directories (relative: under
+    # the bookie's dir; absolute: the bookie id appended). JSON list in the environment:
+    # '["/mnt/journal1","/mnt/journal2"]'. The cookie records them: keep the order.
     journal_directories: list[str] = Field(default=["journal"], min_length=1)
-
-    @model_validator(mode="after")
-    def _one_journal_directory(self) -> JournalSettings:
-        # The journal process runs one journal (one writer, one LastLogMark, one position
-        # the ledgerstore follows): a second directory would be silently unused.
-        if len(self.journal_directories) > 1:
-            raise ValueError(
-                f"journal_directories={self.journal_directories!r}: one journal directory "
-                "per bookie is supported; put it on its own device (several journals per "
-                "bookie are not implemented)"
-            )
-        return self
 
 
 class LedgerstoreSettings(BaseModel):
@@ -458,8 +449,12 @@ class QuireSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _journal_apart_from_ledgers(self) -> QuireSettings:
-        # The ledgerstore's directories hold entry logs and the index, the journal's its
-        # files, lastMark and snapshot: one directory for both would mix what each lists.
+        # The ledgerstore's directories hold entry logs and the index, a journal's its
+        # files, lastMark and snapshot: one directory for two would mix what each lists.
+        if len(set(self.journal_dirs)) < len(self.journal_dirs):
+            raise ValueError(
+                f"journal.journal_directories names a directory twice: {self.journal_dirs}"
+            )
         shared = set(self.journal_dirs) & set(self.ledger_dirs)
         if shared:
             raise ValueError(

@@ -50,11 +50,27 @@ BookieIdOption = Annotated[
     str, typer.Option("--bookie-id", "-b", help="The bookie whose files to read.")
 ]
 MsgOption = Annotated[bool, typer.Option("--msg", "-m", help="Print each entry's payload too.")]
+JournalOption = Annotated[
+    int,
+    typer.Option(
+        "--journal",
+        "-j",
+        min=0,
+        help="Which journal: the index of its directory in QUIRE_JOURNAL__JOURNAL_DIRECTORIES.",
+    ),
+]
 SANITY_LEDGER_BASE = 2**63  # above every ledger id the metadata service hands out
 
 
 def _settings(data_dir: Path, bookie_id: str) -> QuireSettings:
     return QuireSettings(data_dir=data_dir, bookie_id=bookie_id)
+
+
+def _journal_dir(data_dir: Path, bookie_id: str, journal: int) -> Path:
+    dirs = _settings(data_dir, bookie_id).journal_dirs
+    if journal >= len(dirs):
+        fail(f"no journal {journal}: the bookie has {len(dirs)} journal directories")
+    return dirs[journal]
 
 
 def _payload(frame: bytes, digest_code: int = 0) -> str:
@@ -100,12 +116,13 @@ def readjournal(
     ] = None,
     bookie_id: BookieIdOption = "bookie-1",
     msg: MsgOption = False,
+    journal: JournalOption = 0,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
     """Every record of the bookie's journal files, with its file and offset; stops at the
     first bad record of a file and says where and why."""
-    directory = _settings(data_dir, bookie_id).journal_dirs[0]
+    directory = _journal_dir(data_dir, bookie_id, journal)
     if not directory.exists():
         fail(f"no journal at {directory}")
     ids = [journal_id] if journal_id is not None else journal_files(directory)
@@ -203,11 +220,12 @@ def ledger(
 
 def lastmark(
     bookie_id: BookieIdOption = "bookie-1",
+    journal: JournalOption = 0,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     output: OutputOption = Output.TABLE,
 ) -> None:
     """The journal's LastLogMark (where replay starts), its snapshot position, and files."""
-    directory = _settings(data_dir, bookie_id).journal_dirs[0]
+    directory = _journal_dir(data_dir, bookie_id, journal)
     mark_path, snapshot_path = directory / LAST_MARK, directory / SNAPSHOT
     mark = decode_last_mark(mark_path.read_bytes()) if mark_path.exists() else None
     snapshot = decode_snapshot(snapshot_path.read_bytes()) if snapshot_path.exists() else None

@@ -2,7 +2,9 @@
 
 The decisions are elsewhere: the record and file format in `shared.bookie.journal_format`,
 when to commit in `core`, the ledger rules in `shared.bookie.rules`; this module only
-moves bytes and wakes tasks. Files live in `<bookie_dir>/journal/`:
+moves bytes and wakes tasks. A bookie runs one journal per journal directory
+(journal.journal_directories; the default is `<bookie_dir>/journal/`), each with its own
+writer thread, group commit and fsync, and these files:
 
     journal-NNNNNN.log   the write-ahead log
     lastMark             {"file": n, "offset": m}: the ledgerstore has checkpointed up to
@@ -418,6 +420,7 @@ class Journal:
         fatal: Callable[[str], None] = die,
         files: FileLayer = OS_FILES,
         bookie_id: str = "",
+        stats: JournalStats | None = None,
     ) -> None:
         self.directory = directory
         self.bookie_id = bookie_id
@@ -429,7 +432,12 @@ class Journal:
             buffered_entries_threshold=settings.buffered_entries_threshold,
             flush_when_queue_empty=settings.flush_when_queue_empty,
         )
-        self.stats = JournalStats()
+        # Shared by the journals of one bookie (one per journal directory): the bookie's
+        # totals. What is this journal's alone is below (`syncs`, `written_bytes`...).
+        self.stats = stats or JournalStats()
+        self.syncs = 0
+        self.sync_seconds = 0.0
+        self.written_bytes = 0
         # `live` includes what is queued (admission decisions); `durable` only what is
         # fsynced (fence replies, snapshots).
         self.live = BookieLedgerState()
@@ -490,6 +498,11 @@ class Journal:
                 self.files.close(self._fd)
                 self._fd = -1
 
+    @property
+    def queued(self) -> int:
+        """Records queued, not yet committed."""
+        return len(self._pending)
+
     # -- submitting -----------------------------------------------------------------------
 
     def room_for(self, count: int) -> bool:
@@ -526,9 +539,9 @@ class Journal:
         self.stats.journal_add_entry += entries
         if span is not None:
             self._traced_pending += 1
-        self.stats.journal_queue_size = len(self._pending)
+        self.stats.journal_queue_size += len(records)
         self.stats.journal_queue_max_size = max(
-            self.stats.journal_queue_max_size, len(self._pending)
+            self.stats.journal_queue_max_size, self.stats.journal_queue_size
         )
         self._wakeup.set()
         return future
@@ -560,7 +573,7 @@ class Journal:
             count = batch_length(self.policy, sizes)
             batch = [self._pending.popleft() for _ in range(count)]
             self._pending_bytes -= sum(sizes[:count])  # batch_length took them from sizes
-            self.stats.journal_queue_size = len(self._pending)
+            self.stats.journal_queue_size -= count
             await self._commit(batch)
 
     async def _commit(self, batch: list[_Pending]) -> None:
@@ -577,7 +590,11 @@ class Journal:
         except OSError as exc:
             self._fatal(f"journal write/fsync of {journal_file_name(self._file_id)}: {exc!r}")
             raise
-        self.stats.synced(len(batch), len(data), (time.perf_counter() - started) * 1000)
+        elapsed_s = time.perf_counter() - started
+        self.stats.synced(len(batch), len(data), elapsed_s * 1000)
+        self.syncs += 1
+        self.sync_seconds += elapsed_s
+        self.written_bytes += len(data)
         if traced:
             # Scheduled before the answers below, so it runs before the answered requests
             # end their spans (each is linked to the commit first); and not done here, so

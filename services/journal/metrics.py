@@ -26,7 +26,7 @@ def count_add_request(stats: JournalStats, results: Sequence[wire.AddResult], ms
 
 def journal_metrics(service: JournalService) -> Builder:
     def build(e: Exposition) -> None:
-        stats = service.journal.stats
+        stats = service.stats  # the bookie's totals, over all its journals
         e.op_stats(
             stats.add_entry_latency,
             bk_name="bookie_journal_JOURNAL_ADD_ENTRY",
@@ -106,8 +106,35 @@ def journal_metrics(service: JournalService) -> Builder:
         e.gauge(
             "quire_journal_ledgers",
             "Ledgers the journal holds durable state of",
-            len(service.journal.durable),
+            sum(len(journal.durable) for journal in service.journals),
         )
+        # Per journal directory (one journal each): which disk is slow or busy.
+        for journal in service.journals:
+            where = {"journal_dir": str(journal.directory)}
+            e.counter(
+                "quire_journal_dir_syncs",
+                "Group commits (write and fdatasync) of this journal directory",
+                journal.syncs,
+                **where,
+            )
+            e.counter(
+                "quire_journal_dir_sync_seconds",
+                "Time spent in the group commits of this journal directory",
+                journal.sync_seconds,
+                **where,
+            )
+            e.counter(
+                "quire_journal_dir_written_bytes",
+                "Bytes written to this journal directory",
+                journal.written_bytes,
+                **where,
+            )
+            e.gauge(
+                "quire_journal_dir_queue_entries",
+                "Records queued for this journal directory, not yet committed",
+                journal.queued,
+                **where,
+            )
         e.gauge(
             "quire_journal_read_only",
             "1 while the bookie is read-only",

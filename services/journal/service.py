@@ -17,12 +17,13 @@ metrics (`services.journal.metrics`; docs/metrics.md), on `metrics_port`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from nats.micro.request import Request
 from opentelemetry.trace import Span, get_current_span
 
 from services.journal.core import high_priority_writes_allowed
-from services.journal.journal import Journal, QueueFull
+from services.journal.journal import Journal, JournalStats
 from services.journal.metrics import count_add_request, journal_metrics
 from shared import clock, wire
 from shared.aio import wait_event
@@ -39,7 +40,7 @@ from shared.bookie.cookie import (
     Cookie,
     CookieMismatch,
     check_journal_copy,
-    journal_copy_dir,
+    keeps_cookie_copy,
     read_disk_cookie,
     reconcile,
     reconcile_offline,
@@ -47,8 +48,12 @@ from shared.bookie.cookie import (
 )
 from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, parse_journal_delete
+from shared.bookie.journal_dir import (
+    decode_journal_position,
+    encode_journal_position,
+    journal_position_json,
+)
 from shared.bookie.journal_format import (
-    JOURNAL_START,
     FenceRecord,
     JournalFormatError,
     JournalPosition,
@@ -56,7 +61,13 @@ from shared.bookie.journal_format import (
     LedgerDeletedRecord,
     Record,
 )
-from shared.bookie.rules import admit_adds, disk_read_only, meta_records, refuse_adds
+from shared.bookie.rules import (
+    admit_adds,
+    disk_read_only,
+    frame_ledger_id,
+    meta_records,
+    refuse_adds,
+)
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import serve_metrics
@@ -90,10 +101,13 @@ class JournalService:
     def __init__(self, rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> None:
         self.rt = rt
         self.bookie_id = rt.settings.bookie_id
-        # The disks of this bookie: the journal's and every ledger directory.
-        (self.journal_dir,) = rt.settings.journal_dirs  # one: JournalSettings checks it
-        self.disk_dirs = [self.journal_dir, *rt.settings.ledger_dirs]
-        self.journal_copy = journal_copy_dir(rt.settings.bookie_dir, self.journal_dir)
+        # The disks of this bookie: every journal directory and every ledger directory.
+        self.journal_dirs = rt.settings.journal_dirs
+        self.disk_dirs = [*self.journal_dirs, *rt.settings.ledger_dirs]
+        # The journal directories on disks of their own keep a copy of the cookie.
+        self.journal_copies = [
+            d for d in self.journal_dirs if keeps_cookie_copy(rt.settings.bookie_dir, d)
+        ]
         self.disk_usage = disk_usage
         self.read_only = False
         self.disk_usage_fraction = 0.0
@@ -104,24 +118,39 @@ class JournalService:
         # has the bookie's ledgers re-replicated, then clears it (`handle_clear_limbo`).
         self.limbo = False
         self.committed_subject = rt.subjects.bookie(self.bookie_id, JOURNAL_COMMITTED)
-        self._announce_position = JOURNAL_START
+        self._announce_positions: dict[int, JournalPosition] = {}
         self._announce_timer: asyncio.TimerHandle | None = None
         self._announcing: set[asyncio.Task[None]] = set()
-        self.journal = Journal(
-            self.journal_dir,
-            rt.settings.journal,
-            on_commit=self._on_commit,
-            files=files_for(rt.settings.faults_dir),
-            bookie_id=self.bookie_id,
-        )
+        # One journal per directory (BookKeeper's journalDirectories): its own writer
+        # thread, group commit and fsync; the ledgers are spread over them by id
+        # (`journal_for`), so a ledger's records stay in one journal, in order.
+        stats = JournalStats()
+        files = files_for(rt.settings.faults_dir)  # one files.log, one fault side channel
+        self.journals = [
+            Journal(
+                directory,
+                rt.settings.journal,
+                on_commit=functools.partial(self._on_commit, index),
+                files=files,
+                bookie_id=self.bookie_id,
+                stats=stats,
+            )
+            for index, directory in enumerate(self.journal_dirs)
+        ]
+        self.stats = stats
 
-    def _on_commit(self, position: JournalPosition) -> None:
+    def journal_for(self, ledger_id: int) -> Journal:
+        """The journal of a ledger: by ledger id modulo their count, as BookKeeper picks
+        a ledger's journal (and as the ledger directories are picked)."""
+        return self.journals[ledger_id % len(self.journals)]
+
+    def _on_commit(self, index: int, position: JournalPosition) -> None:
         """Tell the ledgerstore what is durable, at most once per
         ledgerstore.journal_apply_interval_ms: one notification (and one catch-up of the
         ledgerstore) for all the group commits of that interval, not one per commit, and
         never ahead of the answers to the adds just committed (a message costs tens of
         microseconds of CPU in each process it passes)."""
-        self._announce_position = position
+        self._announce_positions[index] = position
         if self._announce_timer is None:
             interval_s = self.rt.settings.ledgerstore.journal_apply_interval_ms / 1000
             loop = asyncio.get_running_loop()
@@ -129,29 +158,48 @@ class JournalService:
 
     def _announce_now(self) -> None:
         self._announce_timer = None
-        task = asyncio.create_task(self._announce(self._announce_position))
+        positions, self._announce_positions = self._announce_positions, {}
+        task = asyncio.create_task(self._announce(positions))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
 
-    async def _announce(self, position: JournalPosition) -> None:
+    async def _announce(self, positions: dict[int, JournalPosition]) -> None:
         # Fire and forget: the ledgerstore also polls, a lost notification only delays it.
         try:
-            await self.rt.nc.publish(
-                self.committed_subject, json.dumps(position.to_json()).encode()
-            )
+            for index, position in positions.items():
+                await self.rt.nc.publish(
+                    self.committed_subject, encode_journal_position(index, position)
+                )
         except Exception as exc:
             log.debug("committed notification not sent", extra={"err": repr(exc)})
 
-    def _submit(self, records: list[Record]) -> asyncio.Future | None:
-        """Queue admitted records and apply them to the live state; None if the queue is
-        full (nothing queued then). The future: all of them are durable."""
-        try:
-            future = self.journal.submit(records, time.monotonic() * 1000, _traced_request())
-        except QueueFull:
+    def _by_journal(self, ledger_ids: list[int]) -> dict[int, list[int]]:
+        """The indexes of `ledger_ids` by the index of their journal (`journal_for`)."""
+        count = len(self.journals)
+        if count == 1:
+            return {0: list(range(len(ledger_ids)))}
+        groups: dict[int, list[int]] = {}
+        for i, ledger_id in enumerate(ledger_ids):
+            groups.setdefault(ledger_id % count, []).append(i)
+        return groups
+
+    def _submit(self, records: list[Record]) -> dict[int, asyncio.Future] | None:
+        """Queue admitted records, each in its ledger's journal, and apply them to its
+        live state; None if a journal's queue is full (nothing queued then). The futures
+        by journal index: all of them are durable."""
+        groups = self._by_journal([record.ledger_id for record in records])
+        parts = {index: [records[i] for i in at] for index, at in groups.items()}
+        if not all(self.journals[index].room_for(len(part)) for index, part in parts.items()):
             return None
-        for record in records:
-            self.journal.live.apply(record)
-        return future
+        futures = {}
+        span = _traced_request()
+        for index, part in parts.items():
+            journal = self.journals[index]
+            # room_for checked every part: this cannot be refused.
+            futures[index] = journal.submit(part, time.monotonic() * 1000, span)
+            for record in part:
+                journal.live.apply(record)
+        return futures
 
     # -- add ------------------------------------------------------------------------------
 
@@ -170,29 +218,49 @@ class JournalService:
         if durable is not None:
             await durable
         await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
-        count_add_request(self.journal.stats, results, (time.perf_counter() - arrived) * 1000)
+        count_add_request(self.stats, results, (time.perf_counter() - arrived) * 1000)
 
     def _admit_adds(
         self, items: list[wire.AddItem]
-    ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
+    ) -> tuple[list[wire.AddResult], Awaitable[object] | None]:
         """Admit the batch by the ledger rules (`admit_adds`) and queue what they admit,
-        all in one synchronous step (so the checks see the adds that arrived before). The
-        future (None if nothing was queued): every queued item is durable."""
-        if not self.journal.room_for(len(items)):
+        each item in its ledger's journal, all in one synchronous step (so the checks see
+        the adds that arrived before). The awaitable (None if nothing was queued): every
+        queued item is durable. A journal whose queue is full refuses its items whole."""
+        if len(self.journals) == 1:
+            return self._admit_to(self.journals[0], items)
+        groups = self._by_journal([frame_ledger_id(item.frame) for item in items])
+        results: dict[int, wire.AddResult] = {}
+        durable = []
+        for index, at in groups.items():
+            part_results, part_durable = self._admit_to(
+                self.journals[index], [items[i] for i in at]
+            )
+            for i, result in zip(at, part_results, strict=True):
+                results[i] = result
+            if part_durable is not None:
+                durable.append(part_durable)
+        answers = [results[i] for i in range(len(items))]
+        return answers, asyncio.gather(*durable) if durable else None
+
+    def _admit_to(
+        self, journal: Journal, items: list[wire.AddItem]
+    ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
+        if not journal.room_for(len(items)):
             return self._refuse(items, BookieStatus.TOO_MANY_REQUESTS), None
-        admission = admit_adds(self.journal.live, items)
+        admission = admit_adds(journal.live, items)
         for result in admission.results:
             if result.status is not BookieStatus.OK:
-                self.journal.stats.rejected(result.status.name)
+                self.stats.rejected(result.status.name)
         if not admission.records:
             return admission.results, None
         # room_for checked the whole batch: this cannot be refused.
-        durable = self.journal.submit(admission.records, time.monotonic() * 1000, _traced_request())
+        durable = journal.submit(admission.records, time.monotonic() * 1000, _traced_request())
         return admission.results, durable
 
     def _admit_read_only(
         self, items: list[wire.AddItem]
-    ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
+    ) -> tuple[list[wire.AddResult], Awaitable[object] | None]:
         """diskUsageThreshold passed: normal adds are refused READ_ONLY; recovery adds (the
         replicator's and a recovery's: BookKeeper's high-priority writes) are admitted while
         the fullest disk keeps min_usable_size_for_high_priority_writes_bytes free."""
@@ -214,7 +282,7 @@ class JournalService:
 
     def _refuse(self, items: list[wire.AddItem], status: BookieStatus) -> list[wire.AddResult]:
         for _ in items:
-            self.journal.stats.rejected(status.name)
+            self.stats.rejected(status.name)
         return refuse_adds(items, status)
 
     # -- disk usage -----------------------------------------------------------------------
@@ -271,13 +339,14 @@ class JournalService:
             log.warning("bad fence request", extra={"err": str(exc)})
             await request.respond(wire.encode_lac_reply(wire.LacReply(BookieStatus.BAD_REQUEST)))
             return
-        facts = self.journal.durable.get(ledger_id)
+        journal = self.journal_for(ledger_id)
+        facts = journal.durable.get(ledger_id)
         was_fenced = facts is not None and facts.fenced
         status = await self._journal_meta(ledger_id, master_key, FenceRecord(ledger_id))
         if status is not BookieStatus.OK:
             await request.respond(wire.encode_lac_reply(wire.LacReply(status)))
             return
-        facts = self.journal.durable.get(ledger_id)
+        facts = journal.durable.get(ledger_id)
         assert facts is not None and facts.fenced
         await request.respond(
             wire.encode_lac_reply(wire.LacReply(BookieStatus.OK, facts.lac, facts.last_entry_id))
@@ -303,24 +372,32 @@ class JournalService:
             await request.respond(wire.encode_write_lac_reply([BookieStatus.BAD_REQUEST]))
             return
         # At most two records an item (the ledger's key first, if it has none).
-        if not self.journal.room_for(2 * len(items)):
+        groups = self._by_journal([ledger_id for ledger_id, _, _ in items])
+        if not all(self.journals[i].room_for(2 * len(at)) for i, at in groups.items()):
             statuses = [BookieStatus.TOO_MANY_REQUESTS] * len(items)
             await request.respond(wire.encode_write_lac_reply(statuses))
             return
-        live = self.journal.live
         statuses, records = [], []
         for ledger_id, master_key, lac in items:
             if lac < -1:
                 statuses.append(BookieStatus.BAD_REQUEST)
                 continue
+            live = self.journal_for(ledger_id).live
             status, facts = meta_records(live, ledger_id, master_key, LacRecord(ledger_id, lac))
             for record in facts:  # applied at once: the next item of the ledger sees its key
                 live.apply(record)
             records.extend(facts)
             statuses.append(status)
         if records:
-            # room_for checked the whole request: this cannot be refused.
-            await self.journal.submit(records, time.monotonic() * 1000)
+            now_ms = time.monotonic() * 1000
+            parts = self._by_journal([record.ledger_id for record in records])
+            # room_for checked the whole request: none of these can be refused.
+            await asyncio.gather(
+                *(
+                    self.journals[i].submit([records[r] for r in at], now_ms)
+                    for i, at in parts.items()
+                )
+            )
         await request.respond(wire.encode_write_lac_reply(statuses))
 
     async def _journal_meta(
@@ -328,34 +405,46 @@ class JournalService:
     ) -> BookieStatus:
         """Journal a ledger fact (`meta_records`: with the ledger's key first if it has
         none) and wait until it is durable."""
-        status, records = meta_records(self.journal.live, ledger_id, master_key, record)
+        status, records = meta_records(
+            self.journal_for(ledger_id).live, ledger_id, master_key, record
+        )
         if status is not BookieStatus.OK:
             return status
         durable = self._submit(records)
         if durable is None:
             return BookieStatus.TOO_MANY_REQUESTS
-        await durable
+        await asyncio.gather(*durable.values())
         return BookieStatus.OK
 
     # -- checkpoint and stats -------------------------------------------------------------
 
     async def handle_checkpoint(self, request: Request) -> None:
+        """The ledgerstore made one journal's records durable up to a position
+        (`journal_position_json`): that journal's LastLogMark moves there."""
         try:
-            requested = JournalPosition.from_json(json.loads(request.data))
-        except (ValueError, KeyError, TypeError, JournalFormatError) as exc:
+            index, requested = decode_journal_position(request.data, len(self.journals))
+        except JournalFormatError as exc:
             await request.respond(json.dumps({"ok": False, "error": str(exc)}).encode())
             return
-        mark, deleted = await self.journal.checkpoint(requested)
+        journal = self.journals[index]
+        mark, deleted = await journal.checkpoint(requested)
         await request.respond(
-            json.dumps({"ok": True, "mark": mark.to_json(), "deleted": deleted}).encode()
+            json.dumps(
+                {"ok": True, "journal": index, "mark": mark.to_json(), "deleted": deleted}
+            ).encode()
         )
         if deleted:
-            log.info("journal checkpoint", extra={"mark": mark.to_json(), "deleted": deleted})
+            where = {"journal_dir": str(journal.directory)}
+            log.info(
+                "journal checkpoint",
+                extra={"mark": mark.to_json(), "deleted": deleted, **where},
+            )
             self.rt.events.emit(
                 "journal.checkpoint",
                 bookie_id=self.bookie_id,
                 mark=mark.to_json(),
                 deleted_files=deleted,
+                **where,
             )
 
     async def handle_delete(self, request: Request) -> None:
@@ -379,9 +468,11 @@ class JournalService:
             }
             await request.respond(json.dumps(reply).encode())
             return
-        position = await durable
-        log.info("ledgers deleted", extra={"ledgers": len(ledger_ids), "at": position.to_json()})
-        await request.respond(json.dumps({"ok": True, "position": position.to_json()}).encode())
+        positions = [
+            journal_position_json(index, await future) for index, future in durable.items()
+        ]
+        log.info("ledgers deleted", extra={"ledgers": len(ledger_ids), "at": positions})
+        await request.respond(json.dumps({"ok": True, "positions": positions}).encode())
 
     def bookie_info(self) -> dict:
         """What the bookie says of itself (blocking: it lists and sizes files)."""
@@ -402,7 +493,15 @@ class JournalService:
             for path in sorted(directory.iterdir()) if directory.exists() else []:
                 if path.is_file():
                     files.append({"path": str(path), "size_bytes": path.stat().st_size})
-        mark = self.journal.mark
+        journals = [
+            {
+                "dir": str(journal.directory),
+                "last_log_mark": journal.mark.to_json() if journal.mark else None,
+                "durable": journal.durable_position.to_json(),
+                "ledgers": len(journal.durable),
+            }
+            for journal in self.journals
+        ]
         return {
             "bookie_id": self.bookie_id,
             "state": "readonly" if self.read_only else "writable",
@@ -411,10 +510,12 @@ class JournalService:
             "disk_usage": self.disk_usage_fraction,
             "disk_usage_threshold": settings.ledgerstore.disk_usage_threshold,
             "disk_usage_lwm_threshold": settings.ledgerstore.disk_usage_lwm_threshold,
-            "last_log_mark": mark.to_json() if mark else None,
-            "journal_durable": self.journal.durable_position.to_json(),
-            "ledgers": len(self.journal.durable),
-            "journal_dir": str(self.journal.directory),
+            # The first journal's, as before there were several; all in "journals".
+            "last_log_mark": journals[0]["last_log_mark"],
+            "journal_durable": journals[0]["durable"],
+            "ledgers": sum(j["ledgers"] for j in journals),
+            "journal_dir": journals[0]["dir"],
+            "journals": journals,
             "ledger_dirs": [str(d) for d in settings.ledger_dirs],
             "disks": disks,
             "files": files,
@@ -430,7 +531,8 @@ class JournalService:
         settings = self.rt.settings
         return Cookie(
             bookie_id=self.bookie_id,
-            journal_dir=str(self.journal_dir.resolve()),
+            journal_dir=str(self.journal_dirs[0].resolve()),
+            more_journal_dirs=[str(d.resolve()) for d in self.journal_dirs[1:]],
             ledger_dirs=[str(d.resolve()) for d in settings.ledger_dirs],
             instance_id=instance_id,
         )
@@ -440,7 +542,7 @@ class JournalService:
 
     def _write_cookie(self, cookie: Cookie) -> None:
         write_disk_cookie(
-            self.rt.settings.bookie_dir, cookie, self.journal.files, self.journal_copy
+            self.rt.settings.bookie_dir, cookie, self.journals[0].files, self.journal_copies
         )
 
     async def establish_identity(self, client: MetadataClient) -> bool:
@@ -449,8 +551,8 @@ class JournalService:
         not be asked (then only the disk was checked; `keep_registered` asks later)."""
         bookie_dir = self.rt.settings.bookie_dir
         disk = read_disk_cookie(bookie_dir)
-        if self.journal_copy is not None:
-            check_journal_copy(self.expected_cookie(), disk, self.journal_copy)
+        for directory in self.journal_copies:
+            check_journal_copy(self.expected_cookie(), disk, directory)
         try:
             instance_id = await client.instance_id()
             stored = await client.get_cookie(self.bookie_id)
@@ -544,11 +646,14 @@ async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> Non
     # Identity first: a disk that is not this bookie's is never replayed or served.
     client = MetadataClient(rt.nc, rt.subjects, timeout_s=rt.settings.request_timeout_ms / 1000)
     service.identity_checked = await service.establish_identity(client)
-    await service.journal.open()
+    # Replayed side by side: each journal reads its own disk.
+    await asyncio.gather(*(journal.open() for journal in service.journals))
     await service.check_disks()
-    rt.on_shutdown(service.journal.close)
+    for journal in service.journals:
+        rt.on_shutdown(journal.close)
     rt.on_shutdown(service.unregister)
-    rt.spawn(service.journal.run_writer(), "journal-writer")
+    for index, journal in enumerate(service.journals):
+        rt.spawn(journal.run_writer(), f"journal-writer-{index}")
     bookie = rt.settings.bookie_id
     endpoints = [
         ("add", "add", service.handle_add, ADD_MAX_IN_FLIGHT),

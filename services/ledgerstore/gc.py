@@ -53,7 +53,8 @@ from shared.bookie.gc import (
     time_up,
     usage_buckets,
 )
-from shared.bookie.journal_format import JournalPosition
+from shared.bookie.journal_dir import parse_journal_position
+from shared.bookie.journal_format import JournalFormatError, JournalPosition
 from shared.bookie.rules import disk_read_only
 from shared.config import LedgerstoreSettings
 from shared.metaclient import MetadataError
@@ -73,7 +74,7 @@ class GcStore(Protocol):
     ledgers: dict[int, Any]
 
     async def catch_up(self) -> bool: ...
-    async def apply_through(self, position: JournalPosition) -> bool: ...
+    async def apply_through(self, positions: JournalPositions) -> bool: ...
     def entry_logs(self) -> list[EntryLogMetadata]: ...
     def current_entry_logs(self) -> list[tuple[int, int, int]]: ...
     async def delete_dead_entry_logs(self) -> list[EntryLogMetadata]: ...
@@ -94,7 +95,9 @@ class GcMetadata(Protocol):
     async def instance_id(self) -> str: ...
 
 
-JournalDelete = Callable[[list[int]], Awaitable[JournalPosition]]
+# Journal index (of its directory) -> a position in that journal.
+JournalPositions = dict[int, JournalPosition]
+JournalDelete = Callable[[list[int]], Awaitable[JournalPositions]]
 Emit = Callable[..., None]
 DiskUsage = Callable[[Path], tuple[int, int]]  # a directory -> (used, total) bytes
 
@@ -367,14 +370,14 @@ class GarbageCollector:
     async def _delete_ledgers(self, candidates: list[int], run: GcRun) -> None:
         for start in range(0, len(candidates), JOURNAL_DELETE_MAX_LEDGERS):
             batch = candidates[start : start + JOURNAL_DELETE_MAX_LEDGERS]
-            position = await self.journal_delete(batch)
+            positions = await self.journal_delete(batch)
             # The journal has forgotten them durably: they are deleted, whatever follows.
             run.ledgers_deleted += len(batch)
             self.stats.deleted_ledger_count += len(batch)
             for ledger_id in batch:
                 self.emit("gc.ledger_deleted", ledger_id=ledger_id, bookie_id=self.bookie_id)
-            if not await self.store.apply_through(position):
-                raise GcError(f"ledgerstore could not apply the journal up to {position}")
+            if not await self.store.apply_through(positions):
+                raise GcError(f"ledgerstore could not apply the journal up to {positions}")
 
     async def _same_cluster(self, run: GcRun) -> bool:
         """Whether metadata is the cluster instance the bookie's cookie names. A metadata
@@ -631,9 +634,13 @@ def _fail(waiters: list[asyncio.Future[GcRun]], error: GcError) -> None:
             waiter.set_exception(error)
 
 
-def decode_delete_reply(data: bytes) -> JournalPosition:
-    """The journal's answer to `journal.delete`: the position after the records."""
+def decode_delete_reply(data: bytes, journals: int) -> JournalPositions:
+    """The journal's answer to `journal.delete`: the position after the records in each
+    journal that took some."""
     reply = json.loads(data)
     if not reply.get("ok"):
         raise GcError(f"journal refused journal.delete: {reply}")
-    return JournalPosition.from_json(reply["position"])
+    try:
+        return dict(parse_journal_position(raw, journals) for raw in reply["positions"])
+    except (KeyError, TypeError, JournalFormatError) as exc:
+        raise GcError(f"bad journal.delete reply {reply}: {exc}") from exc

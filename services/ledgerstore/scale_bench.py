@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.ledgerstore.core import EntryLocation, LedgerInfo
@@ -72,11 +72,11 @@ class CountingStore(LedgerStore):
         def counted(
             entries: Mapping[tuple[int, int], EntryLocation],
             ledgers: Mapping[int, LedgerInfo],
-            position: JournalPosition,
+            positions: Sequence[JournalPosition],
             *args,
         ) -> Usage:
             self.commits.append({"entries": len(entries), "ledger_rows": len(ledgers)})
-            return commit(entries, ledgers, position, *args)
+            return commit(entries, ledgers, positions, *args)
 
         self.index.commit = counted  # type: ignore[method-assign]
 

@@ -33,7 +33,12 @@ import logging
 
 from nats.micro.request import Request
 
-from services.ledgerstore.gc import GarbageCollector, GcError, decode_delete_reply
+from services.ledgerstore.gc import (
+    GarbageCollector,
+    GcError,
+    JournalPositions,
+    decode_delete_reply,
+)
 from services.ledgerstore.metrics import ledgerstore_metrics
 from services.ledgerstore.read_queue import ReadQueue
 from services.ledgerstore.store import LedgerStore
@@ -42,7 +47,8 @@ from shared.aio import wait_event
 from shared.bookie.cookie import Cookie, read_disk_cookie
 from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, GcRun, parse_flags
-from shared.bookie.journal_format import JournalFormatError, JournalPosition
+from shared.bookie.journal_dir import decode_journal_position, encode_journal_position
+from shared.bookie.journal_format import JournalFormatError
 from shared.metaclient import MetadataClient
 from shared.metrics import serve_metrics
 from shared.service import ServiceRuntime
@@ -61,7 +67,7 @@ class LedgerstoreService:
             rt.settings.bookie_dir,
             self.settings,
             ledger_dirs=rt.settings.ledger_dirs,
-            journal_dir=rt.settings.journal_dirs[0],
+            journal_dirs=rt.settings.journal_dirs,
             files=files_for(rt.settings.faults_dir),
             on_corrupt=self._on_corrupt,
             skip_invalid_journal_records=rt.settings.journal.skip_replay_journal_invalid_record,
@@ -110,11 +116,11 @@ class LedgerstoreService:
 
     async def on_committed(self, msg) -> None:
         try:
-            position = JournalPosition.from_json(json.loads(msg.data))
-        except (ValueError, KeyError, TypeError, JournalFormatError):
+            index, position = decode_journal_position(msg.data, len(self.store.tailers))
+        except JournalFormatError:
             log.warning("bad journal.committed notification", extra={"data": msg.data[:100]})
             return
-        self.store.journal_durable(position)
+        self.store.journal_durable(index, position)
         self._journal_committed.set()
 
     async def follow_journal(self) -> None:
@@ -169,36 +175,39 @@ class LedgerstoreService:
                 marked_s = loop.time()
 
     async def checkpoint(self, tell_journal: bool = True) -> None:
-        """Flush the write cache, then (if `tell_journal`) hand the position to the
-        journal as its LastLogMark."""
-        position = await self.store.checkpoint()
-        if not tell_journal or (position is None and self.store.checkpointed is None):
+        """Flush the write cache, then (if `tell_journal`) hand each journal its position
+        as its LastLogMark."""
+        positions = await self.store.checkpoint()
+        if not tell_journal or (positions is None and self.store.checkpointed is None):
             return
-        mark = position or self.store.checkpointed
-        assert mark is not None
+        marks = positions or self.store.checkpointed
+        assert marks is not None
         subject = self.rt.subjects.bookie(self.bookie_id, JOURNAL_CHECKPOINT)
-        try:
-            # Repeated even when nothing changed: a journal that restarted learns the mark.
-            msg = await self.rt.nc.request(
-                subject,
-                json.dumps(mark.to_json()).encode(),
-                timeout=self.rt.settings.request_timeout_ms / 1000,
-            )
-            reply = json.loads(msg.data)
-            if not reply.get("ok"):
-                log.warning("journal refused checkpoint", extra={"reply": reply})
-        except Exception as exc:  # journal down or restarting: the next checkpoint retries
-            log.info("journal checkpoint not delivered", extra={"err": repr(exc)})
+        for index, mark in enumerate(marks):
+            try:
+                # Repeated even when nothing changed: a journal that restarted learns its
+                # mark.
+                msg = await self.rt.nc.request(
+                    subject,
+                    encode_journal_position(index, mark),
+                    timeout=self.rt.settings.request_timeout_ms / 1000,
+                )
+                reply = json.loads(msg.data)
+                if not reply.get("ok"):
+                    log.warning("journal refused checkpoint", extra={"reply": reply})
+            except Exception as exc:  # journal down or restarting: the next one retries
+                log.info("journal checkpoint not delivered", extra={"err": repr(exc)})
+                return
 
-    async def journal_delete(self, ledger_ids: list[int]) -> JournalPosition:
+    async def journal_delete(self, ledger_ids: list[int]) -> JournalPositions:
         """Ask the journal to forget these ledgers (DELETED records); the position after
-        them once they are fsynced."""
+        them in each journal that took some, once they are fsynced."""
         msg = await self.rt.nc.request(
             self.rt.subjects.bookie(self.bookie_id, JOURNAL_DELETE),
             json.dumps({"ledgers": ledger_ids}).encode(),
             timeout=self.rt.settings.request_timeout_ms / 1000,
         )
-        return decode_delete_reply(msg.data)
+        return decode_delete_reply(msg.data, len(self.store.tailers))
 
     # -- the garbage collector's endpoints ------------------------------------------------
 

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -43,6 +43,7 @@ from shared.bookie.files import OS_FILES, FileLayer
 from shared.bookie.journal_dir import journal_files
 from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
+    JOURNAL_START,
     MAX_RECORD_SIZE,
     JournalFormatError,
     JournalPosition,
@@ -344,7 +345,9 @@ LogEnds = dict[int, tuple[int, int]]  # ledger dir index -> (log_id, size) as ch
 
 @dataclass
 class IndexState:
-    position: JournalPosition | None  # journal position the index reflects (None: fresh)
+    # The position in each journal the index reflects (one per journal directory, in
+    # order); None: fresh.
+    positions: tuple[JournalPosition, ...] | None
     log_ends: LogEnds  # entry logs as of that checkpoint
     ledgers: dict[int, LedgerInfo] = field(default_factory=dict)
     facts: dict[str, str] = field(default_factory=dict)
@@ -359,9 +362,10 @@ class EntryIndex:
     One writer connection (checkpoints) and one reader connection per thread that queries:
     in WAL mode readers never wait for the writer's transaction, nor for each other."""
 
-    def __init__(self, path: Path, files: FileLayer = OS_FILES) -> None:
+    def __init__(self, path: Path, files: FileLayer = OS_FILES, journals: int = 1) -> None:
         self.path = path
         self.files = files
+        self.journals = journals  # the bookie's journal directories
         self.lookups = 0  # queries (a range query counts one)
         self._writer: sqlite3.Connection | None = None
         self._local = threading.local()
@@ -384,11 +388,20 @@ class EntryIndex:
             names = {row[1] for row in self._writer.execute(f"PRAGMA table_info({table})")}
             if column not in names:
                 self._writer.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        more: dict[int, JournalPosition] = {}
+        if self.journals > 1:
+            self._writer.executescript(sql.JOURNAL_POSITIONS_SCHEMA)
+            for journal, file_id, offset in self._writer.execute(sql.SELECT_JOURNAL_POSITIONS):
+                more[journal] = JournalPosition(file_id, offset)
         self._open = True
         row = self._writer.execute(sql.SELECT_CHECKPOINT).fetchone()
         state = IndexState(None, {})
         if row is not None:
-            state.position = JournalPosition(row[0], row[1])
+            # Every checkpoint writes every journal's position: none is missing after one.
+            state.positions = (
+                JournalPosition(row[0], row[1]),
+                *(more.get(i, JOURNAL_START) for i in range(1, self.journals)),
+            )
             state.log_ends = {0: (row[2], row[3])}
             for dir_index, log_id, size in self._writer.execute(sql.SELECT_LOG_ENDS):
                 state.log_ends[dir_index] = (log_id, size)
@@ -442,14 +455,15 @@ class EntryIndex:
         self,
         entries: Mapping[tuple[int, int], EntryLocation],
         ledgers: Mapping[int, LedgerInfo],
-        position: JournalPosition,
+        positions: Sequence[JournalPosition],
         log_ends: LogEnds,
         facts: Mapping[str, str] | None = None,
         deleted: Iterable[int] = (),
     ) -> Usage:
         """One checkpoint: the deleted ledgers' rows go first, then the flush's entries,
-        their entry log usage, the ledger facts and the position. Returns the usage the
-        entries added."""
+        their entry log usage, the ledger facts and the position in each journal. Returns
+        the usage the entries added."""
+        assert len(positions) == self.journals, positions
         conn = self._writer
         assert conn is not None
         added: Usage = {}
@@ -486,7 +500,15 @@ class EntryIndex:
                 ),
             )
             first = log_ends.get(0, (0, 0))
-            conn.execute(sql.INSERT_CHECKPOINT, (position.file_id, position.offset, *first))
+            first_journal = positions[0]
+            conn.execute(
+                sql.INSERT_CHECKPOINT, (first_journal.file_id, first_journal.offset, *first)
+            )
+            if self.journals > 1:
+                conn.executemany(
+                    sql.INSERT_JOURNAL_POSITION,
+                    ((i, p.file_id, p.offset) for i, p in enumerate(positions) if i >= 1),
+                )
             conn.executemany(
                 sql.INSERT_LOG_END,
                 ((d, log_id, size) for d, (log_id, size) in log_ends.items()),

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -135,7 +135,7 @@ class LedgerStore:
         fatal: Callable[[str], None] = die,
         *,
         ledger_dirs: list[Path] | None = None,
-        journal_dir: Path | None = None,
+        journal_dirs: list[Path] | None = None,
         files: FileLayer = OS_FILES,
         on_corrupt: CorruptListener | None = None,
         skip_invalid_journal_records: bool = False,
@@ -147,16 +147,19 @@ class LedgerStore:
             EntryLogger(directory, settings.log_size_limit_bytes, files, index)
             for index, directory in enumerate(self.ledger_dirs)
         ]
-        self.index = EntryIndex(self.ledger_dirs[0] / INDEX_FILE, files)
-        self.tailer = JournalTailer(
-            journal_dir or bookie_dir / "journal",
-            JOURNAL_START,
-            skip_invalid=skip_invalid_journal_records,
-        )
+        journal_dirs = journal_dirs or [bookie_dir / "journal"]
+        self.index = EntryIndex(self.ledger_dirs[0] / INDEX_FILE, files, len(journal_dirs))
+        # One tailer per journal directory (a journal each), applied each in its own order:
+        # every record of a ledger is in one journal, so its order is kept.
+        self.tailers = [
+            JournalTailer(directory, JOURNAL_START, skip_invalid=skip_invalid_journal_records)
+            for directory in journal_dirs
+        ]
         self.stats = LedgerstoreStats()
         self.ledgers: dict[int, LedgerInfo] = {}
-        self.applied = JOURNAL_START
-        self.checkpointed: JournalPosition | None = None
+        # Per journal, in the order of the directories: what is applied, and checkpointed.
+        self.applied: tuple[JournalPosition, ...] = (JOURNAL_START,) * len(journal_dirs)
+        self.checkpointed: tuple[JournalPosition, ...] | None = None
         # Set for good when journal records we need are gone or bad: from then on an
         # absent entry is UNKNOWN_LEDGER_STATE, never NO_ENTRY, and applying stops.
         self.damaged: str | None = None
@@ -224,13 +227,14 @@ class LedgerStore:
         self._logs = await self._on_write_thread(self._load_logs, usage)
         self.ledgers = state.ledgers
         self.unsure = state.facts.get(UNSURE_FACT)
-        self.applied = state.position or JOURNAL_START
-        self.checkpointed = state.position
-        self.tailer.advance(self.applied)
+        self.applied = state.positions or self.applied
+        self.checkpointed = state.positions
+        for tailer, position in zip(self.tailers, self.applied, strict=True):
+            tailer.advance(position)
         log.info(
             "ledgerstore opened",
             extra={
-                "applied": self.applied.to_json(),
+                "applied": [position.to_json() for position in self.applied],
                 "ledgers": len(self.ledgers),
                 "entry_logs": [logger.log_id for logger in self.loggers],
                 "unsure": self.unsure,
@@ -246,7 +250,8 @@ class LedgerStore:
             for logger in self.loggers:
                 await self._on_write_thread(logger.close)
             self.index.close()
-            self.tailer.close()
+            for tailer in self.tailers:
+                tailer.close()
         self._read_threads.shutdown()
         self._write_threads.shutdown()
         self._compaction_thread.shutdown()
@@ -376,11 +381,12 @@ class LedgerStore:
             finally:
                 self._compacting = None
 
-    async def apply_through(self, position: JournalPosition) -> bool:
-        """Catch up until everything before `position` is applied (the journal said it
-        is durable); False if the journal is damaged or stalled before it."""
-        self.journal_durable(position)
-        while self.applied < position:
+    async def apply_through(self, positions: Mapping[int, JournalPosition]) -> bool:
+        """Catch up until everything before `positions[i]` in journal i is applied (the
+        journal said it is durable); False if a journal is damaged or stalled before it."""
+        for index, position in positions.items():
+            self.journal_durable(index, position)
+        while any(self.applied[index] < position for index, position in positions.items()):
             before = self.applied
             if not await self.catch_up():
                 return False
@@ -390,34 +396,39 @@ class LedgerStore:
 
     # -- applying the journal -------------------------------------------------------------
 
-    def journal_durable(self, position: JournalPosition) -> None:
-        """The journal says everything before `position` is fsynced."""
-        hint = self.tailer.durable_hint
+    def journal_durable(self, index: int, position: JournalPosition) -> None:
+        """Journal `index` says everything before `position` is fsynced."""
+        tailer = self.tailers[index]
+        hint = tailer.durable_hint
         if hint is None or position > hint:
-            self.tailer.durable_hint = position
+            tailer.durable_hint = position
 
     async def catch_up(self) -> bool:
-        """Apply the journal up to where its newest file ends now. True if everything
-        there was applied; False if damaged or stalled on a bad record (then an absent
-        entry must not be reported as absent)."""
+        """Apply every journal up to where its newest file ends now. True if everything
+        there was applied; False if one is damaged or stalled on a bad record (then an
+        absent entry must not be reported as absent)."""
         # Shielded: a cancelled caller must not leave an append half-recorded.
         return await asyncio.shield(self._catch_up())
 
     async def _catch_up(self) -> bool:
-        while True:
-            done = await self._catch_up_some()
-            if done is not None:
-                return done
-            # The write cache is full: flush it before taking more (back-pressure).
-            self.stats.throttled_write_requests += 1
-            await self._checkpoint()
+        self.stats.ledgerstore_catch_up += 1
+        caught_up = True
+        # Each journal on its own: one stalled on a bad record holds back only its own.
+        for index in range(len(self.tailers)):
+            while (done := await self._catch_up_some(index)) is None:
+                # The write cache is full: flush it before taking more (back-pressure).
+                self.stats.throttled_write_requests += 1
+                await self._checkpoint()
+            caught_up = caught_up and done
+        return caught_up
 
-    async def _catch_up_some(self) -> bool | None:
-        """True/False as `catch_up`; None when the write cache must be flushed first."""
+    async def _catch_up_some(self, index: int) -> bool | None:
+        """True/False as `catch_up`, for journal `index`; None when the write cache must be
+        flushed first."""
+        tailer = self.tailers[index]
         async with self._apply_lock:
             if self.damaged:
                 return False
-            self.stats.ledgerstore_catch_up += 1
             target: JournalPosition | None = None
             for reads in range(CATCH_UP_MAX_READS):
                 # Bounded: at most one journal read (tailer chunk) beyond the limit.
@@ -427,16 +438,18 @@ class LedgerStore:
                     if reads == 0:
                         # One thread hop for the usual catch-up: where the journal ends
                         # now (taken first: the goal), then the records up to there.
-                        target, tail = await self._on_write_thread(self._end_and_read)
+                        target, tail = await self._on_write_thread(_end_and_read, tailer)
                     else:
-                        tail = await self._on_write_thread(self.tailer.read)
+                        tail = await self._on_write_thread(tailer.read)
                 except OSError as exc:
                     self._note_stall(f"reading the journal: {exc!r}")
                     return False
                 if tail.records:
                     self._apply(tail.records)
-                self.applied = tail.position
-                self.tailer.advance(tail.position)
+                applied = list(self.applied)
+                applied[index] = tail.position
+                self.applied = tuple(applied)
+                tailer.advance(tail.position)
                 if tail.status is TailStatus.SKIPPED:
                     self.unsure = tail.reason
                     log.error(
@@ -462,12 +475,9 @@ class LedgerStore:
                 if tail.status is TailStatus.CAUGHT_UP:
                     self._stalled_reason = ""
                     return True
-                if target is not None and has_authority(self.applied, target):
+                if target is not None and has_authority(tail.position, target):
                     return True
             return False
-
-    def _end_and_read(self) -> tuple[JournalPosition | None, TailRead]:
-        return self.tailer.end_position(), self.tailer.read()
 
     def _note_stall(self, reason: str) -> None:
         if reason != self._stalled_reason:
@@ -510,13 +520,13 @@ class LedgerStore:
 
     # -- checkpoint (flush) ---------------------------------------------------------------
 
-    async def checkpoint(self) -> JournalPosition | None:
-        """Make everything applied durable; the position to hand to the journal as its
-        LastLogMark, or None if nothing changed since the last checkpoint."""
+    async def checkpoint(self) -> tuple[JournalPosition, ...] | None:
+        """Make everything applied durable; the position in each journal to hand to it as
+        its LastLogMark, or None if nothing changed since the last checkpoint."""
         # Shielded: a cancelled caller must not leave the buffers half-swapped.
         return await asyncio.shield(self._checkpoint())
 
-    async def _checkpoint(self) -> JournalPosition | None:
+    async def _checkpoint(self) -> tuple[JournalPosition, ...] | None:
         async with self._checkpoint_lock:
             async with self._apply_lock:
                 if (
@@ -793,3 +803,8 @@ class LedgerStore:
 
 def _key(item: wire.ReadItem) -> Key:
     return item.ledger_id, item.entry_id
+
+
+def _end_and_read(tailer: JournalTailer) -> tuple[JournalPosition | None, TailRead]:
+    """Where the journal ends now (taken first: the goal), then the records up to there."""
+    return tailer.end_position(), tailer.read()

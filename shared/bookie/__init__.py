@@ -11,7 +11,8 @@ Pure (no IO, no clock):
     rules            BookieLedgerState (master key, fence, LAC, recovery adds), add
                      admission, the fence/write_lac records, the absent/UNKNOWN read answer
 IO:
-    journal_dir      listing the journal directory
+    journal_dir      listing a journal directory; a position in one of the bookie's
+                     journals as the journal and the ledgerstore pass it on NATS
     files            FileLayer: every write, sync, truncate of the bookie's files (the fault
                      tests swap it)
     fault_files      FaultFiles: the FileLayer of a process run by the fault suite

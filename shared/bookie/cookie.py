@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -47,9 +48,15 @@ class Cookie:
     # Written on an empty disk while metadata could not be asked: a new bookie or a wiped
     # one, to be told apart (and turned `limbo` if wiped) once metadata answers.
     provisional: bool = False
+    # The journal directories after the first (journal_dir), in order. Left out of the
+    # encoding when there are none, so that a one-journal bookie's cookie is as it was.
+    more_journal_dirs: list[str] = field(default_factory=list)
 
     def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.more_journal_dirs:
+            del fields["more_journal_dirs"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def decode(cls, data: str) -> Cookie:
@@ -62,7 +69,7 @@ class Cookie:
 
 def mismatch(expected: Cookie, found: Cookie, where: str) -> str | None:
     """Why `found` (from `where`) is not this bookie's cookie; None if it is."""
-    for name in ("bookie_id", "journal_dir", "ledger_dirs"):
+    for name in ("bookie_id", "journal_dir", "more_journal_dirs", "ledger_dirs"):
         if getattr(expected, name) != getattr(found, name):
             return (
                 f"the cookie in {where} says {name}={getattr(found, name)!r}, this bookie is "
@@ -83,28 +90,25 @@ def read_disk_cookie(bookie_dir: Path) -> Cookie | None:
     return Cookie.decode(path.read_text()) if path.exists() else None
 
 
-def journal_copy_dir(bookie_dir: Path, journal_dir: Path) -> Path | None:
-    """Where the journal keeps its copy of the cookie: its own directory when that is
-    outside the bookie's dir (a disk of its own, as BookKeeper keeps a cookie in every
-    directory); None when it is inside, on the cookie's disk (the one cookie says it)."""
-    if journal_dir.resolve().is_relative_to(bookie_dir.resolve()):
-        return None
-    return journal_dir
+def keeps_cookie_copy(bookie_dir: Path, journal_dir: Path) -> bool:
+    """Whether a journal directory keeps a copy of the cookie: when it is outside the
+    bookie's dir (a disk of its own, as BookKeeper keeps a cookie in every directory);
+    not when it is inside, on the cookie's disk (the one cookie speaks for it)."""
+    return not journal_dir.resolve().is_relative_to(bookie_dir.resolve())
 
 
 def write_disk_cookie(
     bookie_dir: Path,
     cookie: Cookie,
     files: FileLayer = OS_FILES,
-    journal_copy: Path | None = None,
+    journal_copies: Sequence[Path] = (),
 ) -> None:
-    """The cookie in the bookie's dir; with `journal_copy` (`journal_copy_dir`), first a
-    copy there, so that a bookie's cookie never exists without its journal's copy."""
+    """The cookie in the bookie's dir; first a copy in each of `journal_copies`
+    (`keeps_cookie_copy`), so that a bookie's cookie never exists without its journals'."""
     data = (cookie.encode() + "\n").encode()
-    for directory in [journal_copy, bookie_dir]:
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            files.write_atomic(directory / COOKIE_FILE, data)
+    for directory in [*journal_copies, bookie_dir]:
+        directory.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(directory / COOKIE_FILE, data)
 
 
 def check_journal_copy(expected: Cookie, disk: Cookie | None, journal_copy: Path) -> None:

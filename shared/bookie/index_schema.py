@@ -8,6 +8,8 @@ read-only with the same queries.
                 length, ledger directory index
     ledgers     per-ledger facts: last entry, LAC, digest code, first entry
     checkpoint  the journal position the index reflects and the first directory's log end
+    journal_positions  with several journal directories only: the position of each journal
+                after the first (whose position is in `checkpoint`), as of that checkpoint
     log_ends    each ledger directory's entry log end as of that checkpoint
     facts       key/value facts (`unsure`: why absent entries answer UNKNOWN; `usage`:
                 the entry_log_usage table is complete, see below)
@@ -44,6 +46,15 @@ CREATE TABLE IF NOT EXISTS entry_log_usage (
     bytes INTEGER NOT NULL,
     PRIMARY KEY (dir, log_id, ledger_id)) WITHOUT ROWID;
 """
+# Created only by a bookie with several journal directories: with one, the index is as
+# it was (its one position is in `checkpoint`).
+JOURNAL_POSITIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS journal_positions (
+    journal INTEGER PRIMARY KEY CHECK (journal >= 1),
+    journal_file INTEGER NOT NULL, journal_offset INTEGER NOT NULL);
+"""
+SELECT_JOURNAL_POSITIONS = "SELECT journal, journal_file, journal_offset FROM journal_positions"
+INSERT_JOURNAL_POSITION = "INSERT OR REPLACE INTO journal_positions VALUES (?, ?, ?)"
 # Columns added after the first release of the schema: (table, column, definition).
 ADDED_COLUMNS = [
     ("entries", "dir", "INTEGER NOT NULL DEFAULT 0"),

@@ -224,6 +224,12 @@ def refuse_adds(items: Sequence[wire.AddItem], status: BookieStatus) -> list[wir
     return [wire.AddResult(*_ids(item.frame), status) for item in items]
 
 
+def frame_ledger_id(frame: bytes) -> int:
+    """The ledger an add's frame names (0 when it has no header: refused anyway), which
+    picks the journal it goes to."""
+    return _ids(frame)[0]
+
+
 def _ids(frame: bytes) -> tuple[int, int]:
     try:
         record = EntryRecord.of(b"", frame)

@@ -17,7 +17,8 @@ from shared.bookie.cookie import (
     Cookie,
     CookieMismatch,
     check_journal_copy,
-    journal_copy_dir,
+    keeps_cookie_copy,
+    mismatch,
     read_disk_cookie,
     reconcile,
     write_disk_cookie,
@@ -185,10 +186,10 @@ def test_reconcile_refuses_what_is_not_this_bookie(disk, meta, field: str) -> No
 
 def test_a_journal_outside_the_bookie_dir_keeps_a_copy_of_the_cookie(tmp_path) -> None:
     bookie_dir, outside = tmp_path / "data" / "b1", tmp_path / "jdisk" / "b1"
-    assert journal_copy_dir(bookie_dir, bookie_dir / "journal") is None
-    assert journal_copy_dir(bookie_dir, outside) == outside
+    assert not keeps_cookie_copy(bookie_dir, bookie_dir / "journal")
+    assert keeps_cookie_copy(bookie_dir, outside)
     cookie = Cookie("b1", str(outside), [str(bookie_dir / "ledgers")], instance_id="i1")
-    write_disk_cookie(bookie_dir, cookie, journal_copy=outside)
+    write_disk_cookie(bookie_dir, cookie, journal_copies=[outside])
     assert read_disk_cookie(outside) == cookie == read_disk_cookie(bookie_dir)
     check_journal_copy(cookie, cookie, outside)
     # Another bookie's journal disk mounted here: refused, naming what differs.
@@ -198,3 +199,17 @@ def test_a_journal_outside_the_bookie_dir_keeps_a_copy_of_the_cookie(tmp_path) -
     check_journal_copy(cookie, None, outside)  # a new bookie: nothing anywhere yet
     with pytest.raises(CookieMismatch, match="not mounted there, or was lost"):
         check_journal_copy(cookie, cookie, outside)
+
+
+def test_a_one_journal_cookie_is_encoded_as_before_there_were_several() -> None:
+    # What bookies wrote before journal_directories (a data dir of theirs must start).
+    old = (
+        '{"bookie_id": "b1", "instance_id": "i1", "journal_dir": "/d/b1/journal", '
+        '"layout_version": 1, "ledger_dirs": ["/d/b1/ledgers"], "limbo": false, '
+        '"provisional": false}'
+    )
+    cookie = Cookie("b1", "/d/b1/journal", ["/d/b1/ledgers"], instance_id="i1")
+    assert cookie.encode() == old and Cookie.decode(old) == cookie
+    several = replace(cookie, more_journal_dirs=["/j2/b1"])
+    assert Cookie.decode(several.encode()) == several
+    assert "more_journal_dirs" in (mismatch(cookie, several, "disk") or "")

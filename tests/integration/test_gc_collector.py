@@ -39,20 +39,20 @@ class FakeStore:
         self.on_compact: Callable[[], None] = lambda: None
         self.fail_delete = False
 
-    async def journal_delete(self, ledger_ids: list[int]) -> JournalPosition:
+    async def journal_delete(self, ledger_ids: list[int]) -> dict[int, JournalPosition]:
         if self.fail_delete:
             raise GcError("journal refused journal.delete")
         self.journaled.append(list(ledger_ids))
         self.position = JournalPosition(1, self.position.offset + 9 * len(ledger_ids))
-        return self.position
+        return {0: self.position}
 
     async def catch_up(self) -> bool:
         return True
 
-    async def apply_through(self, position: JournalPosition) -> bool:
+    async def apply_through(self, positions: dict[int, JournalPosition]) -> bool:
         for ledger_id in self.journaled[-1]:
             self.ledgers.pop(ledger_id, None)
-        self.applied = position
+        self.applied = positions[0]
         return True
 
     async def checkpoint(self) -> None:

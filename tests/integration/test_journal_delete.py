@@ -71,7 +71,7 @@ async def test_delete_is_journaled_before_the_answer_and_the_ledger_is_forgotten
         assert (await client.fence(1, OTHER_KEY)).status is BookieStatus.UNAUTHORIZED
         reply = await delete(client, {"ledgers": [1, 1, 7]})  # 7: never seen, harmless
         assert reply["ok"] is True, reply
-        position = JournalPosition.from_json(reply["position"])
+        (position,) = [JournalPosition.from_json(p) for p in reply["positions"]]
         # Answered means written and fsynced: the records are in the file, before the
         # position the answer names.
         records = deleted_records(settings)
@@ -104,7 +104,7 @@ async def test_a_deleted_ledger_stays_forgotten_once_its_journal_file_is_gone(nc
         assert await client.add([frame(31, 0, payload=payload)]) == [BookieStatus.OK]
         reply = await delete(client, {"ledgers": [30]})
         assert reply["ok"] is True, reply
-        position = JournalPosition.from_json(reply["position"])
+        (position,) = [JournalPosition.from_json(p) for p in reply["positions"]]
         for e in range(1, 120):
             assert await client.add([frame(31, e, e - 1, payload)]) == [BookieStatus.OK]
 

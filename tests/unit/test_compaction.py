@@ -250,10 +250,10 @@ async def test_apply_through_a_position(tmp_path: Path) -> None:
     write_journal(tmp_path, 1, [entry(1, 0), LedgerDeletedRecord(1)])
     store = LedgerStore(tmp_path, settings(), pytest.fail)
     await store.open()
-    end = store.tailer.end_position()
+    end = store.tailers[0].end_position()
     assert end is not None
-    assert await store.apply_through(end)
-    assert store.applied >= end
+    assert await store.apply_through({0: end})
+    assert store.applied[0] >= end
     assert 1 not in store.ledgers
     await store.close()
 

@@ -146,12 +146,12 @@ def test_an_entry_log_descriptor_evicted_while_read_stays_open_until_that_read_e
 def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
     index = EntryIndex(tmp_path / "index.sqlite")
     state = index.open()
-    assert state.position is None and state.ledgers == {}
+    assert state.positions is None and state.ledgers == {}
     location = EntryLocation(1, 16, 100)
     index.commit(
         {(2**64 - 1, 0): location},
         {2**64 - 1: LedgerInfo(0, -1)},
-        JournalPosition(1, 500),
+        [JournalPosition(1, 500)],
         {0: (1, 136)},
     )
     assert index.lookup(2**64 - 1, 0) == location
@@ -159,9 +159,23 @@ def test_entry_index_commits_atomically_and_reloads(tmp_path: Path) -> None:
     index.close()
     again = EntryIndex(tmp_path / "index.sqlite")
     state = again.open()
-    assert state.position == JournalPosition(1, 500) and state.log_ends == {0: (1, 136)}
+    assert state.positions == (JournalPosition(1, 500),) and state.log_ends == {0: (1, 136)}
     assert state.ledgers == {2**64 - 1: LedgerInfo(0, -1)}
     assert again.lookup(2**64 - 1, 0) == location
+    tables = {row[0] for row in again._writer.execute("SELECT name FROM sqlite_master")}
+    assert "journal_positions" not in tables  # one journal: the index as it always was
+    again.close()
+
+
+def test_entry_index_keeps_a_position_per_journal(tmp_path: Path) -> None:
+    index = EntryIndex(tmp_path / "index.sqlite", journals=3)
+    assert index.open().positions is None
+    positions = [JournalPosition(4, 100), JournalPosition(1, 16), JournalPosition(2, 900)]
+    index.commit({}, {}, positions, {0: (1, 16)})
+    index.commit({}, {}, [*positions[:2], JournalPosition(3, 16)], {0: (1, 16)})
+    index.close()
+    again = EntryIndex(tmp_path / "index.sqlite", journals=3)
+    assert again.open().positions == (*positions[:2], JournalPosition(3, 16))
     again.close()
 
 

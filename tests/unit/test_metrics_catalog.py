@@ -37,7 +37,17 @@ from tests.support.metrics_catalog import catalog, missing_and_unlisted
 def builders() -> dict[str, Builder]:
     """Each service's builder over the objects it reads, as a service just started has them."""
     journal = SimpleNamespace(
-        journal=SimpleNamespace(stats=JournalStats(), durable={}),
+        stats=JournalStats(),
+        journals=[
+            SimpleNamespace(
+                directory="journal",
+                durable={},
+                syncs=0,
+                sync_seconds=0.0,
+                written_bytes=0,
+                queued=0,
+            )
+        ],
         read_only=False,
         disk_usage_fraction=0.0,
     )

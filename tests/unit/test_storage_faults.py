@@ -231,13 +231,13 @@ async def checkpoint_run(bookie_dir: Path, files: FileLayer) -> None:
     try:
         await store.open()
         await store.catch_up()
-        position = await store.checkpoint()
+        await store.checkpoint()
         write_journal_more(journal_dir)
         await store.catch_up()
-        position = await store.checkpoint()
+        positions = await store.checkpoint()
         await journal.open()
-        assert position is not None
-        await journal.checkpoint(position)
+        assert positions is not None
+        await journal.checkpoint(positions[0])
     finally:
         await journal.close()
 
