@@ -40,6 +40,15 @@ def up(
         "./quire-data"
     ),
     bookies: Annotated[int, typer.Option(min=1, max=64, help="How many bookies to run.")] = 4,
+    gateways: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=16,
+            help="How many gateways to run: the first on --http-port/--grpc-port, the "
+            "others on free ports (cluster.json lists them all).",
+        ),
+    ] = 1,
     http_port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway HTTP port.")] = 7480,
     grpc_port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway gRPC port.")] = 7481,
     no_restart: Annotated[
@@ -88,6 +97,7 @@ def up(
         config = ClusterConfig(
             data_dir=data_dir,
             bookies=bookies,
+            gateways=gateways,
             http_port=http_port,
             grpc_port=grpc_port,
             nats_url=os.environ.get("QUIRE_NATS_URL") or None,

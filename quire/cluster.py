@@ -61,6 +61,9 @@ BACKOFF_RESET_AFTER_S = 60.0  # up this long: the next exit is not part of a cra
 class ClusterConfig:
     data_dir: Path
     bookies: int = 4
+    # Gateways: the first on http_port/grpc_port, the others on ports free at the start
+    # (kept across restarts), all on the same cluster, as behind a load balancer.
+    gateways: int = 1
     http_port: int = 7480
     grpc_port: int = 7481
     host: str = "127.0.0.1"
@@ -104,7 +107,8 @@ class ServiceProcess:
     proc: subprocess.Popen
     bookie_id: str | None = None
     log_path: Path | None = None
-    metrics_port: int | None = None  # its Prometheus metrics server (the gateway: HTTP port)
+    metrics_port: int | None = None  # its Prometheus metrics server (a gateway: HTTP port)
+    grpc_port: int | None = None  # a gateway's
     restarts: int = 0
     held: bool = False  # once it exits, not restarted until released
     started_at: float = field(default_factory=time.monotonic)
@@ -224,7 +228,8 @@ class Cluster:
             self._spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id)
         self._spawn("auditor", "auditor")
         self._spawn("replicator", "replicator")
-        self._spawn("gateway", "gateway")
+        for name in self.gateway_names:
+            self._spawn(name, "gateway")
         self.write_cluster_json()
         self.write_targets_json()
 
@@ -276,29 +281,47 @@ class Cluster:
                 env["QUIRE_BOOKIE_LOCATION"] = self.config.bookie_locations[bookie_id]
         return env
 
+    @property
+    def gateway_names(self) -> list[str]:
+        return ["gateway", *(f"gateway-{i}" for i in range(2, self.config.gateways + 1))]
+
     def _spawn(self, name: str, kind: str, bookie_id: str | None = None) -> None:
         log_path = self.data_dir / "logs" / f"{name}.log"
-        metrics_port = self.config.http_port
-        if kind != "gateway":  # the gateway serves /metrics on its HTTP port
-            # A port free now, closed before the process binds it: another program could
-            # take it in between, which on a developer's machine is rare enough; the
-            # process would then fail to start, reported like any other that dies. Its
-            # restarts keep it, so targets.json stays true.
+        # A port free now, closed before the process binds it: another program could
+        # take it in between, which on a developer's machine is rare enough; the process
+        # would then fail to start, reported like any other that dies. Its restarts keep
+        # it, so targets.json and cluster.json stay true.
+        grpc_port = None
+        if kind != "gateway":
             metrics_port = free_port(self.config.host)
-        proc = self._launch_service(name, kind, bookie_id, metrics_port)
-        svc = ServiceProcess(name, kind, proc, bookie_id, log_path, metrics_port=metrics_port)
+        elif name == "gateway":  # a gateway serves /metrics on its HTTP port
+            metrics_port, grpc_port = self.config.http_port, self.config.grpc_port
+        else:
+            metrics_port, grpc_port = free_port(self.config.host), free_port(self.config.host)
+        proc = self._launch_service(name, kind, bookie_id, metrics_port, grpc_port)
+        svc = ServiceProcess(
+            name, kind, proc, bookie_id, log_path, metrics_port=metrics_port, grpc_port=grpc_port
+        )
         with self._lock:
             self.services.append(svc)
             self._processes[name] = svc
 
     def _launch_service(
-        self, name: str, kind: str, bookie_id: str | None, metrics_port: int
+        self,
+        name: str,
+        kind: str,
+        bookie_id: str | None,
+        metrics_port: int,
+        grpc_port: int | None = None,
     ) -> subprocess.Popen:
         """An incarnation of a service process, its output appended to its log."""
         env = self._env(bookie_id)
         if kind != "gateway":
             env["QUIRE_METRICS_PORT"] = str(metrics_port)
             env["QUIRE_METRICS_HOST"] = self.config.host
+        else:
+            env["QUIRE_GATEWAY__HTTP_PORT"] = str(metrics_port)
+            env["QUIRE_GATEWAY__GRPC_PORT"] = str(grpc_port)
         if self.config.env_for is not None:
             env.update(self.config.env_for(name))
         with open(self.data_dir / "logs" / f"{name}.log", "ab") as log_file:
@@ -336,12 +359,18 @@ class Cluster:
             )
             return self.postgres.proc
         assert svc.metrics_port is not None
-        return self._launch_service(svc.name, svc.kind, svc.bookie_id, svc.metrics_port)
+        return self._launch_service(
+            svc.name, svc.kind, svc.bookie_id, svc.metrics_port, svc.grpc_port
+        )
 
     @property
     def http_url(self) -> str:
+        """The first gateway's."""
+        return self.gateway_http_url(self.config.http_port)
+
+    def gateway_http_url(self, port: int | None) -> str:
         scheme = "https" if self._tls else "http"
-        return f"{scheme}://{self.config.host}:{self.config.http_port}"
+        return f"{scheme}://{self.config.host}:{port}"
 
     @property
     def _tls(self) -> bool:
@@ -359,32 +388,45 @@ class Cluster:
         return f"{self.config.host}:{self.config.grpc_port}"
 
     def _wait_ready(self) -> None:
+        """Wait for every gateway's /readyz; then the ready line (the first gateway's), and
+        a line for each further gateway."""
         deadline = time.monotonic() + READY_TIMEOUT_S
+        for name in self.gateway_names:
+            self._wait_gateway_ready(self.service(name), deadline)
+        print(
+            f"quire: gateway ready at {self.http_url} (grpc {self.grpc_address}); {self.auth_note}",
+            file=self.out,
+            flush=True,
+        )
+        for name in self.gateway_names[1:]:
+            gateway = self.service(name)
+            print(
+                f"quire: {name} ready at {self.gateway_http_url(gateway.metrics_port)} "
+                f"(grpc {self.config.host}:{gateway.grpc_port})",
+                file=self.out,
+                flush=True,
+            )
+
+    def _wait_gateway_ready(self, gateway: ServiceProcess, deadline: float) -> None:
         # The probe is our own, on loopback: it need not verify our certificate.
-        gateway = self.service("gateway")
         # Its first incarnation: a gateway that cannot start (its port taken) fails the
         # start rather than being restarted in a loop the user never sees the end of.
         first = gateway.proc
+        url = f"{self.gateway_http_url(gateway.metrics_port)}/readyz"
         with httpx.Client(timeout=2.0, verify=False) as client:
             while time.monotonic() < deadline:
                 if first.poll() is not None:
                     raise InfraError(
-                        f"the gateway exited ({first.returncode}); see {gateway.log_path}"
+                        f"the {gateway.name} exited ({first.returncode}); see {gateway.log_path}"
                     )
                 try:
-                    if client.get(f"{self.http_url}/readyz").status_code == 200:
-                        print(
-                            f"quire: gateway ready at {self.http_url} (grpc {self.grpc_address})"
-                            f"; {self.auth_note}",
-                            file=self.out,
-                            flush=True,
-                        )
+                    if client.get(url).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.2)
         raise InfraError(
-            f"the gateway was not ready within {READY_TIMEOUT_S:.0f} s; "
+            f"the {gateway.name} was not ready within {READY_TIMEOUT_S:.0f} s; "
             f"see the logs in {self.data_dir / 'logs'}"
         )
 
@@ -413,13 +455,18 @@ class Cluster:
                 if svc in self.services:
                     row |= {"log": str(svc.log_path), "metrics": self.metrics_url(svc)}
                 rows.append(row)
-            gateway_pid = self._pid(self.service("gateway"))
+            gateways = [
+                {
+                    "name": gateway.name,
+                    "http": self.gateway_http_url(gateway.metrics_port),
+                    "grpc": f"{self.config.host}:{gateway.grpc_port}",
+                    "pid": self._pid(gateway),
+                }
+                for gateway in map(self.service, self.gateway_names)
+            ]
         return {
-            "gateway": {
-                "http": self.http_url,
-                "grpc": self.grpc_address,
-                "pid": gateway_pid,
-            },
+            "gateway": {key: gateways[0][key] for key in ("http", "grpc", "pid")},
+            "gateways": gateways,
             "nats_url": self.nats_url,
             "database_url": without_password(self.database_url),
             "data_dir": str(self.data_dir),
@@ -440,7 +487,7 @@ class Cluster:
         if svc.metrics_port is None:
             return None
         if svc.kind == "gateway":
-            return f"{self.http_url}/metrics"
+            return f"{self.gateway_http_url(svc.metrics_port)}/metrics"
         return f"http://{self.config.host}:{svc.metrics_port}/metrics"
 
     def scrape_targets(self) -> list[dict]:

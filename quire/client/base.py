@@ -12,9 +12,10 @@ from typing import Any
 # FAILED_PRECONDITION with the writer in trailing metadata): the clients repeat the call
 # there, once (the writer never redirects).
 WRITER_REDIRECT = "WRITER_REDIRECT"
-# The client's own code when the writer a gateway redirected to does not answer at all: its
-# gateway is gone, and with it the writer handle. Recover the ledger through any gateway
-# (POST /v1/ledgers/{id}/recover) and write on in a new ledger.
+# The client's own code when no connection to the writer a gateway redirected to could be
+# made (so the request was never sent): its gateway is gone, and with it the writer handle.
+# Recover the ledger through any gateway (POST /v1/ledgers/{id}/recover) and write on in a
+# new ledger.
 WRITER_UNREACHABLE = "WRITER_UNREACHABLE"
 
 

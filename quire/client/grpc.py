@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -21,6 +22,9 @@ from quire.v1 import ledgers_pb2 as pb
 from quire.v1 import ledgers_pb2_grpc as pb_grpc
 
 PASSWORD_KEY = "quire-ledger-password"
+# The most ledgers whose writer's gateway a client remembers (the oldest are forgotten:
+# their next append is redirected again).
+WRITERS_KEPT = 4096
 ERROR_CODE_KEY = "quire-error-code"
 # WRITER_REDIRECT's trailing metadata: the writer's gateway, gRPC host:port.
 WRITER_GRPC_KEY = "quire-writer-grpc"
@@ -36,11 +40,21 @@ def _writer_of(error: grpc.aio.AioRpcError) -> str | None:
     return trailing.get(WRITER_GRPC_KEY)
 
 
+# gRPC core's words for a call that found no connection to make (refused, unresolvable,
+# timed out connecting): the request was never sent.
+NOT_CONNECTED = "failed to connect to all addresses"
+
+
 def _from_writer(error: grpc.aio.AioRpcError, writer: str) -> QuireClientError:
-    """An error from the writer a gateway redirected to: one that is no gateway's answer
-    (no code of Quire's) but UNAVAILABLE means its gateway cannot be reached."""
+    """An error from the writer a gateway redirected to: UNAVAILABLE because no connection
+    to it could be made means its gateway cannot be reached (a connection lost during
+    the call is no such proof: the append may have gone through)."""
     trailing = dict(error.trailing_metadata() or ())
-    if error.code() is grpc.StatusCode.UNAVAILABLE and ERROR_CODE_KEY not in trailing:
+    if (
+        error.code() is grpc.StatusCode.UNAVAILABLE
+        and ERROR_CODE_KEY not in trailing
+        and NOT_CONNECTED in (error.details() or "")
+    ):
         detail = f"the ledger's writer at {writer} does not answer: {error.details()}"
         return QuireClientError(WRITER_UNREACHABLE, detail, error.code().name)
     return _client_error(error)
@@ -94,8 +108,10 @@ class GrpcClient(QuireClient):
         self._channel = self._open(target)
         self._stub = pb_grpc.LedgersStub(self._channel)
         self._token = token
-        # Channels to the gateways that hold writers this client was redirected to.
+        # Channels to the gateways that hold writers this client was redirected to, and
+        # which ledger's writer each holds (oldest first; a ledger's writer never changes).
         self._writers: dict[str, tuple[grpc.aio.Channel, pb_grpc.LedgersStub]] = {}
+        self._writer_of: OrderedDict[int, str] = OrderedDict()
 
     def _open(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
         options = [*self._options, *options]
@@ -133,26 +149,38 @@ class GrpcClient(QuireClient):
 
     async def _writer_call(self, name: str, request: Any, password: str) -> Any:
         """An append or close: where a gateway answers that another holds the ledger's
-        writer, the same call there, once (the writer never redirects)."""
-        try:
-            return await getattr(self._stub, name)(request, metadata=self._metadata(password))
-        except grpc.aio.AioRpcError as error:
-            writer = _writer_of(error)
-            if writer is None:
-                raise _client_error(error) from None
+        writer, the same call there, once (the writer never redirects); from then on the
+        ledger's calls go there at once."""
+        writer = self._writer_of.get(request.ledger_id)
+        if writer is None:
+            try:
+                return await getattr(self._stub, name)(request, metadata=self._metadata(password))
+            except grpc.aio.AioRpcError as error:
+                writer = _writer_of(error)
+                if writer is None:
+                    raise _client_error(error) from None
+            self._remember(request.ledger_id, writer)
         stub = self._writer_stub(writer)
         try:
             return await getattr(stub, name)(request, metadata=self._metadata(password))
         except grpc.aio.AioRpcError as error:
             raise await self._from_writer(error, writer) from None
 
+    def _remember(self, ledger_id: int, writer: str) -> None:
+        self._writer_of[ledger_id] = writer
+        while len(self._writer_of) > WRITERS_KEPT:
+            self._writer_of.popitem(last=False)
+
     async def _from_writer(self, error: grpc.aio.AioRpcError, writer: str) -> QuireClientError:
         """The error of a call redirected to `writer`. A writer that does not answer is
         forgotten: its channel would wait out a reconnect backoff before trying again, and
         a gateway that comes back at that address must be asked at once."""
         failure = _from_writer(error, writer)
-        if failure.code == WRITER_UNREACHABLE and writer in self._writers:
-            await self._writers.pop(writer)[0].close()
+        if failure.code == WRITER_UNREACHABLE:
+            for ledger_id in [k for k, v in self._writer_of.items() if v == writer]:
+                del self._writer_of[ledger_id]
+            if writer in self._writers:
+                await self._writers.pop(writer)[0].close()
         return failure
 
     async def create(
@@ -210,7 +238,8 @@ class GrpcClient(QuireClient):
                 yield pb.AppendStreamRequest(ledger_id=ledger_id, entry=data)
 
         first = last = -1
-        stub, writer = self._stub, None
+        writer = self._writer_of.get(ledger_id)
+        stub = self._stub if writer is None else self._writer_stub(writer)
         while True:
             try:
                 call = stub.AppendStream(requests(), metadata=self._metadata(password))
@@ -224,6 +253,7 @@ class GrpcClient(QuireClient):
                 writer = _writer_of(error) if first < 0 else None
                 if writer is None:
                     raise _client_error(error) from None
+                self._remember(ledger_id, writer)
                 stub = self._writer_stub(writer)
 
     async def read_stream(
@@ -269,6 +299,7 @@ class GrpcClient(QuireClient):
 
     async def close(self, ledger_id: int, password: str) -> int:
         reply = await self._writer_call("Close", pb.CloseRequest(ledger_id=ledger_id), password)
+        self._writer_of.pop(ledger_id, None)  # closed: no more writes to send anywhere
         return reply.last_entry_id
 
     async def recover(self, ledger_id: int, password: str) -> int:

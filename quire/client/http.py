@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ TAIL_POLL_MS = 10_000
 # The code of a range read whose body ended without its last line: the connection was cut
 # part way (an error after the first entries, or the gateway's progress deadline).
 CUT = "RESPONSE_CUT"
+# The most ledgers whose writer's gateway a client remembers (the oldest are forgotten:
+# their next append is redirected again).
+WRITERS_KEPT = 4096
 
 
 def problem_error(response: httpx.Response) -> QuireClientError:
@@ -56,37 +60,69 @@ class HttpClient(QuireClient):
             verify=verify,
             transport=transport,
         )
+        # The writers' gateways redirects named, by ledger (base URLs), oldest first.
+        self._writers: OrderedDict[int, str] = OrderedDict()
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def _call(
-        self, method: str, path: str, password: str | None = None, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        password: str | None = None,
+        ledger: int | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
+        """`ledger`: the call is an append or close of that ledger, sent straight to its
+        writer's gateway once a redirect named it."""
         headers = kwargs.pop("headers", {})
         if password is not None:
             headers[PASSWORD_HEADER] = password
-        response = await self._http.request(method, path, headers=headers, **kwargs)
-        if response.status_code == httpx.codes.TEMPORARY_REDIRECT:
-            response = await self._follow_writer(response, method, headers, **kwargs)
+        writer = self._writers.get(ledger) if ledger is not None else None
+        if writer is not None:
+            response = await self._at_writer(ledger, writer + path, method, headers, **kwargs)
+        else:
+            response = await self._http.request(method, path, headers=headers, **kwargs)
+            if response.status_code == httpx.codes.TEMPORARY_REDIRECT:
+                response = await self._follow_writer(response, ledger, method, headers, **kwargs)
         if response.status_code >= 400:
             raise problem_error(response)
         return response
 
     async def _follow_writer(
-        self, redirect: httpx.Response, method: str, headers: dict[str, str], **kwargs: Any
+        self,
+        redirect: httpx.Response,
+        ledger: int | None,
+        method: str,
+        headers: dict[str, str],
+        **kwargs: Any,
     ) -> httpx.Response:
         """A gateway sent an append or close to the gateway that holds the ledger's writer
         (307: same method, same body). Followed once: the writer never redirects, so a
-        second 307 is an error, not a loop."""
+        second 307 is an error, not a loop. The writer is remembered: a ledger's writer
+        never changes."""
         location = redirect.headers.get("location")
         if location is None:
             raise problem_error(redirect)
+        response = await self._at_writer(ledger, location, method, headers, **kwargs)
+        sent = redirect.request.url.raw_path.decode()
+        if ledger is not None and location.endswith(sent):
+            self._writers[ledger] = location[: -len(sent)]
+            while len(self._writers) > WRITERS_KEPT:
+                self._writers.popitem(last=False)
+        return response
+
+    async def _at_writer(
+        self, ledger: int | None, url: str, method: str, headers: dict[str, str], **kwargs: Any
+    ) -> httpx.Response:
         try:
-            response = await self._http.request(method, location, headers=headers, **kwargs)
+            response = await self._http.request(method, url, headers=headers, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # the request never went
+            if ledger is not None:
+                self._writers.pop(ledger, None)
             raise QuireClientError(
-                WRITER_UNREACHABLE, f"the ledger's writer at {location} does not answer: {exc}"
+                WRITER_UNREACHABLE, f"the ledger's writer at {url} does not answer: {exc}"
             ) from exc
         if response.is_redirect:
             raise problem_error(response)
@@ -136,13 +172,14 @@ class HttpClient(QuireClient):
                 "POST",
                 path,
                 password,
+                ledger_id,
                 content=entries[0],
                 headers={"Content-Type": "application/octet-stream"},
             )
             body = response.json()
             return body["entry_id"], body["entry_id"], body["lac"]
         batch = {"entries": [base64.b64encode(e).decode() for e in entries]}
-        body = (await self._call("POST", path, password, json=batch)).json()
+        body = (await self._call("POST", path, password, ledger_id, json=batch)).json()
         return body["first_entry_id"], body["last_entry_id"], body["lac"]
 
     async def append_many(
@@ -233,7 +270,9 @@ class HttpClient(QuireClient):
         return response.json() if response.content else None
 
     async def close(self, ledger_id: int, password: str) -> int:
-        body = (await self._call("POST", f"/v1/ledgers/{ledger_id}/close", password)).json()
+        path = f"/v1/ledgers/{ledger_id}/close"
+        body = (await self._call("POST", path, password, ledger_id)).json()
+        self._writers.pop(ledger_id, None)  # closed: no more writes to send anywhere
         return body["last_entry_id"]
 
     async def recover(self, ledger_id: int, password: str) -> int:

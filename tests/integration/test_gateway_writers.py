@@ -117,5 +117,13 @@ async def test_the_other_gateway_sends_appends_to_the_writer(settings, fresh_dat
             fresh = await b.create(password=PASSWORD)
             assert fresh.metadata == {"quire.writer.http": b_http, "quire.writer.grpc": b_grpc}
             assert await b.append(fresh.ledger_id, PASSWORD, [b"next"]) == (0, 0, 0)
-            # And through A, it is redirected to B.
-            assert (await a.append(fresh.ledger_id, PASSWORD, [b"more"]))[1] == 1
+            async with GrpcClient(a_grpc) as a_rpc:
+                # And through A, it is redirected to B.
+                assert (await a.append(fresh.ledger_id, PASSWORD, [b"more"]))[1] == 1
+                assert (await a_rpc.append(fresh.ledger_id, PASSWORD, [b"rpc"]))[1] == 2
+                # The clients remember the writer: with A gone, they write to B directly.
+                await stack.stop("gateway")
+                assert (await a.append(fresh.ledger_id, PASSWORD, [b"direct"]))[1] == 3
+                assert (await a_rpc.append(fresh.ledger_id, PASSWORD, [b"direct"]))[1] == 4
+                assert await a_rpc.append_many(fresh.ledger_id, PASSWORD, [b"5", b"6"]) == (5, 6)
+                assert await a.close(fresh.ledger_id, PASSWORD) == 6

@@ -42,7 +42,7 @@ if mode == "exit":
 if mode == "brief":
     time.sleep(1.0)
     sys.exit(0)
-if name == "gateway":
+if name.startswith("gateway"):
     class Ready(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200)
@@ -96,7 +96,11 @@ class Harness:
         (self.out / f"{name}.mode").write_text(mode)
 
     def start(
-        self, restart: bool = True, env: dict[str, str] | None = None, cls=ScriptCluster
+        self,
+        restart: bool = True,
+        env: dict[str, str] | None = None,
+        cls=ScriptCluster,
+        gateways: int = 1,
     ) -> ScriptCluster:
         def env_for(name: str) -> dict[str, str]:
             return {"SUP_OUT": str(self.out), "SUP_NAME": name, **(env or {})}
@@ -104,6 +108,7 @@ class Harness:
         config = ClusterConfig(
             data_dir=self.data_dir,
             bookies=1,
+            gateways=gateways,
             http_port=free_port(),
             grpc_port=free_port(),
             # Set, so that the Cluster starts neither: only its services are scripts.
@@ -182,6 +187,35 @@ def test_every_service_process_is_named_and_env_for_comes_last_at_every_spawn(
     assert again["QUIRE_NATS_URL"] == "nats://127.0.0.1:9999"
     # The same metrics port: targets.json stays true.
     assert again["QUIRE_METRICS_PORT"] == env["QUIRE_METRICS_PORT"]
+
+
+def test_several_gateways_each_on_ports_of_its_own_kept_across_restarts(
+    harness: Harness,
+) -> None:
+    cluster = harness.start(gateways=3)
+    assert cluster.process_names()[-3:] == ["gateway", "gateway-2", "gateway-3"]
+    info = json.loads((cluster.data_dir / "cluster.json").read_text())
+    gateways = info["gateways"]
+    assert [g["name"] for g in gateways] == ["gateway", "gateway-2", "gateway-3"]
+    # "gateway" stays the first one, as API.md describes it.
+    assert info["gateway"] == {k: gateways[0][k] for k in ("http", "grpc", "pid")}
+    assert gateways[0]["http"] == cluster.http_url
+    ports = set()
+    for gateway in gateways:
+        env = harness.env_of(gateway["name"], gateway["pid"])
+        assert gateway["http"].endswith(f":{env['QUIRE_GATEWAY__HTTP_PORT']}")
+        assert gateway["grpc"].endswith(f":{env['QUIRE_GATEWAY__GRPC_PORT']}")
+        ports |= {env["QUIRE_GATEWAY__HTTP_PORT"], env["QUIRE_GATEWAY__GRPC_PORT"]}
+    assert len(ports) == 6
+    out = cluster.out.getvalue()
+    assert out.startswith(f"quire: gateway ready at {cluster.http_url} ")
+    assert f"quire: gateway-3 ready at {gateways[2]['http']} (grpc {gateways[2]['grpc']})" in out
+    # A restarted gateway comes back on its own ports.
+    assert cluster.signal("gateway-2", signal.SIGKILL)
+    new = restarted(cluster, "gateway-2", gateways[1]["pid"])
+    again = harness.env_of("gateway-2", new)
+    assert gateways[1]["http"].endswith(f":{again['QUIRE_GATEWAY__HTTP_PORT']}")
+    assert gateways[1]["grpc"].endswith(f":{again['QUIRE_GATEWAY__GRPC_PORT']}")
 
 
 def test_a_killed_process_is_reported_restarted_and_listed(harness: Harness) -> None:
