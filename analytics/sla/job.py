@@ -177,6 +177,10 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--url", help="NATS server URL of the events stream")
     source.add_argument("--user", help="NATS user (with --url)")
     source.add_argument("--password", help="NATS password (with --url)")
+    source.add_argument(
+        "--password-file",
+        help="a file holding the NATS password (with --url), kept off the command line",
+    )
     source.add_argument("--creds", help="NATS .creds file (with --url)")
     source.add_argument("--stream", default=DEFAULT_STREAM, help="the events stream")
     source.add_argument(
@@ -222,17 +226,24 @@ def source_of(args: argparse.Namespace) -> Source:
     given = [name for name in ("input", "url", "data_dir") if getattr(args, name) is not None]
     if len(given) > 1:
         raise UsageError("give one of --input, --url, --data-dir")
-    if (args.user is not None or args.password is not None or args.creds is not None) and (
-        args.url is None
-    ):
-        raise UsageError("--user, --password and --creds go with --url")
+    credentials = (args.user, args.password, args.password_file, args.creds)
+    if any(c is not None for c in credentials) and args.url is None:
+        raise UsageError("--user, --password, --password-file and --creds go with --url")
     if args.input is not None:
         if args.follow:
             raise UsageError("--follow reads the stream: use --url or --data-dir, not --input")
         _check_readable(args.input)
         return FileSource(args.input)
     if args.url is not None:
-        return StreamSource(args.url, args.user, args.password, args.creds, args.stream)
+        password = args.password
+        if args.password_file is not None:
+            if password is not None:
+                raise UsageError("give --password or --password-file, not both")
+            try:
+                password = Path(args.password_file).read_text().strip()
+            except OSError as exc:
+                raise UsageError(f"--password-file: {exc.strerror}") from None
+        return StreamSource(args.url, args.user, password, args.creds, args.stream)
     try:
         return data_dir_source(args.data_dir or DEFAULT_DATA_DIR, args.stream)
     except SourceError as exc:

@@ -79,3 +79,27 @@ def test_a_data_dir_names_its_stream_and_the_cluster_credentials(tmp_path):
     assert data_dir_source(tmp_path, stream="OTHER") == StreamSource(
         "nats://127.0.0.1:4999", user=user, password=password, stream="OTHER"
     )
+
+
+def test_the_job_takes_its_password_from_a_file(tmp_path):
+    """spark-submit's form (deploy/spark/submit-sla.sh): the password stays off the command
+    line, which the driver's process list and the Spark UI show."""
+    from analytics.sla.job import UsageError, parser, validate
+    from analytics.sla.sources import StreamSource
+
+    secret = tmp_path / "sla.password"
+    secret.write_text("p-secret\n")
+    url = "nats://n1:4222,nats://n2:4222"
+
+    def source(*args: str):
+        return validate(parser().parse_args(["--output", str(tmp_path / "out"), *args]))
+
+    given = source("--url", url, "--user", "sla", "--password-file", str(secret))
+    assert given == StreamSource(url, user="sla", password="p-secret")
+    for args, message in [
+        (["--url", url, "--password", "x", "--password-file", str(secret)], "not both"),
+        (["--url", url, "--password-file", str(tmp_path / "none")], "--password-file"),
+        (["--input", str(secret), "--password-file", str(secret)], "go with --url"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            source(*args)
