@@ -39,6 +39,7 @@ from quire.faults.run import TRIGGER_AUDIT, UNDER_REPLICATED  # noqa: E402
 from quire.faults.workload import Workload  # noqa: E402
 from quire.hosts import HostsCluster, HostsLayout  # noqa: E402
 from shared.config import QuireSettings  # noqa: E402
+from shared.metrics import scrape_sync  # noqa: E402
 from shared.protocol.placement import Adherence, PlacementPolicy, PlacementRules  # noqa: E402
 from shared.service import connect_nats  # noqa: E402
 from shared.subjects import Subjects  # noqa: E402
@@ -133,6 +134,9 @@ class MultiHostRun:
                         self.cluster.grpc_address((i + 1) % gateways),
                         history,
                         seed=self.rng.randrange(2**32),
+                        # Created on the other gateway: every writer's appends and closes
+                        # follow a writer redirect first (then go to the writer directly).
+                        create_http_url=self.cluster.http_url((i + 1) % gateways),
                         **WORKLOAD,
                     )
                 )
@@ -142,6 +146,7 @@ class MultiHostRun:
             for workload in workloads:
                 workload.stop()
             self.cluster.network.heal()
+            result["writer_redirects"] = self._writer_redirects(gateways)
             # The final phase recovers (closes) every ledger and reads it back; then the
             # auditor, asked to audit, marks what the faults left under-replicated or
             # misplaced (an open ledger's last segment is checked once closed), the
@@ -196,6 +201,18 @@ class MultiHostRun:
             result["elapsed_s"] = round(time.monotonic() - started, 1)
             (self.run_dir / "run.json").write_text(json.dumps(result, indent=2, default=str))
         return result
+
+    def _writer_redirects(self, gateways: int) -> int:
+        """HTTP requests the gateways answered with a writer redirect (307): the workload's
+        writers create on one gateway and append through the other."""
+        return int(
+            sum(
+                scrape_sync(f"{self.cluster.http_url(i)}/metrics").value(
+                    "quire_gateway_http_requests_total", status="307"
+                )
+                for i in range(gateways)
+            )
+        )
 
     async def _event_stream_replicas(self) -> int:
         """QUIRE_EVENTS' replicas, as the services created it."""
@@ -338,7 +355,8 @@ def print_result(result: dict[str, Any], stream: IO[str]) -> None:
         entries = check["entries"]
         print(
             f"  operations: acked {ops['ok']} failed {ops['fail']} indeterminate {ops['info']}; "
-            f"entries acked {entries.get('ok', 0)} of {entries.get('attempted', 0)}",
+            f"entries acked {entries.get('ok', 0)} of {entries.get('attempted', 0)}; "
+            f"writer redirects followed {result.get('writer_redirects')}",
             file=stream,
         )
         violations = {k: check[k] for k in checker.FATAL if check[k]}

@@ -164,9 +164,13 @@ class Workload:
         recover_every_s: float = 3.0,
         op_timeout_s: float = 10.0,
         quorums: Sequence[tuple[tuple[int, int, int], int]] = QUORUMS,
+        create_http_url: str | None = None,
     ) -> None:
-        """`rate`: appended entries per second, all writers together."""
+        """`rate`: appended entries per second, all writers together. `create_http_url`:
+        another gateway the writers create their ledgers through, so that their appends and
+        closes reach a gateway that does not hold the writer and follow its redirect."""
         self.http_url = http_url
+        self.create_http_url = create_http_url
         self.grpc_address = grpc_address
         self.history = history
         self.seed = seed
@@ -238,10 +242,15 @@ class Workload:
         self._started.set()
         workers: list[Awaitable[None]] = []
         clients: list[QuireClient] = []
+        creator: _Http | None = None
+        if self.create_http_url is not None:
+            creator = _Http(self.create_http_url, timeout_s=self.op_timeout_s)
+            clients.append(creator)
         for i in range(self.writers):
             client = self._client(i)
             clients.append(client)
-            workers.append(self._writer(f"writer-{i}", client, random.Random(self.seed * 1000 + i)))
+            rng = random.Random(self.seed * 1000 + i)
+            workers.append(self._writer(f"writer-{i}", client, rng, creator or client))
         for i in range(self.readers):
             client = self._client(i)
             clients.append(client)
@@ -314,11 +323,13 @@ class Workload:
 
     # -- writers --------------------------------------------------------------------------
 
-    async def _writer(self, name: str, client: _Http | _Grpc, rng: random.Random) -> None:
+    async def _writer(
+        self, name: str, client: _Http | _Grpc, rng: random.Random, creator: QuireClient
+    ) -> None:
         sequence = 0
         entry_period_s = self.writers / self.rate
         while not self.stopping:
-            ledger_id = await self._create(name, client, rng)
+            ledger_id = await self._create(name, creator, rng)
             if ledger_id is None:
                 await self._pause(CREATE_RETRY_S)
                 continue
