@@ -41,34 +41,9 @@ from tests.integration.test_bookie import (
     spawn,
     wait_serving,
 )
-from tests.integration.test_bookie_shell import QUIRE
 from tests.support.inprocess import running_service
+from tests.support.shell import shell
 from tests.support.wait import until
-
-
-async def shell(settings: QuireSettings, *args: str) -> dict | list:
-    """`quire shell ...` as an operator runs it, with the bookie's journal directories."""
-    env = dict(
-        os.environ,
-        QUIRE_JOURNAL__JOURNAL_DIRECTORIES=json.dumps(settings.journal.journal_directories),
-    )
-    proc = await asyncio.create_subprocess_exec(
-        str(QUIRE),
-        "shell",
-        *args,
-        "--data-dir",
-        str(settings.data_dir),
-        "--bookie-id",
-        settings.bookie_id,
-        "--output",
-        "json",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    return json.loads(out)
 
 
 def two_journals(settings: QuireSettings, tmp_path: Path, **journal: object) -> QuireSettings:

@@ -5,38 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sysconfig
-from pathlib import Path
 
 from shared import wire
 from shared.config import QuireSettings
 from shared.status import BookieStatus
 from tests.integration.test_bookie import Bookie, bookie, frame, quick_flush
-
-QUIRE = Path(sysconfig.get_path("scripts")) / "quire"
-
-
-async def shell(settings: QuireSettings, *args: str) -> dict | list:
-    env = dict(os.environ, QUIRE_SUBJECT_PREFIX=settings.subject_prefix)
-    proc = await asyncio.create_subprocess_exec(
-        str(QUIRE),
-        "shell",
-        *args,
-        "--data-dir",
-        str(settings.data_dir),
-        "--bookie-id",
-        settings.bookie_id,
-        "--output",
-        "json",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return json.loads(out)
+from tests.support.shell import shell
 
 
 async def test_storage_shell_commands(nc, settings: QuireSettings) -> None:
