@@ -21,11 +21,14 @@ import asyncio
 import bisect
 import logging
 import math
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -33,7 +36,7 @@ from prometheus_client import (
     PROCESS_COLLECTOR,
     CollectorRegistry,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -275,9 +278,42 @@ class MetricsRegistry:
         return parse(generate_latest(self.registry).decode())
 
 
+Probe = Callable[[], tuple[bool, str]]
+
+
+def probes_app(metrics_app: Callable, probes: dict[str, Probe]) -> Callable:
+    """A WSGI app: each probe's path answers 200 or 503 with the probe's reason as text
+    (Kubernetes' httpGet probes); every other path goes to `metrics_app`."""
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return metrics_app(environ, start_response)
+        try:
+            ok, why = probe()
+        except Exception as exc:  # a probe that fails says so; the server goes on
+            ok, why = False, f"probe failed: {exc!r}"
+        status = "200 OK" if ok else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"{why}\n".encode()]
+
+    return app
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base's name)
+        pass  # a scrape or probe every few seconds is not worth a log line
+
+
 def serve_metrics(rt: ServiceRuntime, *builders: Builder) -> MetricsRegistry:
-    """The service's registry, served on settings.metrics_port unless that is None; the
-    server stops at shutdown. `rt.metrics_url` is the URL it serves (None without one)."""
+    """The service's registry, served on settings.metrics_port unless that is None, with
+    the probes `/healthz` (liveness: rt.health) and `/readyz` (rt.readiness) beside
+    `/metrics`; the server stops at shutdown. `rt.metrics_url` is the URL it serves (None
+    without one)."""
     metrics = MetricsRegistry()
     for build in (events_metrics(rt.events.stats), *builders):
         metrics.add(build)
@@ -286,9 +322,18 @@ def serve_metrics(rt: ServiceRuntime, *builders: Builder) -> MetricsRegistry:
     settings = rt.settings
     if settings.metrics_port is None:
         return metrics
-    server, thread = start_http_server(
-        settings.metrics_port, settings.metrics_host, registry=metrics.registry
+    app = probes_app(
+        make_wsgi_app(metrics.registry), {"/healthz": rt.health, "/readyz": rt.readiness}
     )
+    server = make_server(
+        settings.metrics_host,
+        settings.metrics_port,
+        app,
+        server_class=_ThreadingWSGIServer,
+        handler_class=_QuietHandler,
+    )
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     port = server.server_address[1]
     url = f"http://{settings.metrics_host}:{port}/metrics"
     rt.metrics_url = url  # type: ignore[attr-defined]

@@ -51,6 +51,8 @@ PING_INTERVAL_S = 3
 MAX_OUTSTANDING_PINGS = 3
 DRAIN_TIMEOUT_S = 10.0
 SHUTDOWN_STEP_TIMEOUT_S = 30.0
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_STALE_S = 10.0  # /healthz fails beyond: the event loop is stuck
 
 
 def nats_options(settings: QuireSettings) -> dict[str, Any]:
@@ -152,6 +154,11 @@ class ServiceRuntime:
         self._shutdown_steps: list[ShutdownStep] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._in_flight: set[asyncio.Task[Any]] = set()
+        # For the probes (`health`, `readiness`), read from the metrics server's thread:
+        # when the event loop last ran the heartbeat, and whether `main` has set the
+        # service up (a journal's replay, a metadata service's schema...).
+        self._heartbeat = time.monotonic()
+        self.started = False
 
     async def start(self) -> None:
         self.nc = await connect_nats(self.settings, self.instance)
@@ -159,6 +166,7 @@ class ServiceRuntime:
         await ensure_event_stream(js, self.subjects, self.settings.event_stream_replicas)
         self.events = EventPublisher(js, self.subjects, source=self.instance)
         self.events.start()
+        self.spawn(self._beat(), "heartbeat")
         self.micro = await add_service(
             self.nc,
             name=f"quire-{self.kind}",
@@ -233,6 +241,32 @@ class ServiceRuntime:
         task.add_done_callback(done)
         return task
 
+    async def _beat(self) -> None:
+        while True:
+            self._heartbeat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: the event loop ran the heartbeat lately (a process stuck in a blocking
+        call or a busy loop answers no request: restart it)."""
+        age = time.monotonic() - self._heartbeat
+        if age > HEARTBEAT_STALE_S:
+            return False, f"the event loop has not run for {age:.1f} s"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness: alive, set up, connected to NATS and not shutting down."""
+        healthy, why = self.health()
+        if not healthy:
+            return False, why
+        if not self.started:
+            return False, "starting"
+        if self.stopping:
+            return False, "stopping"
+        if not self.nc.is_connected:
+            return False, "not connected to NATS"
+        return True, "ok"
+
     def on_shutdown(self, step: ShutdownStep) -> None:
         """Run `step` at shutdown, after requests drained; steps run last-added first."""
         self._shutdown_steps.append(step)
@@ -292,6 +326,7 @@ def run_service(
         await rt.start()
         try:
             await main(rt)
+            rt.started = True
             tune_gc()
             log.info("started", extra={"pid": os.getpid()})
             await rt.wait_stopped()

@@ -14,6 +14,7 @@ import sys
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from shared import wire
@@ -104,6 +105,21 @@ async def bookie(settings: QuireSettings):
             rt = await stack.enter_async_context(running_service(kind, settings))
             METRICS_URLS[kind] = rt.metrics_url  # type: ignore[attr-defined]
         yield
+
+
+async def test_probes_beside_the_metrics(settings: QuireSettings) -> None:
+    # deploy/k8s probes every service's metrics port: /healthz (the event loop runs) and
+    # /readyz (set up and on NATS); a service that is gone answers neither.
+    async with bookie(settings):
+        bases = {kind: url.removesuffix("/metrics") for kind, url in METRICS_URLS.items()}
+        async with httpx.AsyncClient() as http:
+            for base in bases.values():
+                for probe in ("healthz", "readyz"):
+                    answer = await http.get(f"{base}/{probe}")
+                    assert (answer.status_code, answer.text) == (200, "ok\n"), probe
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"{bases['journal']}/readyz")
 
 
 def journal_entries(settings: QuireSettings) -> set[tuple[int, int]]:

@@ -21,6 +21,7 @@ async def running_service(
     await rt.start()
     try:
         await module.main(rt)
+        rt.started = True  # as shared/service.py run_service marks it
         yield rt
     finally:
         rt.stop()

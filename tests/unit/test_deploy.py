@@ -138,23 +138,25 @@ def claim_of(mounts: dict[str, str], directory: str) -> str:
     return mounts[max(holders, key=len)]
 
 
-def test_probes_only_where_a_health_endpoint_exists() -> None:
-    """The gateway serves /healthz and /readyz (services/gateway/http.py); the other services
-    serve none (only /metrics when QUIRE_METRICS_PORT is set), so they get no probe."""
-    probed = {}
+def test_every_service_is_probed_where_it_answers() -> None:
+    """The gateway serves /healthz and /readyz on its HTTP port (services/gateway/http.py);
+    every other service beside /metrics on QUIRE_METRICS_PORT (shared/metrics.py
+    serve_metrics): each container is probed on the port that serves them."""
+    want = {"livenessProbe": "/healthz", "readinessProbe": "/readyz", "startupProbe": "/healthz"}
+    probed = set()
     for name, spec in pod_specs():
         for container in spec["containers"]:
-            probes = {k: v for k, v in container.items() if k.endswith("Probe")}
-            if probes:
-                probed[f"{name}/{container['name']}"] = {
-                    kind: probe["httpGet"]["path"] for kind, probe in probes.items()
-                }
-    assert probed.pop("gateway/gateway") == {
-        "livenessProbe": "/healthz",
-        "readinessProbe": "/readyz",
-        "startupProbe": "/healthz",
-    }
-    assert set(probed) == {"nats/nats"}  # nats-server's own monitoring endpoint
+            where = f"{name}/{container['name']}"
+            probes = {k: v["httpGet"] for k, v in container.items() if k.endswith("Probe")}
+            probed.add(where)
+            if where == "nats/nats":
+                continue  # nats-server's own monitoring endpoint
+            assert {kind: get["path"] for kind, get in probes.items()} == want, where
+            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            served = ports["http"] if where == "gateway/gateway" else int(env["QUIRE_METRICS_PORT"])
+            assert {ports[get["port"]] for get in probes.values()} == {served}, where
+    assert {"gateway/gateway", "metadata/metadata", "nats/nats"} <= probed
 
 
 def test_every_disruption_budget_selects_pods_and_bookies_go_one_at_a_time() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import math
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -170,6 +171,8 @@ async def test_the_server_serves_the_registry_on_a_free_port_until_shutdown() ->
         settings=SimpleNamespace(metrics_port=0, metrics_host="127.0.0.1"),
         on_shutdown=steps.append,
         events=SimpleNamespace(stats=EventStats(published=5)),
+        health=lambda: (True, "ok"),
+        readiness=lambda: (False, "starting"),
     )
     metrics = serve_metrics(rt, lambda e: e.counter("quire_s_requests", "requests", 2))  # type: ignore[arg-type]
     assert rt.metrics is metrics and rt.metrics_url.startswith("http://127.0.0.1:")
@@ -178,6 +181,12 @@ async def test_the_server_serves_the_registry_on_a_free_port_until_shutdown() ->
     assert scraped.types["quire_s_requests"] == "counter"
     # Every service's registry has the event publisher's metrics.
     assert scraped.value("quire_events_published_total") == 5
+    # The probes beside it (Kubernetes' httpGet): the runtime's answers, as 200 or 503.
+    base = rt.metrics_url.removesuffix("/metrics")
+    async with httpx.AsyncClient() as http:
+        healthz, readyz = await http.get(f"{base}/healthz"), await http.get(f"{base}/readyz")
+    assert (healthz.status_code, healthz.text) == (200, "ok\n")
+    assert (readyz.status_code, readyz.text) == (503, "starting\n")
     [stop] = steps
     await stop()
     with pytest.raises(OSError):
