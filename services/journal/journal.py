@@ -707,14 +707,24 @@ class Journal:
             # mark (fences, keys) must be in the snapshot before the mark moves. Written at
             # every move (a segment of the ledgers changed since the last), so replay never
             # reads what the ledgerstore has checkpointed: damage there is not fatal.
-            await self._write_snapshot()
-            await asyncio.to_thread(
-                self.files.write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
-            )
-            self.mark = mark
-            doomed = _beyond_backups(journal_files(self.directory), mark, self.settings.max_backups)
-            if doomed:
-                await asyncio.to_thread(self._delete, doomed)
+            # A failed write or fsync of the snapshot, the mark or a deletion is as fatal as
+            # one of a group commit (the fsyncgate rule: nothing in the page cache can be
+            # trusted after it); it was once only a failed checkpoint request, and the
+            # bookie went on acknowledging adds on a disk that had just failed.
+            try:
+                await self._write_snapshot()
+                await asyncio.to_thread(
+                    self.files.write_atomic, self.directory / LAST_MARK, encode_last_mark(mark)
+                )
+                self.mark = mark
+                doomed = _beyond_backups(
+                    journal_files(self.directory), mark, self.settings.max_backups
+                )
+                if doomed:
+                    await asyncio.to_thread(self._delete, doomed)
+            except OSError as exc:
+                self._fatal(f"journal checkpoint in {self.directory}: {exc!r}")
+                raise
             self.stats.journal_checkpoints += 1
             self.stats.journal_files_deleted += len(doomed)
             return mark, doomed

@@ -15,6 +15,7 @@ from services.journal.journal import Journal, JournalStartupError, replay
 from services.ledgerstore.core import verify_stored
 from services.ledgerstore.store import LedgerStore
 from shared import wire
+from shared.bookie.fault_files import FAIL_NEXT_FSYNC, FAIL_NEXT_WRITE, FaultFiles
 from shared.bookie.files import OS_FILES, FileLayer
 from shared.bookie.journal_dir import journal_files
 from shared.bookie.journal_format import (
@@ -155,6 +156,27 @@ async def test_a_failed_fsync_or_write_is_fatal_and_never_acknowledged(
     await journal.close()
     files.power_loss("lose")
     assert journal_entries(tmp_path) == [(1, 0)]
+
+
+@pytest.mark.parametrize(("fault", "err"), [(FAIL_NEXT_FSYNC, "EIO"), (FAIL_NEXT_WRITE, "ENOSPC")])
+async def test_a_failed_fsync_or_write_of_a_checkpoint_is_fatal(
+    tmp_path: Path, fault: str, err: str
+) -> None:
+    # The fault suite's EIO landed on the ledger-state snapshot a checkpoint writes, and the
+    # journal went on acknowledging adds on the failed disk. The suite's own file layer.
+    files = FaultFiles(tmp_path / "faults")
+    fatal = Fatal()
+    journal = Journal(tmp_path / "journal", journal_settings(), fatal=fatal, files=files)
+    await journal.open()
+    writer = asyncio.create_task(journal.run_writer())
+    await journal.submit([entry(1, 0)], now_ms=0)
+    (tmp_path / "faults" / fault).write_text(err)
+    with pytest.raises(OSError):
+        await journal.checkpoint(journal.durable_position)
+    assert len(fatal.reasons) == 1 and "journal checkpoint" in fatal.reasons[0]
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+    await journal.close()
 
 
 def write_journal(directory: Path, batches: list[list[EntryRecord]]) -> Path:
