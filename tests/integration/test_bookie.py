@@ -316,6 +316,40 @@ async def test_malformed_requests_get_bad_request_and_the_bookie_keeps_serving(
         assert (await client.read([(13, 0)]))[0].frame == frame(13, 0)
 
 
+def rolling_frames(written: int, recovered: int) -> dict[tuple[int, int], bytes]:
+    """60 frames of 20 KB for each of two ledgers: enough to roll 1 MB journal files."""
+    payload = os.urandom(20_000)
+    return {
+        (ledger, e): frame(ledger, e, e - 1, payload + bytes([e]))
+        for ledger in (written, recovered)
+        for e in range(60)
+    }
+
+
+async def write_and_recover(
+    client: Bookie, frames: dict[tuple[int, int], bytes], written: int, recovered: int
+) -> None:
+    """Add `written`'s frames one by one; fence `recovered` and add its frames as recovery
+    adds: a master key and a fence for a restart to remember."""
+    assert await client.add([frames[(written, 0)]]) == [BookieStatus.OK]
+    assert (await client.fence(recovered)).status is BookieStatus.OK
+    for e in range(1, 60):
+        assert await client.add([frames[(written, e)]]) == [BookieStatus.OK]
+    recovery = [frames[(recovered, e)] for e in range(60)]
+    assert await client.add(recovery, flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK] * 60
+
+
+async def assert_remembered(
+    client: Bookie, frames: dict[tuple[int, int], bytes], written: int, recovered: int
+) -> None:
+    """After a restart: every frame reads back, the fence holds and the key is checked."""
+    results = await client.read(list(frames))
+    assert {(r.ledger_id, r.entry_id): r.frame for r in results} == frames
+    assert await client.add([frame(recovered, 60, 59)]) == [BookieStatus.FENCED]
+    assert await client.add([frame(written, 60, 59)], key=OTHER_KEY) == [BookieStatus.UNAUTHORIZED]
+    assert await client.add([frame(written, 60, 59)]) == [BookieStatus.OK]
+
+
 async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settings) -> None:
     # Small files and frequent checkpoints: journal files roll and old ones are deleted,
     # so the restart must rebuild fences and keys from the snapshot, not from file 1.
@@ -328,19 +362,9 @@ async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settin
         }
     )
     client = Bookie(nc, settings)
-    payload = os.urandom(20_000)
-    frames = {
-        (ledger, e): frame(ledger, e, e - 1, payload + bytes([e]))
-        for ledger in (20, 21)
-        for e in range(60)
-    }
+    frames = rolling_frames(20, 21)
     async with bookie(settings):
-        assert await client.add([frames[(20, 0)]]) == [BookieStatus.OK]
-        assert (await client.fence(21)).status is BookieStatus.OK
-        for e in range(1, 60):
-            assert await client.add([frames[(20, e)]]) == [BookieStatus.OK]
-        recovery = [frames[(21, e)] for e in range(60)]
-        assert await client.add(recovery, flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK] * 60
+        await write_and_recover(client, frames, 20, 21)
         for _ in range(100):
             stats = await client.stats("journal")
             if stats.value("quire_journal_files_deleted_total") >= 1:
@@ -350,11 +374,7 @@ async def test_restart_reads_everything_and_remembers_fences_and_keys(nc, settin
         assert len(list((settings.bookie_dir / "ledgers").glob("entrylog-*.log"))) > 1
     assert min(journal_files(settings.bookie_dir / "journal")) > 1
     async with bookie(settings):
-        results = await client.read(list(frames))
-        assert {(r.ledger_id, r.entry_id): r.frame for r in results} == frames
-        assert await client.add([frame(21, 60, 59)]) == [BookieStatus.FENCED]
-        assert await client.add([frame(20, 60, 59)], key=OTHER_KEY) == [BookieStatus.UNAUTHORIZED]
-        assert await client.add([frame(20, 60, 59)]) == [BookieStatus.OK]
+        await assert_remembered(client, frames, 20, 21)
         lac = await client.read_lac(20)
         assert (lac.lac, lac.last_entry_id) == (59, 60)
     # A wiped ledgerstore under a journal whose first files are gone: it cannot know what

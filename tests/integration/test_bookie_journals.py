@@ -36,10 +36,13 @@ from tests.integration.test_bookie import (
     KEY,
     OTHER_KEY,
     Bookie,
+    assert_remembered,
     bookie,
     frame,
+    rolling_frames,
     spawn,
     wait_serving,
+    write_and_recover,
 )
 from tests.support.inprocess import running_service
 from tests.support.shell import shell
@@ -151,30 +154,16 @@ async def test_each_journal_checkpoints_and_deletes_its_own_files(
         }
     )
     client = Bookie(nc, settings)
-    payload = os.urandom(20_000)
-    frames = {
-        (ledger, e): frame(ledger, e, e - 1, payload + bytes([e]))
-        for ledger in (60, 61)
-        for e in range(60)
-    }
+    frames = rolling_frames(60, 61)
     async with bookie(settings):
-        assert await client.add([frames[(60, 0)]]) == [BookieStatus.OK]
-        assert (await client.fence(61)).status is BookieStatus.OK
-        for e in range(1, 60):
-            assert await client.add([frames[(60, e)]]) == [BookieStatus.OK]
-        recovery = [frames[(61, e)] for e in range(60)]
-        assert await client.add(recovery, flags=wire.FLAG_RECOVERY_ADD) == [BookieStatus.OK] * 60
+        await write_and_recover(client, frames, 60, 61)
 
         async def both_checkpointed() -> bool:
             return all(min(journal_files(d)) > 1 for d in settings.journal_dirs)
 
         await until(both_checkpointed, "each journal to delete files below its LastLogMark")
     async with bookie(settings):
-        results = await client.read(list(frames))
-        assert {(r.ledger_id, r.entry_id): r.frame for r in results} == frames
-        assert await client.add([frame(61, 60, 59)]) == [BookieStatus.FENCED]
-        assert await client.add([frame(60, 60, 59)], key=OTHER_KEY) == [BookieStatus.UNAUTHORIZED]
-        assert await client.add([frame(60, 60, 59)]) == [BookieStatus.OK]
+        await assert_remembered(client, frames, 60, 61)
 
 
 @pytest.mark.slow
