@@ -200,7 +200,7 @@ class Reads(abc.ABC):
     async def aclose(self) -> None: ...
 
 
-async def _write_windowed(append, spec: ReadSpec) -> None:
+async def write_windowed(append, spec: ReadSpec) -> None:
     """spec.entries in appends of spec.batch, spec.write_window of them outstanding. The
     payloads are all the same: the read checks ids, lengths and digests, not contents."""
     payload = bytes(spec.entry_size)
@@ -227,7 +227,7 @@ class InProcessReads(Reads):
     async def write(self, spec: ReadSpec) -> None:
         ledger_id = await self.target.create()
         handle = self.target.writers[ledger_id]
-        await _write_windowed(handle.append, spec)
+        await write_windowed(handle.append, spec)
         self.metadata = await handle.close(CLOSE_TIMEOUT_S)
         handle.release()
         del self.target.writers[ledger_id]
@@ -278,7 +278,7 @@ class ClientReads(Reads):
         async def append(payloads) -> None:
             await client.append(self.ledger_id, PASSWORD, payloads)
 
-        await _write_windowed(append, spec)
+        await write_windowed(append, spec)
         await client.close(self.ledger_id, PASSWORD)
 
     async def stream(self, first: int, last: int) -> AsyncIterator[Batch]:
@@ -315,7 +315,7 @@ class JetStreamReads(Reads):
         await self.target.open()
 
     async def write(self, spec: ReadSpec) -> None:
-        await _write_windowed(await self.target.ledger(self.SUBJECT_INDEX), spec)
+        await write_windowed(await self.target.ledger(self.SUBJECT_INDEX), spec)
 
     async def forget(self) -> None:
         """nats-server keeps recently written message blocks in its memory: a restart of
