@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -35,12 +36,15 @@ from quire.bench import pagecache
 from quire.bench.histogram import Histogram
 from quire.bench.load import LoadResult, LoadSpec, run_load
 from quire.bench.procstat import CpuMeter, Process
-from quire.bench.reads import LedgerstoreStats, ReadSpec, write_windowed
+from quire.bench.reads import STATS_TIMEOUT_S, LedgerstoreStats, ReadSpec, write_windowed
 from quire.bench.targets import CLOSE_TIMEOUT_S, PASSWORD, InProcessTarget, Quorum, Target
 from shared.config import QuireSettings
+from shared.metrics import scrape
 
 READERS_READY_TIMEOUT_S = 60.0  # for the readers' process to start and connect
 READERS_STOP_TIMEOUT_S = 30.0  # for it to report once told to stop
+SYNC_METRIC = "quire_journal_sync_latency_seconds"  # per group commit: write + fdatasync
+FLUSH_SETTLE_S = 1.5  # the ledgerstores' applied count still, their write caches empty
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class BesideSpec:
     duration_s: float = 10.0  # measured seconds of each write run
     warmup_s: float = 2.0
     batch: int = 500  # entries per append while writing the cold ledgers
+    # The readers' process's nice value: readers elsewhere (another machine) take no CPU
+    # from this one's bookies and writer; here they share its cores.
+    readers_nice: int = 0
 
 
 async def write_cold(target: InProcessTarget, spec: BesideSpec) -> list[int]:
@@ -75,11 +82,18 @@ async def write_cold(target: InProcessTarget, spec: BesideSpec) -> list[int]:
 
 
 def _readers_main(
-    nats: tuple[str, str, str], quorum: Quorum, ledger_ids: list[int], conn: Connection
+    nats: tuple[str, str, str],
+    quorum: Quorum,
+    ledger_ids: list[int],
+    nice: int,
+    conn: Connection,
 ) -> None:
     """The readers' process: connect, say "ready", wait for "go", read each ledger from its
     start in a reader of its own until its end or "stop"; send the figures."""
     import uvloop
+
+    if nice:
+        os.nice(nice)
 
     url, user, password = nats
     settings = QuireSettings(nats_url=url, nats_user=user, nats_password=password)
@@ -100,7 +114,7 @@ async def _readers(
         ledgers = [await client.meta.get_ledger(ledger_id) for ledger_id in ledger_ids]
         conn.send("ready")
         await asyncio.to_thread(conn.recv)  # "go"
-        started = time.perf_counter()
+        started, cpu_from = time.perf_counter(), time.process_time()
 
         async def reader(metadata) -> None:
             waited_from = time.perf_counter()
@@ -121,6 +135,7 @@ async def _readers(
         stop = asyncio.ensure_future(asyncio.to_thread(conn.recv))  # "stop"
         await asyncio.wait([stop, asyncio.gather(*tasks)], return_when=asyncio.FIRST_COMPLETED)
         elapsed = time.perf_counter() - started
+        cpu_s = time.process_time() - cpu_from
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -130,9 +145,12 @@ async def _readers(
     ms = 1000.0
     return figures | {
         "readers": len(ledger_ids),
+        "nice": os.nice(0),
         "elapsed_s": round(elapsed, 3),
         "entries_per_s": round(figures["entries"] / elapsed, 1) if elapsed else 0.0,
         "mb_per_s": round(figures["bytes"] / elapsed / 1e6, 3) if elapsed else 0.0,
+        # The readers' own process (not counted in the write runs' CPU per entry).
+        "client_cpu_cores": round(cpu_s / elapsed, 3) if elapsed else 0.0,
         "batch_p50_ms": batch_wait.percentile(0.5) / ms,
         "batch_p99_ms": batch_wait.percentile(0.99) / ms,
         # A reader that reached its ledger's end read nothing more: cold reads ended then.
@@ -144,7 +162,9 @@ async def _readers(
 class ReadersProcess:
     """The readers in a process of their own (spawned: no fork of this one's threads)."""
 
-    def __init__(self, settings: QuireSettings, quorum: Quorum, ledger_ids: list[int]) -> None:
+    def __init__(
+        self, settings: QuireSettings, quorum: Quorum, ledger_ids: list[int], nice: int = 0
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         nats = (
@@ -153,7 +173,7 @@ class ReadersProcess:
             settings.nats_password.get_secret_value(),
         )
         self._process = context.Process(
-            target=_readers_main, args=(nats, quorum, ledger_ids, child), daemon=True
+            target=_readers_main, args=(nats, quorum, ledger_ids, nice, child), daemon=True
         )
 
     async def start(self) -> None:
@@ -179,6 +199,26 @@ class ReadersProcess:
             self._process.join()
 
 
+class JournalSyncs:
+    """The journals' group commits (write and fdatasync), from their metrics: how long
+    a commit took over a run says whether the readers' disk reads slowed the journal."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+
+    async def totals(self) -> tuple[float, float]:
+        """(group commits, their seconds), summed over the journals."""
+        scrapes = await asyncio.gather(*(scrape(url, STATS_TIMEOUT_S) for url in self.urls))
+        count = sum(s.value(f"{SYNC_METRIC}_count") for s in scrapes)
+        return count, sum(s.value(f"{SYNC_METRIC}_sum") for s in scrapes)
+
+    @staticmethod
+    def since(before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
+        count, seconds = after[0] - before[0], after[1] - before[1]
+        mean_ms = round(seconds / count * 1000, 3) if count else None
+        return {"group_commits": int(count), "mean_ms": mean_ms}
+
+
 # -- the runs --------------------------------------------------------------------------------
 
 
@@ -189,6 +229,7 @@ async def beside_writes(
     spec: BesideSpec,
     directories: list[Path],
     stats: LedgerstoreStats,
+    syncs: JournalSyncs,
     processes: list[Process] | None,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -202,7 +243,9 @@ async def beside_writes(
         ledger_ids = await write_cold(cold, spec)
     finally:
         await cold.aclose()
-    await stats.wait_flushed(applied + spec.readers * spec.entries * quorum.write_quorum)
+    # Every entry is on its ack quorum; the other copies too unless a bookie fell behind.
+    copies = spec.readers * spec.entries * quorum.ack_quorum
+    await stats.wait_flushed(applied + copies, settle_s=FLUSH_SETTLE_S)
 
     load = LoadSpec(
         entry_size=spec.entry_size,
@@ -225,9 +268,11 @@ async def beside_writes(
         files = pagecache.files_under(directories)
         await asyncio.to_thread(pagecache.drop, files)
         say(f"writing at {rate:,.0f} entries/s, no readers ...")
+        synced = await syncs.totals()
         alone = await run_load(writer, load, cpu=CpuMeter(processes))
+        figures["journal_syncs_write_only"] = syncs.since(synced, await syncs.totals())
 
-        readers = ReadersProcess(settings, quorum, ledger_ids)
+        readers = ReadersProcess(settings, quorum, ledger_ids, spec.readers_nice)
         await asyncio.to_thread(pagecache.drop, pagecache.files_under(directories))
         figures["page_cache_before_readers"] = await asyncio.to_thread(
             pagecache.resident, pagecache.files_under(directories)
@@ -235,11 +280,12 @@ async def beside_writes(
         try:
             await readers.start()
             say(f"writing at {rate:,.0f} entries/s, {spec.readers} readers reading cold ...")
-            before = await stats.counters()
+            before, synced = await stats.counters(), await syncs.totals()
             readers.go()
             beside = await run_load(writer, load, cpu=CpuMeter(processes))
             read = await readers.stop()
             after = await stats.counters()
+            figures["journal_syncs_with_readers"] = syncs.since(synced, await syncs.totals())
         finally:
             readers.kill()
     finally:

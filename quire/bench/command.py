@@ -107,6 +107,8 @@ class ClusterAccess:
     bookie_ids: list[str] = field(default_factory=list)  # from cluster.json, when known
     # bookie id -> its ledgerstore's metrics URL, from cluster.json, when known
     ledgerstore_metrics: dict[str, str] = field(default_factory=dict)
+    # every journal's metrics URL, from cluster.json, when known
+    journal_metrics: list[str] = field(default_factory=list)
 
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
@@ -130,6 +132,10 @@ def _ledgerstore_metrics(rows: list[dict[str, Any]]) -> dict[str, str]:
 def _known(access: ClusterAccess) -> list[Process] | None:
     """The cluster's processes, for its CPU; None when cluster.json was not read."""
     return access.processes or None
+
+
+def _journal_metrics(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["metrics"] for row in rows if row["kind"] == "journal" and row.get("metrics")]
 
 
 def _fail(message: str) -> None:
@@ -193,6 +199,7 @@ def cluster_access(
             config.data_dir,
             _bookie_ids(info["services"]),
             _ledgerstore_metrics(info["services"]),
+            _journal_metrics(info["services"]),
         )
     except BaseException:
         failed = True
@@ -236,6 +243,7 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
         data_dir,
         _bookie_ids(info.get("services", [])),
         _ledgerstore_metrics(info.get("services", [])),
+        _journal_metrics(info.get("services", [])),
     )
 
 
@@ -794,6 +802,15 @@ def read(
     warmup: Annotated[
         float, typer.Option(min=0.0, help="--beside-writes: seconds before each measurement.")
     ] = 2.0,
+    readers_nice: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=19,
+            help="--beside-writes: the readers' process's nice value (readers on other "
+            "machines take no CPU from this one).",
+        ),
+    ] = 0,
     compare: Annotated[
         ReadCompare, typer.Option(help="Also write and read back a 3-node JetStream stream.")
     ] = ReadCompare.NONE,
@@ -836,7 +853,7 @@ def read(
             from quire.bench import beside
 
             beside_spec = beside.BesideSpec(
-                readers, entries, size, write_rate, in_flight, duration, warmup, batch
+                readers, entries, size, write_rate, in_flight, duration, warmup, batch, readers_nice
             )
             settings |= {
                 "beside_writes": True,
@@ -847,6 +864,7 @@ def read(
                 "in_flight": in_flight,
                 "duration_s": duration,
                 "warmup_s": warmup,
+                "readers_nice": readers_nice,
             }
             directories = [access.data_dir / bookie_id for bookie_id in access.bookie_ids]
             figures = {
@@ -858,6 +876,7 @@ def read(
                         beside_spec,
                         directories,
                         reads.LedgerstoreStats(access.ledgerstore_metrics),
+                        beside.JournalSyncs(access.journal_metrics),
                         _known(access),
                         lambda message: err_console.print(message, highlight=False),
                     )

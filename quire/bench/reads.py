@@ -160,17 +160,23 @@ class LedgerstoreStats:
         stats = await self.read()
         return int(sum(s.value("quire_ledgerstore_add_entries_total") for s in stats.values()))
 
-    async def wait_flushed(self, applied_at_least: int) -> None:
+    async def wait_flushed(self, applied_at_least: int, settle_s: float = 0.0) -> None:
         """Until the ledgerstores applied at least `applied_at_least` entries from their
         journals and none holds one in its write cache (a flush every flush_interval_ms): a
         cold read must not be served from it. An empty write cache alone is not enough: a
-        ledgerstore applies its journal a little after the journal acknowledged the adds."""
+        ledgerstore applies its journal a little after the journal acknowledged the adds.
+        With `settle_s`, also until the count has not moved for that long: for a write
+        whose copies beyond the ack quorum may be fewer (a bookie that fell behind)."""
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        last_applied, moved_at = -1.0, time.monotonic()
         while True:
             stats = await self.read()
             applied = sum(s.value("quire_ledgerstore_add_entries_total") for s in stats.values())
             holding = [b for b, s in stats.items() if s.value("bookie_write_cache_count")]
-            if applied >= applied_at_least and not holding:
+            if applied != last_applied:
+                last_applied, moved_at = applied, time.monotonic()
+            settled = time.monotonic() - moved_at >= settle_s
+            if applied >= applied_at_least and not holding and settled:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(

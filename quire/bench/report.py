@@ -405,10 +405,17 @@ def _print_beside(console: Console, figures: dict[str, Any]) -> None:
         cells = [_fmt_or_unknown(row[k]) for k in keys]
         table.add_row(name.replace("_", " "), *cells, str(row["errors"]))
     console.print(table)
+    alone, beside = figures["journal_syncs_write_only"], figures["journal_syncs_with_readers"]
+    console.print(
+        f"journal group commits (write + fdatasync): write only {alone['group_commits']:,}, "
+        f"mean {alone['mean_ms']} ms; with readers {beside['group_commits']:,}, "
+        f"mean {beside['mean_ms']} ms"
+    )
     read = figures["readers"]
     console.print(
         f"readers: {read['readers']} read {read['entries']:,} entries cold in "
-        f"{read['elapsed_s']} s: {read['entries_per_s']:,} entries/s, {read['mb_per_s']} MB/s; "
+        f"{read['elapsed_s']} s: {read['entries_per_s']:,} entries/s, {read['mb_per_s']} MB/s, "
+        f"their process {read['client_cpu_cores']} of a core (nice {read['nice']}); "
         f"wait per batch p50 {read['batch_p50_ms']} ms, p99 {read['batch_p99_ms']} ms"
     )
     if not read["covered_the_run"]:
