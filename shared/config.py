@@ -98,13 +98,6 @@ class LedgerstoreSettings(BaseModel):
     # call (index queries, entry log reads) on the ledgerstore's read threads, as many as
     # this and apart from the threads of the journal catch-up and the flush.
     num_read_worker_threads: int = Field(default=4, ge=1, le=64)
-    # The read threads' priority below the rest of the bookie (Linux): their disk reads
-    # (entry logs, read-ahead) in the best-effort I/O class at this level (0 highest, 7
-    # lowest; -1: the process's), so a cold catch-up read does not queue ahead of the
-    # journal's writes and fdatasyncs on the same disk; and their CPU `nice` this much
-    # above the process's (0: the same).
-    read_threads_io_priority: int = Field(default=7, ge=-1, le=7)
-    read_threads_nice: int = Field(default=0, ge=0, le=19)
     # maxPendingReadRequestsPerThread: read requests waiting for a worker, per worker;
     # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests of 100
     # entries are seconds of reading (docs/storage.md has the rates): only an overload

@@ -4,11 +4,7 @@ on the event loop and puts what it brings into the read cache)."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import platform
-import threading
 from dataclasses import dataclass, field
 
 from services.ledgerstore.cache import Key
@@ -18,39 +14,6 @@ from shared import wire
 from shared.status import BookieStatus
 
 log = logging.getLogger(__name__)
-
-# ioprio_set(2) (no Python binding): the syscall's number by machine; best-effort class.
-_SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
-_IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread
-_IOPRIO_CLASS_BE = 2
-_IOPRIO_CLASS_SHIFT = 13
-
-
-def lower_read_thread_priority(io_level: int, nice: int) -> None:
-    """A read thread's initializer: its disk reads in the best-effort I/O class at
-    `io_level` (-1: left as the process's) and its CPU `nice` raised by `nice`, so that
-    reads queue behind the bookie's writes rather than ahead of them (Linux; elsewhere, or
-    refused, logged and left as they are: a priority, not a rule)."""
-    tid = threading.get_native_id()
-    if nice:
-        try:
-            current = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))
-        except (AttributeError, OSError) as exc:
-            log.warning("read thread nice not set", extra={"err": repr(exc)})
-    number = _SYS_IOPRIO_SET.get(platform.machine())
-    if io_level < 0:
-        return
-    if number is None:
-        log.warning("read thread I/O priority not set: no ioprio_set on this machine")
-        return
-    value = (_IOPRIO_CLASS_BE << _IOPRIO_CLASS_SHIFT) | io_level
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(number, _IOPRIO_WHO_PROCESS, tid, value) != 0:
-        log.warning(
-            "read thread I/O priority not set", extra={"err": os.strerror(ctypes.get_errno())}
-        )
-
 
 # Lookups of an entry whose entry log keeps vanishing under the read (each compaction or
 # deletion moves it once): past this, IO_ERROR.

@@ -49,12 +49,7 @@ from services.ledgerstore.core import (
     read_ahead_ids,
     verify_stored,
 )
-from services.ledgerstore.disk_reads import (
-    DiskBatch,
-    DiskRead,
-    DiskReader,
-    lower_read_thread_priority,
-)
+from services.ledgerstore.disk_reads import DiskBatch, DiskRead, DiskReader
 from services.ledgerstore.storage import (
     EntryIndex,
     EntryLogger,
@@ -201,10 +196,7 @@ class LedgerStore:
         self._reading: dict[Key, asyncio.Future[None]] = {}
         self._disk = DiskReader(self.index, self.loggers)
         self._read_threads = ThreadPoolExecutor(
-            settings.num_read_worker_threads,
-            thread_name_prefix="ledgerstore-read",
-            initializer=lower_read_thread_priority,
-            initargs=(settings.read_threads_io_priority, settings.read_threads_nice),
+            settings.num_read_worker_threads, thread_name_prefix="ledgerstore-read"
         )
         self._write_threads = ThreadPoolExecutor(
             WRITE_THREADS, thread_name_prefix="ledgerstore-write"

@@ -6,10 +6,6 @@ reader asks next, read-ahead frames checked when served)."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import os
-import platform
-import sys
 import threading
 from pathlib import Path
 
@@ -272,35 +268,3 @@ async def test_a_corrupt_frame_read_ahead_is_caught_when_served(tmp_path: Path) 
     [again] = await store.read(items(1, [5]))
     assert again.status is BookieStatus.CORRUPT and corrupt == [(1, 5), (1, 5)]
     await store.close()
-
-
-# -- the read threads' priority ---------------------------------------------------------------
-
-_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
-
-
-def _this_threads_priorities() -> tuple[int, int]:
-    """(CPU nice, I/O priority as ioprio_get(2) returns it) of the calling thread."""
-    tid = threading.get_native_id()
-    libc = ctypes.CDLL(None, use_errno=True)
-    ioprio = libc.syscall(_SYS_IOPRIO_GET[platform.machine()], 1, tid)  # IOPRIO_WHO_PROCESS
-    return os.getpriority(os.PRIO_PROCESS, tid), ioprio
-
-
-@pytest.mark.skipif(
-    sys.platform != "linux" or platform.machine() not in _SYS_IOPRIO_GET, reason="Linux ioprio"
-)
-async def test_the_read_threads_run_below_the_rest_of_the_bookie(tmp_path: Path) -> None:
-    """Disk reads in the best-effort class at the configured level, CPU nice raised: the
-    journal's writes and fsyncs on the same disk go first. The event loop is untouched."""
-    store = await open_store(tmp_path, [(1, 0)], read_threads_io_priority=6, read_threads_nice=3)
-    try:
-        loop = asyncio.get_running_loop()
-        nice, ioprio = await loop.run_in_executor(store._read_threads, _this_threads_priorities)
-        own_nice, own_ioprio = _this_threads_priorities()
-        assert (nice, ioprio) == (min(19, own_nice + 3), (2 << 13) | 6)  # class BE, level 6
-        assert own_ioprio != ioprio
-        results = await store.read(items(1, [0]))  # and it still reads
-        assert results[0].frame == frame(1, 0)
-    finally:
-        await store.close()
