@@ -29,11 +29,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from quire.bench.autorecovery import AutorecoverySpec, run_autorecovery
 from quire.bench.load import LoadResult, LoadSpec, run_load
 from quire.bench.population import IdleSpec, RoundsSpec, measure_idle, run_rounds
-from quire.bench.procstat import Process
+from quire.bench.procstat import CpuMeter, Process
 from quire.bench.report import (
     ROUND_COLUMNS,
     load_average,
     machine_info,
+    median_run,
     print_idle,
     print_reads,
     print_summary,
@@ -106,6 +107,8 @@ class ClusterAccess:
     bookie_ids: list[str] = field(default_factory=list)  # from cluster.json, when known
     # bookie id -> its ledgerstore's metrics URL, from cluster.json, when known
     ledgerstore_metrics: dict[str, str] = field(default_factory=dict)
+    # every journal's metrics URL, from cluster.json, when known
+    journal_metrics: list[str] = field(default_factory=list)
 
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
@@ -124,6 +127,15 @@ def _bookie_ids(rows: list[dict[str, Any]]) -> list[str]:
 def _ledgerstore_metrics(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Each bookie's ledgerstore metrics URL, as cluster.json lists them."""
     return {row["bookie_id"]: row["metrics"] for row in rows if row["kind"] == "ledgerstore"}
+
+
+def _known(access: ClusterAccess) -> list[Process] | None:
+    """The cluster's processes, for its CPU; None when cluster.json was not read."""
+    return access.processes or None
+
+
+def _journal_metrics(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["metrics"] for row in rows if row["kind"] == "journal" and row.get("metrics")]
 
 
 def _fail(message: str) -> None:
@@ -187,6 +199,7 @@ def cluster_access(
             config.data_dir,
             _bookie_ids(info["services"]),
             _ledgerstore_metrics(info["services"]),
+            _journal_metrics(info["services"]),
         )
     except BaseException:
         failed = True
@@ -230,6 +243,7 @@ def _existing(gateway: str | None, data_dir: Path | None, grpc_address: str | No
         data_dir,
         _bookie_ids(info.get("services", [])),
         _ledgerstore_metrics(info.get("services", [])),
+        _journal_metrics(info.get("services", [])),
     )
 
 
@@ -246,7 +260,48 @@ def make_target(via: Via, access: ClusterAccess, quorum: Quorum, edge_ratio: flo
     return ClientTarget("grpc", access.grpc, quorum)
 
 
-async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
+@dataclass
+class Side:
+    """One system the bench loads: its target, and the processes whose CPU is its cost
+    (None: the target's own, as JetStream's servers, or not known)."""
+
+    target: Target
+    label: str
+    processes: list[Process] | None = None
+    spec: LoadSpec | None = None  # None: the command's
+
+
+async def _measure(sides: list[Side], spec: LoadSpec, repeat: int = 1) -> list[list[LoadResult]]:
+    """Every side opened, then `repeat` rounds of one run of each side in turn (the
+    systems alternate, so a change of the machine's load falls on both), on the same
+    cluster or servers; each run writes ledgers (JetStream: subjects) of its own.
+    The runs of each side, in order."""
+    results: list[list[LoadResult]] = [[] for _ in sides]
+    opened: list[Side] = []
+    try:
+        for side in sides:
+            await side.target.open()
+            opened.append(side)
+        for run in range(repeat):
+            for index, side in enumerate(sides):
+                label = side.label + (f", run {run + 1} of {repeat}" if repeat > 1 else "")
+                processes = side.processes or side.target.processes()
+                meter = CpuMeter(processes)
+                results[index].append(
+                    await _measure_one(side.target, side.spec or spec, label, meter)
+                )
+    finally:
+        for side in reversed(opened):
+            await side.target.aclose()
+            target = side.target
+            if isinstance(target, ClientTarget) and target.close_errors:
+                err_console.print(
+                    f"[red]{side.label}: {target.close_errors} of its ledgers failed to close[/red]"
+                )
+    return results
+
+
+async def _measure_one(target: Target, spec: LoadSpec, label: str, meter: CpuMeter) -> LoadResult:
     total_s = spec.warmup_s + spec.duration_s
     with Progress(
         TextColumn("{task.description}"),
@@ -268,17 +323,9 @@ async def _measure(target: Target, spec: LoadSpec, label: str) -> LoadResult:
                 progress.update(task, rate=f"{rate:,.0f} entries/s ({phase}{suffix})")
             progress.update(task, completed=min(elapsed_s, total_s))
 
-        await target.open()
         if spec.ledgers > 1:
             err_console.print(f"{label}: creating {spec.ledgers:,} ledgers ...")
-        try:
-            return await run_load(target, spec, update)
-        finally:
-            await target.aclose()
-            if isinstance(target, ClientTarget) and target.close_errors:
-                err_console.print(
-                    f"[red]{label}: {target.close_errors} of its ledgers failed to close[/red]"
-                )
+        return await run_load(target, spec, update, meter)
 
 
 def edge_ratio() -> float:
@@ -378,9 +425,19 @@ def bench(
     ] = None,
     data_dir: RunningClusterOption = None,
     grpc_address: GrpcAddressOption = None,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=25,
+            help="Runs of each system, alternating, on the same cluster (and JetStream "
+            "servers): each run and the medians are reported, the ratios of the medians.",
+        ),
+    ] = 1,
 ) -> None:
-    """Run the load for warm-up + duration seconds; print entries/s, MB/s and add latency
-    percentiles (and JetStream's beside them with --compare jetstream)."""
+    """Run the load for warm-up + duration seconds; print entries/s, MB/s, add latency
+    percentiles and CPU per acknowledged entry (and JetStream's beside them with --compare
+    jetstream)."""
     if ctx.invoked_subcommand is not None:
         return
     if not 1 <= ack_quorum <= write_quorum <= ensemble:
@@ -411,17 +468,18 @@ def bench(
     if compare is Compare.TRACING_OFF and (gateway or data_dir):
         _fail("--compare tracing-off starts two clusters of its own: no --gateway/--data-dir")
     tracing_on = compare is Compare.TRACING_OFF
-    tracing_off_result = None
+    tracing_off_runs = None
     if tracing_on:
         # First, before this process holds a tracer provider: a fork with a preexec function
         # (starting the cluster's servers) runs the provider's at-fork hook in the child.
         off = {"OTEL_SDK_DISABLED": "true"}
         with cluster_access(None, None, bookies, None, extra_env=off) as access:
-            target = make_target(via, access, quorum)
-            tracing_off_result = _run(_measure(target, spec, "quire, tracing off"))
+            side = Side(make_target(via, access, quorum), "quire, tracing off", _known(access))
+            (tracing_off_runs,) = _run(_measure([side], spec, repeat))
     with (
         cluster_access(gateway, data_dir, bookies, grpc_address) as access,
         _bench_edge(access if tracing_on and via is Via.INPROCESS else None),
+        contextlib.ExitStack() as stack,
     ):
         settings = {
             "entry_size": entry_size,
@@ -437,48 +495,55 @@ def bench(
             "warmup_s": warmup,
             "via": via.value,
             "compare": compare.value,
+            "repeat": repeat,
             "cluster": access.description,
         }
         machine = machine_info(access.fsync)
         target = make_target(via, access, quorum, edge_ratio() if tracing_on else 0.0)
-        quire_result = _run(_measure(target, spec, f"quire ({via.value})"))
-        compared = None
+        sides = [Side(target, f"quire ({via.value})", _known(access))]
         if compare is Compare.JETSTREAM:
-            with tempfile.TemporaryDirectory(prefix="quire-bench-js-") as js_dir:
-                js = JetStreamTarget(Path(js_dir))
-                compared = _run(_measure(js, spec, "jetstream (R3, sync always)"))
+            js_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="quire-bench-js-"))
+            sides.append(Side(JetStreamTarget(Path(js_dir)), "jetstream (R3, sync always)"))
             settings["jetstream"] = "3 nats-servers, file stream, replicas 3, sync_interval always"
         elif compare is Compare.ONE_LEDGER:
             # The Pulsar shape's reference: the same total rate from one fast writer, with
             # the window of all the writers together (so only the ledger count differs).
             one = replace(spec, ledgers=1, writers=1, in_flight=in_flight * writers)
-            compared = _run(_measure(make_target(via, access, quorum), one, "quire, 1 ledger"))
-            quire_result.target = f"{ledgers:,} ledgers"
-            compared.target = "1 ledger"
+            one_target = make_target(via, access, quorum)
+            sides.append(Side(one_target, "quire, 1 ledger", _known(access), one))
         elif tracing_on:
             settings["tracing"] = (
                 f"on: {edge_ratio():g} of the requests traced (the gateway's parent-based "
                 "trace-id ratio; in-process, the bench draws them), spans stored under the "
                 "data dir; off: OTEL_SDK_DISABLED=true; each on a fresh cluster, off first"
             )
-    if tracing_off_result is not None:
-        compared = tracing_off_result
-        quire_result.target = "tracing on"
-        compared.target = "tracing off"
+        measured = _run(_measure(sides, spec, repeat))
+    quire_runs, compared_runs = measured[0], (measured[1] if len(measured) > 1 else None)
+    if compare is Compare.ONE_LEDGER:
+        for result in quire_runs:
+            result.target = f"{ledgers:,} ledgers"
+        for result in compared_runs or []:
+            result.target = "1 ledger"
+    if tracing_off_runs is not None:
+        compared_runs = tracing_off_runs
+        for result in quire_runs:
+            result.target = "tracing on"
+        for result in compared_runs:
+            result.target = "tracing off"
     machine["load_average_at_end"] = load_average()
     compared_as = {Compare.ONE_LEDGER: "one_ledger", Compare.TRACING_OFF: "tracing_off"}.get(
         compare, "jetstream"
     )
-    report = report_json(settings, machine, quire_result, compared, compared_as)
+    report = report_json(settings, machine, quire_runs, compared_runs, compared_as)
     print_summary(console, report)
     if json_path is not None:
         write_json(json_path, report)
         console.print(f"JSON written to {json_path}")
     if plot is not None:
-        results = [quire_result] + ([compared] if compared else [])
+        results = [median_run(quire_runs)] + ([median_run(compared_runs)] if compared_runs else [])
         write_plot(plot, results, f"quire bench: {entry_size} B entries, {via.value}")
         console.print(f"plot written to {plot}")
-    if quire_result.entries == 0:
+    if any(result.entries == 0 for result in quire_runs):
         raise typer.Exit(1)
 
 
@@ -704,8 +769,48 @@ def read(
         bool, typer.Option("--tail", help="Tailing: one writer at --rate, --readers following.")
     ] = False,
     rate: Annotated[float, typer.Option(min=1, help="--tail: entries/s, one per append.")] = 1000,
-    readers: Annotated[int, typer.Option(min=1, help="--tail: readers following the LAC.")] = 4,
-    duration: Annotated[float, typer.Option(min=0.1, help="--tail: seconds of writing.")] = 10.0,
+    readers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="--tail: readers following the LAC; --beside-writes: catch-up readers."
+        ),
+    ] = 4,
+    duration: Annotated[
+        float,
+        typer.Option(min=0.1, help="--tail: seconds of writing; --beside-writes: of each run."),
+    ] = 10.0,
+    beside_writes: Annotated[
+        bool,
+        typer.Option(
+            "--beside-writes",
+            help="Add latency at a write rate alone, then with --readers catch-up readers "
+            "each reading a cold ledger of ENTRIES as fast as they can (issue 20's target 4).",
+        ),
+    ] = False,
+    write_rate: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="--beside-writes: the writer's entries/s (default: half the peak, measured "
+            "first with its window).",
+            show_default=False,
+        ),
+    ] = None,
+    in_flight: Annotated[
+        int, typer.Option(min=1, help="--beside-writes: the writer's window.")
+    ] = 64,
+    warmup: Annotated[
+        float, typer.Option(min=0.0, help="--beside-writes: seconds before each measurement.")
+    ] = 2.0,
+    readers_nice: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=19,
+            help="--beside-writes: the readers' process's nice value (readers on other "
+            "machines take no CPU from this one).",
+        ),
+    ] = 0,
     compare: Annotated[
         ReadCompare, typer.Option(help="Also write and read back a 3-node JetStream stream.")
     ] = ReadCompare.NONE,
@@ -728,6 +833,8 @@ def read(
         _fail("need 1 <= ack-quorum <= write-quorum <= ensemble")
     if tail and compare is not ReadCompare.NONE:
         _fail("--tail measures Quire alone: no --compare")
+    if beside_writes and (tail or compare is not ReadCompare.NONE):
+        _fail("--beside-writes measures Quire alone: no --tail, no --compare")
     quorum = Quorum(ensemble, write_quorum, ack_quorum)
     spec = reads.ReadSpec(entries=entries, entry_size=size, batch=batch)
     with cluster_access(None, data_dir, bookies, grpc_address) as access:
@@ -742,7 +849,40 @@ def read(
             "cluster": access.description,
         }
         machine = machine_info(access.fsync)
-        if tail:
+        if beside_writes:
+            from quire.bench import beside
+
+            beside_spec = beside.BesideSpec(
+                readers, entries, size, write_rate, in_flight, duration, warmup, batch, readers_nice
+            )
+            settings |= {
+                "beside_writes": True,
+                "readers": readers,
+                "entries": entries,
+                "size": size,
+                "write_rate": write_rate or "half the peak",
+                "in_flight": in_flight,
+                "duration_s": duration,
+                "warmup_s": warmup,
+                "readers_nice": readers_nice,
+            }
+            directories = [access.data_dir / bookie_id for bookie_id in access.bookie_ids]
+            figures = {
+                "beside_writes": _run(
+                    beside.beside_writes(
+                        access.settings,
+                        quorum,
+                        make_target(via, access, quorum),
+                        beside_spec,
+                        directories,
+                        reads.LedgerstoreStats(access.ledgerstore_metrics),
+                        beside.JournalSyncs(access.journal_metrics),
+                        _known(access),
+                        lambda message: err_console.print(message, highlight=False),
+                    )
+                )
+            }
+        elif tail:
             settings |= {"rate": rate, "readers": readers, "duration_s": duration, "size": size}
             side: reads.Tail
             if via is Via.INPROCESS:
@@ -830,6 +970,10 @@ async def _tailing(side, spec) -> dict[str, Any]:
 
 
 def _read_errors(report: dict[str, Any]) -> bool:
+    if "beside_writes" in report:
+        figures = report["beside_writes"]
+        runs = (figures["write_only"], figures["with_readers"])
+        return bool(figures["readers"]["errors"] or any(run["errors"] for run in runs))
     if "tail" in report:
         return bool(report["tail"]["errors"])
     passes = [report[s][p] for s in ("quire", "jetstream") if s in report for p in ("cold", "warm")]

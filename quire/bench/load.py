@@ -15,8 +15,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from quire.bench.histogram import Histogram
+from quire.bench.procstat import CLIENT_KIND, CpuMeter
 from quire.bench.targets import Append, Target
 
 # The timeline keeps one histogram per interval; bounded by the duration.
@@ -63,6 +65,9 @@ class LoadResult:
     # CPU this process used (every thread, user and system) from the end of the warm-up
     # to the last answer: the client's work, which the machine's load does not change much.
     client_cpu_s: float = 0.0
+    # CPU seconds by process kind over the same window, `client` (this process) included;
+    # None when the system's processes are not known (a gateway URL alone).
+    cpu_s_by_kind: dict[str, float] | None = None
 
     @property
     def entries_per_s(self) -> float:
@@ -72,9 +77,31 @@ class LoadResult:
     def mb_per_s(self) -> float:
         return self.bytes / self.elapsed_s / 1e6 if self.elapsed_s else 0.0
 
-    def summary(self) -> dict[str, float]:
-        ms = 1000.0
+    def cpu_summary(self) -> dict[str, Any]:
+        """CPU per acknowledged entry: every process of the system under test and this
+        one, over the measured window, / the entries acknowledged in it; by kind too."""
+        if self.cpu_s_by_kind is None:
+            return {
+                "cpu_us_per_entry": None,
+                "cpu_note": "the system's processes are not known (a gateway URL alone, no "
+                "--data-dir): only the bench process's CPU is measured",
+            }
+        entries = self.entries or 1
+        by_kind = dict(sorted(self.cpu_s_by_kind.items(), key=lambda kv: -kv[1]))
         return {
+            "cpu_us_per_entry": round(sum(by_kind.values()) * 1e6 / entries, 2),
+            "cpu_us_per_entry_by_kind": {
+                k: round(v * 1e6 / entries, 2) for k, v in by_kind.items()
+            },
+            "cpu_s_by_kind": {k: round(v, 4) for k, v in by_kind.items()},
+            "cpu_cores": round(sum(by_kind.values()) / self.elapsed_s, 3)
+            if self.elapsed_s
+            else 0.0,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        ms = 1000.0
+        return self.cpu_summary() | {
             "entries_per_s": round(self.entries_per_s, 1),
             "mb_per_s": round(self.mb_per_s, 3),
             "p50_ms": self.latency.percentile(0.50) / ms,
@@ -282,22 +309,23 @@ async def run_load(
     target: Target,
     spec: LoadSpec,
     progress: Callable[[float, int, int], None] | None = None,
+    cpu: CpuMeter | None = None,
 ) -> LoadResult:
     """Create the ledgers (before the clock starts), run the writers for warm-up +
     duration, return what they did. Writer i writes ledger i % ledgers, so with as many
     writers as ledgers each ledger has its own writer; under a rate each writer runs at
     rate / writers, their starts spread over one interval.
-    `progress(elapsed_s, entries_done, errors)` is called about 10 times a second."""
+    `progress(elapsed_s, entries_done, errors)` is called about 10 times a second. `cpu`
+    measures the system's processes over the measured window (without: this one only)."""
     if spec.writers < spec.ledgers:
         raise ValueError("every ledger needs a writer: writers must be >= ledgers")
     create_started = time.perf_counter()
     appends = await create_ledgers(target, spec.ledgers, spec.create_concurrency)
     create_s = time.perf_counter() - create_started
+    meter = cpu if cpu is not None else CpuMeter(None)
+    meter.prepare()
     loop_start = time.perf_counter()
-    cpu_from: list[float] = []  # process CPU time when the measurement began
-    warmed_up = asyncio.get_running_loop().call_later(
-        spec.warmup_s, lambda: cpu_from.append(time.process_time())
-    )
+    warmed_up = asyncio.get_running_loop().call_later(spec.warmup_s, meter.start)
     measure_from = loop_start + spec.warmup_s
     stop_at = measure_from + spec.duration_s
     recorder = _Recorder(measure_from, spec.entry_size, spec.batch)
@@ -325,7 +353,10 @@ async def run_load(
             task.cancel()
     # Appends still in flight at stop_at end after it; the elapsed time covers them.
     warmed_up.cancel()
-    client_cpu_s = time.process_time() - cpu_from[0] if cpu_from else 0.0
+    if meter.started:
+        cpu_s = meter.stop()
+    else:  # ended within the warm-up
+        cpu_s = {CLIENT_KIND: 0.0}
     elapsed = max(time.perf_counter(), stop_at) - measure_from
     return LoadResult(
         target=target.name,
@@ -338,5 +369,6 @@ async def run_load(
         first_error=recorder.first_error,
         ledgers=spec.ledgers,
         create_s=create_s,
-        client_cpu_s=client_cpu_s,
+        client_cpu_s=cpu_s[CLIENT_KIND],
+        cpu_s_by_kind=cpu_s if meter.known else None,
     )

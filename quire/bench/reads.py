@@ -160,17 +160,23 @@ class LedgerstoreStats:
         stats = await self.read()
         return int(sum(s.value("quire_ledgerstore_add_entries_total") for s in stats.values()))
 
-    async def wait_flushed(self, applied_at_least: int) -> None:
+    async def wait_flushed(self, applied_at_least: int, settle_s: float = 0.0) -> None:
         """Until the ledgerstores applied at least `applied_at_least` entries from their
         journals and none holds one in its write cache (a flush every flush_interval_ms): a
         cold read must not be served from it. An empty write cache alone is not enough: a
-        ledgerstore applies its journal a little after the journal acknowledged the adds."""
+        ledgerstore applies its journal a little after the journal acknowledged the adds.
+        With `settle_s`, also until the count has not moved for that long: for a write
+        whose copies beyond the ack quorum may be fewer (a bookie that fell behind)."""
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        last_applied, moved_at = -1.0, time.monotonic()
         while True:
             stats = await self.read()
             applied = sum(s.value("quire_ledgerstore_add_entries_total") for s in stats.values())
             holding = [b for b, s in stats.items() if s.value("bookie_write_cache_count")]
-            if applied >= applied_at_least and not holding:
+            if applied != last_applied:
+                last_applied, moved_at = applied, time.monotonic()
+            settled = time.monotonic() - moved_at >= settle_s
+            if applied >= applied_at_least and not holding and settled:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(
@@ -200,7 +206,7 @@ class Reads(abc.ABC):
     async def aclose(self) -> None: ...
 
 
-async def _write_windowed(append, spec: ReadSpec) -> None:
+async def write_windowed(append, spec: ReadSpec) -> None:
     """spec.entries in appends of spec.batch, spec.write_window of them outstanding. The
     payloads are all the same: the read checks ids, lengths and digests, not contents."""
     payload = bytes(spec.entry_size)
@@ -227,7 +233,7 @@ class InProcessReads(Reads):
     async def write(self, spec: ReadSpec) -> None:
         ledger_id = await self.target.create()
         handle = self.target.writers[ledger_id]
-        await _write_windowed(handle.append, spec)
+        await write_windowed(handle.append, spec)
         self.metadata = await handle.close(CLOSE_TIMEOUT_S)
         handle.release()
         del self.target.writers[ledger_id]
@@ -278,7 +284,7 @@ class ClientReads(Reads):
         async def append(payloads) -> None:
             await client.append(self.ledger_id, PASSWORD, payloads)
 
-        await _write_windowed(append, spec)
+        await write_windowed(append, spec)
         await client.close(self.ledger_id, PASSWORD)
 
     async def stream(self, first: int, last: int) -> AsyncIterator[Batch]:
@@ -315,7 +321,7 @@ class JetStreamReads(Reads):
         await self.target.open()
 
     async def write(self, spec: ReadSpec) -> None:
-        await _write_windowed(await self.target.ledger(self.SUBJECT_INDEX), spec)
+        await write_windowed(await self.target.ledger(self.SUBJECT_INDEX), spec)
 
     async def forget(self) -> None:
         """nats-server keeps recently written message blocks in its memory: a restart of

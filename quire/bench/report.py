@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -63,21 +64,68 @@ def ratios(quire: LoadResult, compared: LoadResult | None) -> dict[str, float | 
     }
 
 
+# The figures of each system reported as medians over the runs of `--repeat`.
+MEDIAN_KEYS = ("entries_per_s", "p50_ms", "p99_ms", "cpu_us_per_entry")
+
+
+def median_run(results: list[LoadResult]) -> LoadResult:
+    """The run whose throughput is the (low) median: a real run, so its figures agree."""
+    ordered = sorted(results, key=lambda result: result.entries_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _medians(results: list[LoadResult]) -> dict[str, float | None]:
+    summaries = [result.summary() for result in results]
+    medians: dict[str, float | None] = {}
+    for key in MEDIAN_KEYS:
+        values = [s[key] for s in summaries if s.get(key) is not None]
+        medians[key] = statistics.median_low(values) if len(values) == len(summaries) else None
+    return medians
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
 def report_json(
     settings: dict[str, Any],
     machine: dict[str, Any],
-    quire: LoadResult,
-    compared: LoadResult | None,
+    quire: list[LoadResult],
+    compared: list[LoadResult] | None,
     compared_as: str = "jetstream",
 ) -> dict[str, Any]:
-    """`compared` (JetStream, or one writer on one ledger) goes under `compared_as`."""
+    """`compared` (JetStream, or one writer on one ledger) goes under `compared_as`. Each
+    is a list of runs (`--repeat`, the sides alternating): with one run, its figures; with
+    more, `runs` holds each (and each pair's ratios), `median` the median of each figure
+    over the runs and the ratios of those medians (the ones the top-level ratios are),
+    and the systems' own entries are their median runs by throughput."""
     report: dict[str, Any] = {"settings": settings, "machine": machine}
-    for key, result in (("quire", quire), (compared_as, compared)):
-        if result is not None:
+    for key, results in (("quire", quire), (compared_as, compared)):
+        if results:
+            result = median_run(results)
             report[key] = result.summary() | {"label": result.target}
             if result.first_error:
                 report[key]["first_error"] = result.first_error
-    report.update(ratios(quire, compared))
+    if len(quire) == 1:
+        report.update(ratios(quire[0], compared[0] if compared else None))
+        return report
+    runs = []
+    for index, result in enumerate(quire):
+        row: dict[str, Any] = {"quire": result.summary() | {"label": result.target}}
+        if compared:
+            row[compared_as] = compared[index].summary() | {"label": compared[index].target}
+            row |= ratios(result, compared[index])
+        runs.append(row)
+    median: dict[str, Any] = {"quire": _medians(quire)}
+    if compared:
+        median[compared_as] = _medians(compared)
+        q, c = median["quire"], median[compared_as]
+        median["ratio_throughput"] = _ratio(q["entries_per_s"], c["entries_per_s"])
+        median["ratio_p99"] = _ratio(q["p99_ms"], c["p99_ms"])
+        report["ratio_throughput"] = median["ratio_throughput"]
+        report["ratio_p99"] = median["ratio_p99"]
+    report["runs"] = runs
+    report["median"] = median
     return report
 
 
@@ -117,10 +165,15 @@ def print_summary(console: Console, report: dict[str, Any]) -> None:
             f"{report[name]['client_cpu_cores']} of a core, "
             f"{report[name]['client_cpu_ms_per_1k_entries']} ms of CPU per 1,000 entries"
         )
+    for name in names:
+        console.print(f"{report[name]['label']}: {_cpu_line(report[name])}")
+    if "runs" in report:
+        _print_runs(console, report, names)
     compared_as = names[-1]
     if "ratio_throughput" in report:
+        of = " (medians of the runs)" if "runs" in report else ""
         console.print(
-            f"{COMPARED_AS[compared_as]}: throughput x{report['ratio_throughput']}, "
+            f"{COMPARED_AS[compared_as]}{of}: throughput x{report['ratio_throughput']}, "
             f"p99 x{report['ratio_p99']} (below 1 is better for p99)"
         )
     for name in names:
@@ -129,6 +182,38 @@ def print_summary(console: Console, report: dict[str, Any]) -> None:
                 f"[red]{name}: {report[name]['errors']} failed appends; first: "
                 f"{report[name]['first_error']}[/red]"
             )
+
+
+def _cpu_line(figures: dict[str, Any]) -> str:
+    if figures.get("cpu_us_per_entry") is None:
+        return f"CPU per entry unknown: {figures['cpu_note']}"
+    kinds = ", ".join(f"{k} {v:g}" for k, v in figures["cpu_us_per_entry_by_kind"].items())
+    return (
+        f"{figures['cpu_us_per_entry']:g} us of CPU per acknowledged entry, "
+        f"{figures['cpu_cores']:g} cores ({kinds})"
+    )
+
+
+def _print_runs(console: Console, report: dict[str, Any], names: list[str]) -> None:
+    table = Table(title=f"{len(report['runs'])} runs, the systems alternating")
+    table.add_column("run", justify="right")
+    table.add_column("system")
+    for column in ("entries/s", "p50 ms", "p99 ms", "CPU us/entry"):
+        table.add_column(column, justify="right")
+    keys = ("entries_per_s", "p50_ms", "p99_ms", "cpu_us_per_entry")
+    for index, run in enumerate(report["runs"], start=1):
+        for name in names:
+            row = run[name]
+            table.add_row(str(index), row["label"], *(_fmt_or_unknown(row[k]) for k in keys))
+    for name in names:
+        median = report["median"][name]
+        label = report[name]["label"]
+        table.add_row("median", label, *(_fmt_or_unknown(median[k]) for k in keys))
+    console.print(table)
+
+
+def _fmt_or_unknown(value: float | None) -> str:
+    return "unknown" if value is None else _fmt(value)
 
 
 def _fmt(value: float) -> str:
@@ -251,6 +336,9 @@ def print_reads(console: Console, report: dict[str, Any]) -> None:
         f"{machine.get('load_average_at_end', [])}"
     )
     console.print("[bold]settings[/bold]: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if "beside_writes" in report:
+        _print_beside(console, report["beside_writes"])
+        return
     if "tail" in report:
         tail = report["tail"]
         console.print(
@@ -298,3 +386,47 @@ def print_reads(console: Console, report: dict[str, Any]) -> None:
                     )
                 if report[system][name]["error"]:
                     console.print(f"[red]{system} {name}: {report[system][name]['error']}[/red]")
+
+
+def _print_beside(console: Console, figures: dict[str, Any]) -> None:
+    """`quire bench read --beside-writes`: the two write runs and the readers."""
+    if "peak" in figures:
+        console.print(
+            f"peak: {figures['peak']['entries_per_s']:,} entries/s; written at half: "
+            f"{figures['write_rate']:,} entries/s"
+        )
+    table = Table(title="add latency at one write rate, without and with catch-up readers")
+    table.add_column("run")
+    for column in ("entries/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "CPU us/entry", "errors"):
+        table.add_column(column, justify="right")
+    keys = ("entries_per_s", "p50_ms", "p99_ms", "p999_ms", "max_ms", "cpu_us_per_entry")
+    for name in ("write_only", "with_readers"):
+        row = figures[name]
+        cells = [_fmt_or_unknown(row[k]) for k in keys]
+        table.add_row(name.replace("_", " "), *cells, str(row["errors"]))
+    console.print(table)
+    alone, beside = figures["journal_syncs_write_only"], figures["journal_syncs_with_readers"]
+    console.print(
+        f"journal group commits (write + fdatasync): write only {alone['group_commits']:,}, "
+        f"mean {alone['mean_ms']} ms; with readers {beside['group_commits']:,}, "
+        f"mean {beside['mean_ms']} ms"
+    )
+    read = figures["readers"]
+    console.print(
+        f"readers: {read['readers']} read {read['entries']:,} entries cold in "
+        f"{read['elapsed_s']} s: {read['entries_per_s']:,} entries/s, {read['mb_per_s']} MB/s, "
+        f"their process {read['client_cpu_cores']} of a core (nice {read['nice']}); "
+        f"wait per batch p50 {read['batch_p50_ms']} ms, p99 {read['batch_p99_ms']} ms"
+    )
+    if not read["covered_the_run"]:
+        console.print(
+            f"[yellow]{read['readers_finished']} readers reached their ledger's end, the first "
+            f"after {read['first_finished_after_s']} s: more --entries to read cold for the "
+            "whole run[/yellow]"
+        )
+    console.print(
+        f"with readers / write only: p99 x{figures['ratio_p99']}, p50 x{figures['ratio_p50']} "
+        "(issue 20's target: p99 at most x1.5)"
+    )
+    if read["first_error"]:
+        console.print(f"[red]readers: {read['errors']} errors; first: {read['first_error']}[/red]")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import nats
 
+from quire.bench.procstat import Process
 from quire.infra import ManagedProcess, restart_nats_cluster, start_nats_cluster
 from shared.bookie_client import BookieClient
 from shared.config import QuireSettings
@@ -57,6 +58,11 @@ class Target(abc.ABC):
 
     @abc.abstractmethod
     async def aclose(self) -> None: ...
+
+    def processes(self) -> list[Process] | None:
+        """The processes of the system under test, when the target started them itself
+        (JetStream's servers); None: the caller knows them (cluster.json) or nobody does."""
+        return None
 
 
 class InProcessTarget(Target):
@@ -327,6 +333,9 @@ class JetStreamTarget(Target):
         # restart() stops every server: the client loses them on purpose and reconnects.
         if not self._restarting:
             log.error("nats: %r", exc)
+
+    def processes(self) -> list[Process]:
+        return [Process(server.name, "nats", server.pid) for server in self.servers]
 
     @property
     def js(self):

@@ -38,6 +38,7 @@ def test_bench_smoke_with_jetstream_comparison(cluster_dir) -> None:
             "--in-flight", "4",
             "--entry-size", "512",
             "--compare", "jetstream",
+            "--repeat", "3",
             "--json", str(report_path),
             "--plot", str(plot_path),
         ],
@@ -63,6 +64,9 @@ def test_bench_smoke_with_jetstream_comparison(cluster_dir) -> None:
         report["quire"]["entries_per_s"] / report["jetstream"]["entries_per_s"], rel=0.01
     )
     assert report["ratio_p99"] > 0
+    assert_cpu_per_entry(report["quire"], {"journal", "ledgerstore", "nats", "postgres"})
+    assert_cpu_per_entry(report["jetstream"], {"nats"})
+    assert_repeated(report, runs=3)
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Everything it started is gone: no data dir left behind (they are removed last).
     leftovers = [p.name for p in Path(parent).iterdir() if p.name.startswith("quire-bench")]
@@ -104,6 +108,48 @@ def test_bench_compares_tracing_on_and_off(cluster_dir) -> None:
     assert report["ratio_throughput"] == pytest.approx(
         report["quire"]["entries_per_s"] / report["tracing_off"]["entries_per_s"], rel=0.01
     )
+
+
+def assert_cpu_per_entry(figures: dict, kinds: set[str]) -> None:
+    """CPU per entry is the whole of its breakdown by process kind (the bench process as
+    `client`) over the entries measured, and every kind did some work."""
+    by_kind = figures["cpu_us_per_entry_by_kind"]
+    assert {"client"} | kinds <= by_kind.keys()
+    assert figures["cpu_us_per_entry"] > 0
+    assert figures["cpu_us_per_entry"] == pytest.approx(sum(by_kind.values()), abs=0.1)
+    seconds = figures["cpu_s_by_kind"]
+    for kind in {"client"} | kinds:
+        assert seconds[kind] > 0
+        assert by_kind[kind] == pytest.approx(seconds[kind] * 1e6 / figures["entries"], abs=0.1)
+    assert by_kind["client"] == pytest.approx(figures["client_cpu_ms_per_1k_entries"], abs=0.1)
+
+
+def assert_repeated(report: dict, runs: int) -> None:
+    """Each run of both sides is reported; the medians are those of the runs, the top-level
+    ratios those of the medians, and each system's own entry is its median run."""
+    assert report["settings"]["repeat"] == runs and len(report["runs"]) == runs
+    for system in ("quire", "jetstream"):
+        throughputs = sorted(run[system]["entries_per_s"] for run in report["runs"])
+        p99s = sorted(run[system]["p99_ms"] for run in report["runs"])
+        median = report["median"][system]
+        assert median["entries_per_s"] == throughputs[(runs - 1) // 2]
+        assert median["p99_ms"] == p99s[(runs - 1) // 2]
+        assert report[system]["entries_per_s"] == median["entries_per_s"]
+    median = report["median"]
+    assert (
+        report["ratio_throughput"]
+        == median["ratio_throughput"]
+        == pytest.approx(
+            median["quire"]["entries_per_s"] / median["jetstream"]["entries_per_s"], abs=0.001
+        )
+    )
+    assert report["ratio_p99"] == pytest.approx(
+        median["quire"]["p99_ms"] / median["jetstream"]["p99_ms"], abs=0.001
+    )
+    for run in report["runs"]:
+        assert run["ratio_throughput"] == pytest.approx(
+            run["quire"]["entries_per_s"] / run["jetstream"]["entries_per_s"], abs=0.001
+        )
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +211,41 @@ def test_many_slow_writers_next_to_one_fast_writer(cluster, tmp_path, via) -> No
         many["entries_per_s"] / one["entries_per_s"], rel=0.01
     )
     assert report["ratio_p99"] == pytest.approx(many["p99_ms"] / one["p99_ms"], rel=0.01)
+    # --data-dir: the cluster's processes are known from its cluster.json.
+    kinds = {row["kind"] for row in cluster.cluster_json()["services"]}
+    for figures in (many, one):
+        assert set(figures["cpu_us_per_entry_by_kind"]) == kinds | {"client"}
+        assert figures["cpu_us_per_entry"] == pytest.approx(
+            sum(figures["cpu_us_per_entry_by_kind"].values()), abs=0.1
+        )
     assert open_ledgers(cluster) <= open_before  # the bench closed what it wrote
+
+
+def test_bench_through_a_gateway_alone_says_the_cluster_cpu_is_unknown(cluster, tmp_path) -> None:
+    """--gateway without --data-dir: no cluster.json, so no number passed off as the whole."""
+    report_path = tmp_path / "gateway.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUIRE_")}
+    done = subprocess.run(
+        [
+            quire_executable(), "bench",
+            "--gateway", cluster.url,
+            "--via", "http",
+            "--duration", "1",
+            "--warmup", "0.2",
+            "--in-flight", "2",
+            "--json", str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    figures = json.loads(report_path.read_text())["quire"]
+    assert figures["cpu_us_per_entry"] is None and "not known" in figures["cpu_note"]
+    assert "cpu_us_per_entry_by_kind" not in figures
+    assert figures["entries"] > 0 and figures["client_cpu_ms_per_1k_entries"] > 0
+    assert "CPU per entry unknown" in done.stdout
 
 
 def test_idle_cpu_of_every_process_with_open_ledgers(cluster, tmp_path) -> None:
@@ -269,3 +349,41 @@ def test_bench_read_tailing(cluster, tmp_path) -> None:
     assert tail["entries_read"] == 2 * tail["entries_written"]  # each reader read them all
     assert 0 < tail["lag_p50_ms"] <= tail["lag_p99_ms"] <= tail["lag_max_ms"]
     assert open_ledgers(cluster) <= open_before  # the writer closed its ledger
+
+
+def test_bench_reads_beside_writes(cluster, tmp_path) -> None:
+    """Cold ledgers, the peak, a write-only run at half of it, the same run beside cold
+    catch-up readers: both runs' figures, the ratio from them, the readers' reads."""
+    open_before = open_ledgers(cluster)
+    report = bench(
+        cluster,
+        tmp_path / "beside.json",
+        "read",
+        "--beside-writes",
+        "--entries", "2000",
+        "--size", "512",
+        "--batch", "200",
+        "--readers", "2",
+        "--duration", "1",
+        "--warmup", "0.2",
+        "--in-flight", "8",
+    )  # fmt: skip
+    figures = report["beside_writes"]
+    assert report["settings"]["write_rate"] == "half the peak"
+    assert figures["write_rate"] == pytest.approx(figures["peak"]["entries_per_s"] / 2, abs=0.1)
+    alone, beside = figures["write_only"], figures["with_readers"]
+    for run in (alone, beside):
+        assert run["errors"] == 0 and run["entries"] > 0
+        assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+        assert run["cpu_us_per_entry"] > 0
+    assert figures["ratio_p99"] == pytest.approx(beside["p99_ms"] / alone["p99_ms"], abs=0.001)
+    assert figures["ratio_p50"] == pytest.approx(beside["p50_ms"] / alone["p50_ms"], abs=0.001)
+    read = figures["readers"]
+    assert read["readers"] == 2 and read["errors"] == 0 and read["entries"] > 0
+    assert read["bytes"] == read["entries"] * 512 and read["entries_per_s"] > 0
+    # The readers read the cold ledgers (2 x 2,000 entries, at most) from the bookies'
+    # entry logs: the ledgerstores served at least every entry they received.
+    assert read["entries"] <= 2 * 2000
+    assert read["ledgerstore"]["ledgerstore_read_entry"] >= read["entries"]
+    assert read["covered_the_run"] == (read["readers_finished"] == 0)
+    assert open_ledgers(cluster) <= open_before
