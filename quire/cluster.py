@@ -1,8 +1,9 @@
 """`quire up`: a whole Quire cluster on this machine, in the foreground.
 
 Starts NATS and PostgreSQL (unless QUIRE_NATS_URL / QUIRE_DATABASE_URL name existing
-ones), then the metadata service, N bookies (a journal and a ledgerstore each), the
-auditor, the replicator and the gateway, each as its own process. It prints the ready
+ones), then the metadata service, N bookies (a journal and a ledgerstore each: one
+co-hosted process, `python -m services.bookie`, or two with bookie_process="separate"),
+the auditor, the replicator and the gateway, each as its own process. It prints the ready
 line once the gateway answers /readyz, keeps DIR/cluster.json up to date, and on SIGINT
 or SIGTERM stops everything in order: gateway first, PostgreSQL and NATS last.
 

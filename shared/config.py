@@ -421,10 +421,12 @@ class QuireSettings(BaseSettings):
     # The bookie's network location, "/zone/rack" (BookKeeper's networkLocation, given
     # here instead of resolved by DNS): its journal registers it for placement.
     bookie_location: str = DEFAULT_LOCATION
-    # How a bookie runs: "separate" (a journal process and a ledgerstore process) or
-    # "cohosted" (`python -m services.bookie`: both in one process, the journal handing
-    # its durable records to the ledgerstore in process). `quire up --bookie-process`.
-    bookie_process: Literal["separate", "cohosted"] = "separate"
+    # How `quire up` runs a bookie: "cohosted" (`python -m services.bookie`: journal and
+    # ledgerstore in one process, the journal handing its durable records to the
+    # ledgerstore in process: about a quarter less bookie CPU per entry, docs/performance.md
+    # "Issue 20: one process per bookie") or "separate" (a process each, as deploy/ runs
+    # them). `quire up --bookie-process`.
+    bookie_process: Literal["separate", "cohosted"] = "cohosted"
     log_level: str = "INFO"
     # Bearer tokens the gateway accepts: comma-separated, or "@/path" to a file with one a
     # line. Empty: the APIs need no token (the local cluster's default, on 127.0.0.1).

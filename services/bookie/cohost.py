@@ -52,7 +52,9 @@ def run_cohosted() -> int:
     settings = load_settings()
     bookie = settings.bookie_id
     setup_logging(f"{bookie}.bookie", settings.log_level, bookie_id=bookie)
-    setup_tracing("bookie", instance=f"{bookie}.bookie", bookie_id=bookie)
+    # One tracer provider a process, so one service name: the journal's, whose spans are
+    # the add path's (the ledgerstore's read spans carry it too; docs/storage.md).
+    setup_tracing("journal", instance=f"{bookie}.journal", bookie_id=bookie)
     if settings.faults_dir is not None:
         log.warning(f"fault injection enabled from {settings.faults_dir}")
         clock.use_faults_dir(settings.faults_dir)
