@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+from contextvars import Context, copy_context
 
 from services.journal.service import JournalService
 from services.journal.service import main as journal_main
@@ -31,20 +32,26 @@ from shared.config import load_settings
 from shared.gc_tuning import tune_gc
 from shared.logs import setup_logging
 from shared.service import ServiceRuntime
-from shared.telemetry import setup_tracing, shutdown_tracing
+from shared.telemetry import setup_tracing, shutdown_tracing, use_service_tracing
 
 log = logging.getLogger(__name__)
 
 
-async def serve_cohosted(journal_rt: ServiceRuntime, ledgerstore_rt: ServiceRuntime) -> None:
+async def serve_cohosted(
+    journal_rt: ServiceRuntime, ledgerstore_rt: ServiceRuntime, ledgerstore_context: Context
+) -> None:
     """Set up both halves on their (started) runtimes, the journal first (it checks the
-    bookie's identity and writes the cookie the ledgerstore waits for)."""
+    bookie's identity and writes the cookie the ledgerstore waits for). The ledgerstore's
+    tasks (its endpoints' subscriptions, its background tasks) start in
+    `ledgerstore_context`: its spans are the ledgerstore's (`use_service_tracing`)."""
     ledgerstore = LedgerstoreService(ledgerstore_rt)
     journal = JournalService(journal_rt)
     # Wired before the journal commits anything: every durable group commit is handed.
     journal.hand_over(ledgerstore.take_handoff())
     await journal_main(journal_rt, service=journal)
-    await ledgerstore_main(ledgerstore_rt, service=ledgerstore)
+    await asyncio.create_task(
+        ledgerstore_main(ledgerstore_rt, service=ledgerstore), context=ledgerstore_context
+    )
 
 
 def run_cohosted() -> int:
@@ -52,9 +59,13 @@ def run_cohosted() -> int:
     settings = load_settings()
     bookie = settings.bookie_id
     setup_logging(f"{bookie}.bookie", settings.log_level, bookie_id=bookie)
-    # One tracer provider a process, so one service name: the journal's, whose spans are
-    # the add path's (the ledgerstore's read spans carry it too; docs/storage.md).
+    # Each half traces as its service, as in processes of their own: the journal with the
+    # process's provider, the ledgerstore with one of its own in its context.
     setup_tracing("journal", instance=f"{bookie}.journal", bookie_id=bookie)
+    ledgerstore_context = copy_context()
+    ledgerstore_context.run(
+        use_service_tracing, "ledgerstore", instance=f"{bookie}.ledgerstore", bookie_id=bookie
+    )
     if settings.faults_dir is not None:
         log.warning(f"fault injection enabled from {settings.faults_dir}")
         clock.use_faults_dir(settings.faults_dir)
@@ -78,10 +89,12 @@ def run_cohosted() -> int:
             loop.add_signal_handler(sig, stop)
         started: list[ServiceRuntime] = []
         try:
-            for rt in (journal_rt, ledgerstore_rt):
-                await rt.start()
-                started.append(rt)
-            await serve_cohosted(journal_rt, ledgerstore_rt)
+            await journal_rt.start()
+            started.append(journal_rt)
+            # Its NATS connection's tasks in its context too.
+            await asyncio.create_task(ledgerstore_rt.start(), context=ledgerstore_context)
+            started.append(ledgerstore_rt)
+            await serve_cohosted(journal_rt, ledgerstore_rt, ledgerstore_context)
             for rt in runtimes:
                 rt.started = True
             tune_gc()
