@@ -10,8 +10,10 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
                         with the position after them
 After group commits it publishes `journal.committed` ({"file", "offset"}, core NATS), at
 most once per `ledgerstore.journal_apply_interval_ms`, so that the ledgerstore applies them
-together. It also keeps the bookie registered in metadata. Its counters are Prometheus
-metrics (`services.journal.metrics`; docs/metrics.md), on `metrics_port`.
+together; co-hosted with the ledgerstore (`services.bookie`) it hands it each durable group
+commit in process instead (`hand_over`). It also keeps the bookie registered in metadata.
+Its counters are Prometheus metrics (`services.journal.metrics`; docs/metrics.md), on
+`metrics_port`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     gc.explain         every entry log, the ledgers that pin it, what the next minor and
                        major compactions do with it
 Background: apply the journal when it announces commits (`journal.committed`, at most
-once per `journal_apply_interval_ms`) or every `journal_poll_interval_ms`; checkpoint
+once per `journal_apply_interval_ms`; co-hosted, `services.bookie`, the commits it hands
+over in process, as often) or every `journal_poll_interval_ms`; checkpoint
 every `flush_interval_ms` or once `flush_threshold_bytes` are cached, and hand the
 position to the journal (`journal.checkpoint`) as its LastLogMark at most once per
 `flush_interval_ms`. The garbage collector (`services.ledgerstore.gc`) runs every
