@@ -74,6 +74,15 @@ def up(
             "the environment's, else random.",
         ),
     ] = None,
+    bookie_process: Annotated[
+        str | None,
+        typer.Option(
+            help="How each bookie runs: 'cohosted' (journal and ledgerstore in one "
+            "process, `python -m services.bookie`, the journal handing its durable records "
+            "over in process) or 'separate' (a process each); default: "
+            "$QUIRE_BOOKIE_PROCESS, else the cluster's default.",
+        ),
+    ] = None,
     postgres_standby: Annotated[
         bool,
         typer.Option(
@@ -121,6 +130,11 @@ def up(
             postgres_standby=postgres_standby,
             bookie_locations=locations,
             placement_policy=placement_policy.value if placement_policy else None,
+            **(
+                {"bookie_process": process}
+                if (process := bookie_process or os.environ.get("QUIRE_BOOKIE_PROCESS"))
+                else {}
+            ),
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

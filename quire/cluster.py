@@ -1,8 +1,9 @@
 """`quire up`: a whole Quire cluster on this machine, in the foreground.
 
 Starts NATS and PostgreSQL (unless QUIRE_NATS_URL / QUIRE_DATABASE_URL name existing
-ones), then the metadata service, N bookies (a journal and a ledgerstore each), the
-auditor, the replicator and the gateway, each as its own process. It prints the ready
+ones), then the metadata service, N bookies (a journal and a ledgerstore each: one
+co-hosted process, `python -m services.bookie`, or two with bookie_process="separate"),
+the auditor, the replicator and the gateway, each as its own process. It prints the ready
 line once the gateway answers /readyz, keeps DIR/cluster.json up to date, and on SIGINT
 or SIGTERM stops everything in order: gateway first, PostgreSQL and NATS last.
 
@@ -48,9 +49,12 @@ from quire.infra import (
     write_private,
 )
 from quire.pgstandby import failover_url, forget_standby, resume_standby, start_standby
+from shared.config import load_settings
 from shared.protocol.placement import DEFAULT_LOCATION, POLICIES, parse_location
 
 READY_TIMEOUT_S = 120.0
+BOOKIE_PROCESSES = ("separate", "cohosted")
+BOOKIE_HALVES = ("journal", "ledgerstore")
 STANDBY_DIR = "postgres-standby"  # `--postgres-standby`: the standby's dir in the data dir
 STANDBY_NAME = "standby1"  # its application name and replication slot
 MONITOR_INTERVAL_S = 0.5
@@ -85,8 +89,16 @@ class ClusterConfig:
     # the environment says). docs/placement.md.
     bookie_locations: Mapping[str, str] = field(default_factory=dict)
     placement_policy: str | None = None
+    # QUIRE_BOOKIE_PROCESS: "separate" (a journal and a ledgerstore process per bookie) or
+    # "cohosted" (one `services.bookie` process per bookie, named bookie-N; its halves
+    # keep their names, bookie-N.journal and bookie-N.ledgerstore, as aliases of it).
+    bookie_process: str = field(default_factory=lambda: load_settings().bookie_process)
 
     def __post_init__(self) -> None:
+        if self.bookie_process not in BOOKIE_PROCESSES:
+            raise ValueError(
+                f"bookie process {self.bookie_process!r}: want one of {BOOKIE_PROCESSES}"
+            )
         unknown = sorted(set(self.bookie_locations) - set(self.bookie_ids))
         if unknown:
             raise ValueError(f"bookie locations for bookies not in the cluster: {unknown}")
@@ -113,6 +125,8 @@ class ServiceProcess:
     bookie_id: str | None = None
     log_path: Path | None = None
     metrics_port: int | None = None  # its Prometheus metrics server (a gateway: HTTP port)
+    # A co-hosted bookie's: its ledgerstore half's metrics (its journal's: metrics_port).
+    ledgerstore_metrics_port: int | None = None
     grpc_port: int | None = None  # a gateway's
     restarts: int = 0
     held: bool = False  # once it exits, not restarted until released
@@ -176,6 +190,9 @@ class Cluster:
         self.services: list[ServiceProcess] = []
         # NATS and PostgreSQL when we started them, then the services: everything supervised.
         self._processes: dict[str, ServiceProcess] = {}
+        # A co-hosted bookie's halves (bookie-N.journal, bookie-N.ledgerstore) -> bookie-N:
+        # signalling, holding or releasing a half is doing it to the bookie's process.
+        self._aliases: dict[str, str] = {}
         self._postgres_password: str | None = None
         self._lock_file: IO[str] | None = None
         self._stopping = threading.Event()
@@ -231,6 +248,11 @@ class Cluster:
         self._spawn("metadata", "metadata")
         for bookie_id in self.config.bookie_ids:
             (self.data_dir / bookie_id).mkdir(exist_ok=True)
+            if self.config.bookie_process == "cohosted":
+                for half in BOOKIE_HALVES:
+                    self._aliases[f"{bookie_id}.{half}"] = bookie_id
+                self._spawn(bookie_id, "bookie", bookie_id)
+                continue
             self._spawn(f"{bookie_id}.journal", "journal", bookie_id)
             self._spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id)
         self._spawn("auditor", "auditor")
@@ -329,9 +351,19 @@ class Cluster:
             metrics_port, grpc_port = self.config.http_port, self.config.grpc_port
         else:
             metrics_port, grpc_port = free_port(self.config.host), free_port(self.config.host)
-        proc = self._launch_service(name, kind, bookie_id, metrics_port, grpc_port)
+        ledgerstore_port = free_port(self.config.host) if kind == "bookie" else None
+        proc = self._launch_service(
+            name, kind, bookie_id, metrics_port, grpc_port, ledgerstore_port
+        )
         svc = ServiceProcess(
-            name, kind, proc, bookie_id, log_path, metrics_port=metrics_port, grpc_port=grpc_port
+            name,
+            kind,
+            proc,
+            bookie_id,
+            log_path,
+            metrics_port=metrics_port,
+            grpc_port=grpc_port,
+            ledgerstore_metrics_port=ledgerstore_port,
         )
         with self._lock:
             self.services.append(svc)
@@ -344,6 +376,7 @@ class Cluster:
         bookie_id: str | None,
         metrics_port: int,
         grpc_port: int | None = None,
+        ledgerstore_metrics_port: int | None = None,
     ) -> subprocess.Popen:
         """An incarnation of a service process, its output appended to its log."""
         env = self._env(bookie_id)
@@ -353,6 +386,8 @@ class Cluster:
         else:
             env["QUIRE_GATEWAY__HTTP_PORT"] = str(metrics_port)
             env["QUIRE_GATEWAY__GRPC_PORT"] = str(grpc_port)
+        if ledgerstore_metrics_port is not None:
+            env["QUIRE_LEDGERSTORE_METRICS_PORT"] = str(ledgerstore_metrics_port)
         if self.config.env_for is not None:
             env.update(self.config.env_for(name))
         with open(self.data_dir / "logs" / f"{name}.log", "ab") as log_file:
@@ -402,7 +437,12 @@ class Cluster:
             return self.postgres_standby.proc
         assert svc.metrics_port is not None
         return self._launch_service(
-            svc.name, svc.kind, svc.bookie_id, svc.metrics_port, svc.grpc_port
+            svc.name,
+            svc.kind,
+            svc.bookie_id,
+            svc.metrics_port,
+            svc.grpc_port,
+            svc.ledgerstore_metrics_port,
         )
 
     @property
@@ -482,21 +522,24 @@ class Cluster:
         with self._lock:
             rows = []
             for svc in self._processes.values():
-                row = {
-                    "name": svc.name,
-                    "kind": svc.kind,
-                    "bookie_id": svc.bookie_id,
-                    "pid": self._pid(svc),
-                    **(
-                        {"location": self.config.bookie_location(svc.bookie_id)}
-                        if svc.bookie_id is not None
-                        else {}
-                    ),
-                    "restarts": svc.restarts,
-                }
-                if svc in self.services:
-                    row |= {"log": str(svc.log_path), "metrics": self.metrics_url(svc)}
-                rows.append(row)
+                for name, kind, metrics in self._rows_of(svc):
+                    row = {
+                        "name": name,
+                        "kind": kind,
+                        "bookie_id": svc.bookie_id,
+                        "pid": self._pid(svc),
+                        **(
+                            {"location": self.config.bookie_location(svc.bookie_id)}
+                            if svc.bookie_id is not None
+                            else {}
+                        ),
+                        "restarts": svc.restarts,
+                    }
+                    if svc.kind == "bookie":
+                        row["process"] = svc.name  # both halves: one process, one pid
+                    if svc in self.services:
+                        row |= {"log": str(svc.log_path), "metrics": metrics}
+                    rows.append(row)
             gateways = [
                 {
                     "name": gateway.name,
@@ -525,6 +568,17 @@ class Cluster:
 
     # -- prometheus/targets.json ---------------------------------------------------------
 
+    def _rows_of(self, svc: ServiceProcess) -> list[tuple[str, str, str | None]]:
+        """(name, kind, metrics URL) of each service a process runs: a co-hosted bookie
+        is listed as its two halves, under their names in separate processes."""
+        if svc.kind != "bookie":
+            return [(svc.name, svc.kind, self.metrics_url(svc))]
+        ledgerstore = replace(svc, metrics_port=svc.ledgerstore_metrics_port)
+        return [
+            (f"{svc.name}.journal", "journal", self.metrics_url(svc)),
+            (f"{svc.name}.ledgerstore", "ledgerstore", self.metrics_url(ledgerstore)),
+        ]
+
     def metrics_url(self, svc: ServiceProcess) -> str | None:
         if svc.metrics_port is None:
             return None
@@ -537,14 +591,19 @@ class Cluster:
         its service, bookie and instance name."""
         targets = []
         for svc in self.services:
-            if svc.metrics_port is None:
-                continue
-            labels = {"service": svc.kind, "instance": svc.name}
-            if svc.bookie_id is not None:
-                labels["bookie_id"] = svc.bookie_id
-            targets.append(
-                {"targets": [f"{self.config.host}:{svc.metrics_port}"], "labels": labels}
-            )
+            ports = {svc.name: (svc.kind, svc.metrics_port)}
+            if svc.kind == "bookie":
+                ports = {
+                    f"{svc.name}.journal": ("journal", svc.metrics_port),
+                    f"{svc.name}.ledgerstore": ("ledgerstore", svc.ledgerstore_metrics_port),
+                }
+            for name, (kind, port) in ports.items():
+                if port is None:
+                    continue
+                labels = {"service": kind, "instance": name}
+                if svc.bookie_id is not None:
+                    labels["bookie_id"] = svc.bookie_id
+                targets.append({"targets": [f"{self.config.host}:{port}"], "labels": labels})
         return targets
 
     def write_targets_json(self, targets: list[dict] | None = None) -> None:
@@ -558,15 +617,19 @@ class Cluster:
 
     def process_names(self) -> list[str]:
         """Every process this cluster started: NATS and PostgreSQL (when it started them),
-        then the services."""
+        then the services (a co-hosted bookie once, as bookie-N; its halves' names are
+        aliases of it for `pid`, `signal`, `hold`, `release` and `wait_running`)."""
         with self._lock:
             return list(self._processes)
+
+    def _process(self, name: str) -> ServiceProcess:
+        return self._processes[self._aliases.get(name, name)]
 
     def pid(self, name: str) -> int | None:
         """The pid of `name`'s current incarnation; None while it is down. A process
         stopped by SIGSTOP is not down."""
         with self._lock:
-            return self._pid(self._processes[name])
+            return self._pid(self._process(name))
 
     @staticmethod
     def _pid(svc: ServiceProcess) -> int | None:
@@ -577,7 +640,7 @@ class Cluster:
     def signal(self, name: str, sig: int) -> bool:
         """Send `sig` to `name`'s current incarnation; False when it is down."""
         with self._lock:
-            svc = self._processes[name]
+            svc = self._process(name)
             if self._pid(svc) is None:
                 return False
             svc.proc.send_signal(sig)
@@ -586,13 +649,13 @@ class Cluster:
     def hold(self, name: str) -> None:
         """When `name` exits it is not restarted until `release(name)`."""
         with self._lock:
-            self._processes[name].held = True
+            self._process(name).held = True
 
     def release(self, name: str) -> None:
         """Supervise `name` again; if it is down, have it started now (no backoff) and
         return once that was tried. Also with restart=False: releasing asks for it back."""
         with self._lock:
-            svc = self._processes[name]
+            svc = self._process(name)
             if self._stopping.is_set() or svc.spawning or svc.proc.poll() is None:
                 svc.held = False
                 return
@@ -737,7 +800,7 @@ class Cluster:
         with self._lock:
             while any(svc.spawning for svc in self._processes.values()):
                 self._lock.wait()
-        order = ["gateway", "auditor", "replicator", "ledgerstore", "journal", "metadata"]
+        order = ["gateway", "auditor", "replicator", "ledgerstore", "journal", "bookie", "metadata"]
         for kind in order:
             group = [s for s in self.services if s.kind == kind]
             for svc in group:

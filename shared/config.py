@@ -80,6 +80,10 @@ class LedgerstoreSettings(BaseModel):
     # on the add path (the journal answers adds); a read of an entry not applied yet
     # catches up at once.
     journal_apply_interval_ms: float = Field(default=20.0, ge=0, le=10_000)
+    # Co-hosted bookie (bookie_process=cohosted): the journal's durable group commits
+    # handed to the ledgerstore in process wait in a queue of at most this many; one
+    # offered when it is full is dropped and read from the journal file instead.
+    journal_handoff_queue_batches: int = Field(default=1024, ge=1)
     # ledgerDirectories: where entry logs live; a ledger's entries go to directory
     # (ledger id modulo their count). Relative paths are under the bookie's dir; absolute
     # ones get the bookie id appended (so that every bookie of `quire up` has its own).
@@ -417,6 +421,12 @@ class QuireSettings(BaseSettings):
     # The bookie's network location, "/zone/rack" (BookKeeper's networkLocation, given
     # here instead of resolved by DNS): its journal registers it for placement.
     bookie_location: str = DEFAULT_LOCATION
+    # How `quire up` runs a bookie: "cohosted" (`python -m services.bookie`: journal and
+    # ledgerstore in one process, the journal handing its durable records to the
+    # ledgerstore in process: about a quarter less bookie CPU per entry, docs/performance.md
+    # "Issue 20: one process per bookie") or "separate" (a process each, as deploy/ runs
+    # them). `quire up --bookie-process`.
+    bookie_process: Literal["separate", "cohosted"] = "cohosted"
     log_level: str = "INFO"
     # Bearer tokens the gateway accepts: comma-separated, or "@/path" to a file with one a
     # line. Empty: the APIs need no token (the local cluster's default, on 127.0.0.1).
@@ -428,6 +438,9 @@ class QuireSettings(BaseSettings):
     # port instead.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # A co-hosted bookie (`services.bookie`) serves its journal's metrics on metrics_port
+    # and its ledgerstore's on this one (None: none; 0: an ephemeral port).
+    ledgerstore_metrics_port: int | None = Field(default=None, ge=0, le=65535)
     # QUIRE_FAULTS_DIR: set only by the fault suite (`quire/faults/`), one directory per
     # process. It switches on the in-process fault hooks: the bookie's files go through
     # `shared/bookie/fault_files.py:FaultFiles` and the wall clock reads an offset from it

@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,12 @@ _OPERATION_TYPES = {"publish": "send", "send": "send", "receive": "receive", "pr
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext(None)
 
 _provider: TracerProvider | None = None
+# A second service in this process (a co-hosted bookie's ledgerstore, services.bookie): its
+# own provider, for the code run in its context (`use_service_tracing`).
+_service_provider: ContextVar[TracerProvider | None] = ContextVar(
+    "quire_service_tracer_provider", default=None
+)
+_service_providers: list[TracerProvider] = []
 
 
 class QuireSampler(Sampler):
@@ -221,10 +228,25 @@ def setup_tracing(service: str, *, instance: str = "", bookie_id: str | None = N
     trace.set_tracer_provider(provider)
 
 
+def use_service_tracing(service: str, *, instance: str, bookie_id: str | None = None) -> None:
+    """In the current context (and the tasks it starts): spans as those of `service`, with
+    a provider of its own (its resource, its exporters), as if it ran in a process of its
+    own. For a second service hosted in this process (a co-hosted bookie's ledgerstore);
+    nothing without the process's provider (`setup_tracing`)."""
+    if _provider is None or tracing_disabled():
+        return
+    provider = build_provider(service, instance=instance, bookie_id=bookie_id)
+    for exporter in exporters_from_env(instance):
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    _service_providers.append(provider)
+    _service_provider.set(provider)
+
+
 def shutdown_tracing() -> None:
     """Export what is still queued and stop the exporters (blocks: run it off the loop)."""
-    if _provider is not None:
-        _provider.shutdown()
+    for provider in (*_service_providers, _provider):
+        if provider is not None:
+            provider.shutdown()
 
 
 def tracer_provider() -> TracerProvider | None:
@@ -233,8 +255,9 @@ def tracer_provider() -> TracerProvider | None:
 
 
 def tracer(name: str) -> trace.Tracer:
-    if _provider is not None:
-        return _provider.get_tracer(name)
+    provider = _service_provider.get() or _provider
+    if provider is not None:
+        return provider.get_tracer(name)
     return trace.get_tracer(name)
 
 

@@ -3,13 +3,13 @@
 N ledgers of K entries each are written through the protocol driver in this process. The
 victim is the bookie that holds the most of them; `open_ledgers` of its ledgers are left
 open by a writer that then goes quiet (a Pulsar broker's idle topic), the others are closed.
-The victim is killed with SIGKILL, both of its processes, and is not restarted. The bench
-watches the metadata store: the registry shows the bookie lost (its lease lapsed), the
-auditor marks its ledgers, the replicators copy their fragments to other bookies and store
-the new ensembles, open ledgers are fenced and closed after the grace period. Once no ledger
-names the lost bookie and the under-replication queue is empty, every ledger is read back
-and compared, entry by entry, with what was written, and every segment is checked to name
-`ensemble` live bookies.
+The victim is killed with SIGKILL, both of its processes (its one process if co-hosted),
+and is not restarted. The bench watches the metadata store: the registry shows the bookie
+lost (its lease lapsed), the auditor marks its ledgers, the replicators copy their
+fragments to other bookies and store the new ensembles, open ledgers are fenced and closed
+after the grace period. Once no ledger names the lost bookie and the under-replication queue
+is empty, every ledger is read back and compared, entry by entry, with what was written,
+and every segment is checked to name `ensemble` live bookies.
 
 Foreground traffic: one more writer appends single entries at `foreground_rate` to a ledger
 whose ensemble leaves the victim out, from `BASELINE_S` before the kill to the end; its add
@@ -149,9 +149,10 @@ async def all_ledgers(target: InProcessTarget, ids: Sequence[int]) -> list[Ledge
 
 
 def kill_bookie(processes: Sequence[Process], bookie_id: str) -> list[int]:
-    pids = [p.pid for p in processes if p.name.startswith(f"{bookie_id}.")]
-    if len(pids) != 2:
-        raise RuntimeError(f"expected the journal and ledgerstore of {bookie_id}, found {pids}")
+    # Its journal and ledgerstore processes, or its one co-hosted process (named bookie-N).
+    pids = [p.pid for p in processes if p.name == bookie_id or p.name.startswith(f"{bookie_id}.")]
+    if len(pids) != (1 if any(p.name == bookie_id for p in processes) else 2):
+        raise RuntimeError(f"expected the process(es) of bookie {bookie_id}, found {pids}")
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     return pids

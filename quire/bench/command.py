@@ -113,10 +113,18 @@ class ClusterAccess:
 
 def _processes(rows: list[dict[str, Any]]) -> list[Process]:
     """The processes cluster.json lists (its `services` rows) that are up: a row's pid is
-    null while its process waits for its restart."""
-    return [
-        Process(row["name"], row["kind"], int(row["pid"])) for row in rows if row["pid"] is not None
-    ]
+    null while its process waits for its restart. A co-hosted bookie's two rows (its
+    halves, one `process`) are one process, kind "bookie": its CPU is counted once."""
+    processes: dict[int, Process] = {}
+    for row in rows:
+        if row["pid"] is None:
+            continue
+        pid = int(row["pid"])
+        if "process" in row:
+            processes[pid] = Process(row["process"], "bookie", pid)
+        else:
+            processes[pid] = Process(row["name"], row["kind"], pid)
+    return list(processes.values())
 
 
 def _bookie_ids(rows: list[dict[str, Any]]) -> list[str]:

@@ -111,6 +111,10 @@ class Run:
                 grpc_port=free_port(),
                 restart=True,
                 env_for=self.env_for,
+                # A journal and a ledgerstore process per bookie, whatever the default:
+                # the nemesis gives each half its own fault directory (file hooks, clock)
+                # and its own NATS proxy, and kills or pauses one half alone.
+                bookie_process="separate",
             ),
             out=io.StringIO(),
             err=open(run_dir / "cluster.stderr", "a"),  # noqa: SIM115 (closed in execute)

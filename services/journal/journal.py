@@ -47,6 +47,7 @@ from opentelemetry.trace import Link, Span, set_span_in_context
 from services.journal.core import GroupCommitPolicy, batch_length, plan_group_commit
 from shared.aio import wait_event
 from shared.bookie.files import OS_FILES, FileLayer
+from shared.bookie.handoff import DurableBatch
 from shared.bookie.journal_dir import journal_files
 from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
@@ -446,6 +447,11 @@ class Journal:
         self.durable_position = JOURNAL_START
         self.mark: JournalPosition | None = None
         self._on_commit = on_commit
+        # Co-hosted with the ledgerstore (`services.bookie`): told each durable group
+        # commit's records (`_hand_over`); None in a journal process of its own. `index`:
+        # this journal's among the bookie's journal directories.
+        self.on_durable: Callable[[DurableBatch], None] | None = None
+        self.index = 0
         self._fatal = fatal
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_bytes = 0
@@ -607,6 +613,8 @@ class Journal:
         now_ms = _now_ms()
         for pending in batch:
             self.stats.added(now_ms - pending.enqueued_ms)
+        previous = self.durable_position
+        start = JournalPosition(self._file_id, self._file_size)
         self._file_size += len(data)
         position = JournalPosition(self._file_id, self._file_size)
         self.durable_position = position
@@ -615,8 +623,22 @@ class Journal:
             future = pending.future
             if future is not None and not future.done():
                 future.set_result(position)
+        if self.on_durable is not None:
+            self._hand_over(previous, start, position, batch)
         if self._on_commit is not None:
             self._on_commit(position)
+
+    def _hand_over(
+        self,
+        previous: JournalPosition,
+        start: JournalPosition,
+        end: JournalPosition,
+        batch: list[_Pending],
+    ) -> None:
+        """Co-hosted (`services.bookie`): hand the records just made durable to the
+        ledgerstore by reference, in commit order (called from `_commit`, one at a time)."""
+        assert self.on_durable is not None
+        self.on_durable(DurableBatch(self.index, previous, start, end, [p.record for p in batch]))
 
     def _traced_spans(self, batch: list[_Pending]) -> list[Span]:
         spans = [p.span for p in batch if p.span is not None]

@@ -10,8 +10,10 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
                         with the position after them
 After group commits it publishes `journal.committed` ({"file", "offset"}, core NATS), at
 most once per `ledgerstore.journal_apply_interval_ms`, so that the ledgerstore applies them
-together. It also keeps the bookie registered in metadata. Its counters are Prometheus
-metrics (`services.journal.metrics`; docs/metrics.md), on `metrics_port`.
+together; co-hosted with the ledgerstore (`services.bookie`) it hands it each durable group
+commit in process instead (`hand_over`). It also keeps the bookie registered in metadata.
+Its counters are Prometheus metrics (`services.journal.metrics`; docs/metrics.md), on
+`metrics_port`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from shared.bookie.cookie import (
 )
 from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, parse_journal_delete
+from shared.bookie.handoff import DurableBatch
 from shared.bookie.journal_dir import (
     decode_journal_position,
     encode_journal_position,
@@ -138,6 +141,18 @@ class JournalService:
             for index, directory in enumerate(self.journal_dirs)
         ]
         self.stats = stats
+        for index, journal in enumerate(self.journals):
+            journal.index = index
+        # False when co-hosted with the ledgerstore, which is handed the commits in
+        # process (`hand_over`) and needs no `journal.committed` notification.
+        self.announce = True
+
+    def hand_over(self, on_durable: Callable[[DurableBatch], None]) -> None:
+        """Co-hosted (`services.bookie`): hand every durable group commit to
+        `on_durable` (the ledgerstore's), in commit order, instead of announcing it."""
+        for journal in self.journals:
+            journal.on_durable = on_durable
+        self.announce = False
 
     def journal_for(self, ledger_id: int) -> Journal:
         """The journal of a ledger: by ledger id modulo their count, as BookKeeper picks
@@ -150,6 +165,8 @@ class JournalService:
         ledgerstore) for all the group commits of that interval, not one per commit, and
         never ahead of the answers to the adds just committed (a message costs tens of
         microseconds of CPU in each process it passes)."""
+        if not self.announce:
+            return
         self._announce_positions[index] = position
         if self._announce_timer is None:
             interval_s = self.rt.settings.ledgerstore.journal_apply_interval_ms / 1000
@@ -639,9 +656,14 @@ class JournalService:
             log.info("bookie unregister skipped", extra={"err": str(exc)})
 
 
-async def main(rt: ServiceRuntime, disk_usage: DiskUsage = os_disk_usage) -> None:
-    """`disk_usage` is the disk usage source (tests pass their own)."""
-    service = JournalService(rt, disk_usage)
+async def main(
+    rt: ServiceRuntime,
+    disk_usage: DiskUsage = os_disk_usage,
+    service: JournalService | None = None,
+) -> None:
+    """`disk_usage` is the disk usage source (tests pass their own); `service` one made
+    already (the co-hosted bookie's, `services.bookie`, wired to its ledgerstore)."""
+    service = service or JournalService(rt, disk_usage)
     serve_metrics(rt, journal_metrics(service))
     # Identity first: a disk that is not this bookie's is never replayed or served.
     client = MetadataClient(rt.nc, rt.subjects, timeout_s=rt.settings.request_timeout_ms / 1000)

@@ -50,6 +50,31 @@ def _storage(e: Exposition, service: LedgerstoreService) -> None:
         s.throttled_write_requests,
     )
     e.counter(
+        "quire_ledgerstore_handoff_batches",
+        "Group commits handed over in process by a co-hosted journal",
+        s.handoff_batches,
+    )
+    e.counter(
+        "quire_ledgerstore_handoff_records",
+        "Journal records applied from the in-process handoff (not read from the file)",
+        s.handoff_records,
+    )
+    e.counter(
+        "quire_ledgerstore_handoff_dropped",
+        "Handed group commits dropped (the queue was full): read from the journal file",
+        s.handoff_dropped,
+    )
+    e.counter(
+        "quire_ledgerstore_handoff_gaps",
+        "Times the file tailer took over from the handoff (a gap in what was handed)",
+        s.handoff_gaps,
+    )
+    e.gauge(
+        "quire_ledgerstore_handoff_queue_size",
+        "Handed group commits waiting to be applied",
+        s.handoff_queue_size,
+    )
+    e.counter(
         "quire_ledgerstore_add_entries",
         "Entries taken in from the journal",
         s.ledgerstore_add_entry,

@@ -16,7 +16,8 @@ Endpoints on `<prefix>.bookie.<bookie_id>.<op>`:
     gc.explain         every entry log, the ledgers that pin it, what the next minor and
                        major compactions do with it
 Background: apply the journal when it announces commits (`journal.committed`, at most
-once per `journal_apply_interval_ms`) or every `journal_poll_interval_ms`; checkpoint
+once per `journal_apply_interval_ms`; co-hosted, `services.bookie`, the commits it hands
+over in process, as often) or every `journal_poll_interval_ms`; checkpoint
 every `flush_interval_ms` or once `flush_threshold_bytes` are cached, and hand the
 position to the journal (`journal.checkpoint`) as its LastLogMark at most once per
 `flush_interval_ms`. The garbage collector (`services.ledgerstore.gc`) runs every
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 from nats.micro.request import Request
 
@@ -47,6 +49,7 @@ from shared.aio import wait_event
 from shared.bookie.cookie import Cookie, read_disk_cookie
 from shared.bookie.fault_files import files_for
 from shared.bookie.gc import BadRequest, GcRun, parse_flags
+from shared.bookie.handoff import DurableBatch
 from shared.bookie.journal_dir import decode_journal_position, encode_journal_position
 from shared.bookie.journal_format import JournalFormatError
 from shared.metaclient import MetadataClient
@@ -79,6 +82,7 @@ class LedgerstoreService:
             * self.settings.max_pending_read_requests_per_thread,
         )
         self._journal_committed = asyncio.Event()
+        self._handed_timer: asyncio.TimerHandle | None = None
         self._flush_soon = asyncio.Event()
         timeout_s = rt.settings.request_timeout_ms / 1000
         self.gc = GarbageCollector(
@@ -113,6 +117,26 @@ class LedgerstoreService:
             await request.respond(wire.encode_lac_reply(wire.LacReply(BookieStatus.BAD_REQUEST)))
             return
         await request.respond(wire.encode_lac_reply(await self.store.read_lac(ledger_id)))
+
+    def take_handoff(self) -> Callable[[DurableBatch], None]:
+        """Co-hosted (`services.bookie`): the journal's durable group commits come in
+        process, by reference, through this callable (bounded by
+        ledgerstore.journal_handoff_queue_batches); no file re-read while they do."""
+        self.store.accept_handoff(self.settings.journal_handoff_queue_batches)
+        return self.handed
+
+    def handed(self, batch: DurableBatch) -> None:
+        """One durable group commit (from the journal's writer, synchronous): queued,
+        and applied with the others of the next journal_apply_interval_ms."""
+        self.store.offer(batch)
+        if self._handed_timer is None:
+            interval_s = self.settings.journal_apply_interval_ms / 1000
+            loop = asyncio.get_running_loop()
+            self._handed_timer = loop.call_later(interval_s, self._apply_handed_now)
+
+    def _apply_handed_now(self) -> None:
+        self._handed_timer = None
+        self._journal_committed.set()
 
     async def on_committed(self, msg) -> None:
         try:
@@ -286,8 +310,10 @@ async def wait_for_cookie(rt: ServiceRuntime) -> Cookie:
         waited_s += 0.05
 
 
-async def main(rt: ServiceRuntime) -> None:
-    service = LedgerstoreService(rt)
+async def main(rt: ServiceRuntime, service: LedgerstoreService | None = None) -> None:
+    """`service`: one made already (the co-hosted bookie's, `services.bookie`, taking the
+    journal's handoff)."""
+    service = service or LedgerstoreService(rt)
     serve_metrics(rt, ledgerstore_metrics(service))
     cookie = await wait_for_cookie(rt)
     service.store.limbo = cookie.limbo

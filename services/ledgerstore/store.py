@@ -63,13 +63,14 @@ from shared import wire
 from shared.bookie.entrylog_format import ENTRY_HEAD_SIZE, ENTRYLOG_HEADER_SIZE
 from shared.bookie.files import OS_FILES, FileLayer
 from shared.bookie.gc import CompactionResult, EntryLogMetadata
+from shared.bookie.handoff import Decision, DurableBatch, HandoffQueue, decide
 from shared.bookie.index_schema import INDEX_FILE, USAGE_FACT
 from shared.bookie.journal_format import (
     JOURNAL_START,
     EntryRecord,
     JournalPosition,
     LedgerDeletedRecord,
-    ScannedRecord,
+    Record,
 )
 from shared.bookie.rules import absent_entry_status, absent_status, has_authority
 from shared.config import LedgerstoreSettings
@@ -125,6 +126,14 @@ class LedgerstoreStats:
     # preads of entry logs by reads (one per run of frames) and the bytes they read.
     entry_log_reads: int = 0
     entry_log_read_bytes: int = 0
+    # Co-hosted (`services.bookie`): group commits handed over by the journal in process,
+    # the records applied from them, those dropped (the queue was full) and the gaps that
+    # had the file tailer take over.
+    handoff_batches: int = 0
+    handoff_records: int = 0
+    handoff_dropped: int = 0
+    handoff_gaps: int = 0
+    handoff_queue_size: int = 0
 
 
 class LedgerStore:
@@ -201,6 +210,10 @@ class LedgerStore:
         self._write_threads = ThreadPoolExecutor(
             WRITE_THREADS, thread_name_prefix="ledgerstore-write"
         )
+        # Co-hosted with the journal (`accept_handoff`): its durable group commits, and per
+        # journal the end of the last one it handed (queued or dropped).
+        self.handoff: HandoffQueue | None = None
+        self._handed_end: list[JournalPosition | None] = [None] * len(journal_dirs)
 
     async def _on_write_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._write_threads, fn, *args)
@@ -412,15 +425,91 @@ class LedgerStore:
 
     async def _catch_up(self) -> bool:
         self.stats.ledgerstore_catch_up += 1
+        if self.handoff is not None and self.handoff:
+            await self._apply_handed()
         caught_up = True
         # Each journal on its own: one stalled on a bad record holds back only its own.
         for index in range(len(self.tailers)):
-            while (done := await self._catch_up_some(index)) is None:
-                # The write cache is full: flush it before taking more (back-pressure).
+            if self._handed_through(index):
+                continue  # everything it made durable was handed and applied: no file read
+            caught_up = await self._tail(index) and caught_up
+        return caught_up
+
+    async def _tail(self, index: int) -> bool:
+        """Catch up with journal `index` by reading its files."""
+        while (done := await self._catch_up_some(index)) is None:
+            # The write cache is full: flush it before taking more (back-pressure).
+            self.stats.throttled_write_requests += 1
+            await self._checkpoint()
+        return done
+
+    # -- the in-process handoff (co-hosted with the journal: services.bookie) -------------
+
+    def accept_handoff(self, max_batches: int) -> None:
+        """From now on the journal hands its durable group commits over (`offer`)."""
+        self.handoff = HandoffQueue(max_batches)
+
+    def offer(self, batch: DurableBatch) -> bool:
+        """The journal made `batch` durable (synchronous, in commit order: it must not
+        block). Queued for the next catch-up; False if the queue was full (dropped: the
+        file tailer reads it instead)."""
+        assert self.handoff is not None, "accept_handoff first"
+        self._handed_end[batch.journal] = batch.end
+        queued = self.handoff.offer(batch)
+        if not queued:
+            self.stats.handoff_dropped += 1
+        self.stats.handoff_queue_size = len(self.handoff)
+        return queued
+
+    def _handed_through(self, index: int) -> bool:
+        """Whether journal `index` handed its durable group commits over and every one
+        is applied (none was dropped past the applied position): a read of its files
+        would find nothing durable that is not applied."""
+        end = self._handed_end[index]
+        return end is not None and self.applied[index] >= end and not self.damaged
+
+    async def _apply_handed(self) -> None:
+        """Apply the handed batches in order: each that continues the applied position of
+        its journal (`shared.bookie.handoff.decide`), none already applied; at a gap, the
+        file tailer reads the journal up to past it first."""
+        assert self.handoff is not None
+        batches = self.handoff.take()
+        self.stats.handoff_queue_size = 0
+        at = 0
+        while at < len(batches):
+            gap = None
+            async with self._apply_lock:
+                if self.damaged:
+                    return
+                while at < len(batches):
+                    batch = batches[at]
+                    j = batch.journal
+                    decision = decide(self.applied[j], batch)
+                    if decision is Decision.GAP:
+                        gap = batch
+                        break
+                    at += 1
+                    self.journal_durable(j, batch.end)
+                    self.stats.handoff_batches += 1
+                    if decision is Decision.APPLY:
+                        self._apply(batch.records)
+                        self.stats.handoff_records += len(batch.records)
+                        applied = list(self.applied)
+                        applied[j] = batch.end
+                        self.applied = tuple(applied)
+                        self.tailers[j].advance(batch.end)
+            if gap is not None:
+                self.stats.handoff_gaps += 1
+                self.journal_durable(gap.journal, gap.end)
+                await self._tail(gap.journal)
+                if decide(self.applied[gap.journal], gap) is Decision.GAP:
+                    # The file tailer stopped short of it (damaged or stalled): the file
+                    # is the truth; leave this journal's batches to it.
+                    batches = [b for b in batches[at:] if b.journal != gap.journal]
+                    at = 0
+            if self._write_cache.size_bytes >= self.settings.write_cache_max_size_bytes:
                 self.stats.throttled_write_requests += 1
                 await self._checkpoint()
-            caught_up = caught_up and done
-        return caught_up
 
     async def _catch_up_some(self, index: int) -> bool | None:
         """True/False as `catch_up`, for journal `index`; None when the write cache must be
@@ -445,7 +534,7 @@ class LedgerStore:
                     self._note_stall(f"reading the journal: {exc!r}")
                     return False
                 if tail.records:
-                    self._apply(tail.records)
+                    self._apply([scanned.record for scanned in tail.records])
                 applied = list(self.applied)
                 applied[index] = tail.position
                 self.applied = tuple(applied)
@@ -484,11 +573,10 @@ class LedgerStore:
             log.error("ledgerstore cannot read past a journal record", extra={"reason": reason})
         self._stalled_reason = reason
 
-    def _apply(self, records: list[ScannedRecord]) -> None:
+    def _apply(self, records: list[Record]) -> None:
         cache, ledgers, dirty = self._write_cache, self.ledgers, self._dirty_ledgers
         entries = 0
-        for scanned in records:
-            record = scanned.record
+        for record in records:
             if type(record) is EntryRecord:
                 cache.put(record.ledger_id, record.entry_id, record.frame)
                 entries += 1

@@ -530,13 +530,14 @@ def test_no_restart_leaves_a_dead_bookie_down_and_the_cluster_keeps_serving(
         append_one(client, lid, b"before")
         victim = ledger["segments"][0]["bookies"][0]
         row = row_of(cluster, f"{victim}.journal")
+        process = row.get("process", row["name"])  # a co-hosted bookie: bookie-N
         seen = len(cluster.stderr())  # what this run of quire up said after the kill
         os.kill(row["pid"], signal.SIGKILL)
         # Qw=3, Qa=2: adds still complete on the two living bookies.
         for i in range(20):
             append_one(client, lid, payload(lid, i))
         assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
-    reported = f"quire: {victim}.journal (pid {row['pid']}) exited with code -9; see "
+    reported = f"quire: {process} (pid {row['pid']}) exited with code -9; see "
     asyncio.run(until(lambda: reported in cluster.stderr()[seen:], "the exit reported", 10))
     assert cluster.proc is not None and cluster.proc.poll() is None
     # Left down, its lease lapses: the registry says lost, and the auditor publishes
@@ -587,17 +588,18 @@ def test_a_killed_bookie_and_gateway_come_back_and_serve(cluster: QuireUp) -> No
         lid = ledger["ledger_id"]
         append_one(client, lid, b"before")
         victim = ledger["segments"][0]["bookies"][0]
-        journal = row_of(cluster, f"{victim}.journal")["pid"]
+        row = row_of(cluster, f"{victim}.journal")
+        journal, process = row["pid"], row.get("process", row["name"])  # co-hosted: bookie-N
         os.kill(journal, signal.SIGKILL)
         # Qw=3, Qa=2: adds complete on the two others while it comes back.
         for i in range(20):
             append_one(client, lid, payload(lid, i))
         back = restarted(cluster, f"{victim}.journal", journal)
         assert read_all(client, lid, unconfirmed=True) == ACKED[lid]
-    assert f"quire: {victim}.journal (pid {journal}) exited with code -9; restarting in" in (
+    assert f"quire: {process} (pid {journal}) exited with code -9; restarting in" in (
         cluster.stderr()
     )
-    assert f"quire: {victim}.journal restarted (pid {back}, restart 1)" in cluster.stderr()
+    assert f"quire: {process} restarted (pid {back}, restart 1)" in cluster.stderr()
     gateway = cluster.cluster_json()["gateway"]["pid"]
     os.kill(gateway, signal.SIGKILL)
     new_gateway = restarted(cluster, "gateway", gateway)

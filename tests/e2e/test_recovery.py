@@ -125,9 +125,13 @@ def refusal_code(response: httpx.Response) -> str:
 
 
 def kill_bookie(cluster: QuireUp, bookie_id: str) -> None:
-    for row in cluster.cluster_json()["services"]:
-        if row.get("bookie_id") == bookie_id and row["kind"] in ("journal", "ledgerstore"):
-            os.kill(row["pid"], signal.SIGKILL)
+    pids = {  # a co-hosted bookie's two rows name one process
+        row["pid"]
+        for row in cluster.cluster_json()["services"]
+        if row.get("bookie_id") == bookie_id and row["kind"] in ("journal", "ledgerstore")
+    }
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_kill_9_of_an_ensemble_bookie_while_appending(cluster: QuireUp) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import quire.cluster
+from quire.bench import command
 from quire.cluster import Cluster, ClusterConfig, ServiceProcess
 from quire.infra import ManagedProcess, free_port
 from tests.support.wait import until
@@ -101,6 +102,7 @@ class Harness:
         env: dict[str, str] | None = None,
         cls=ScriptCluster,
         gateways: int = 1,
+        bookie_process: str = "separate",
     ) -> ScriptCluster:
         def env_for(name: str) -> dict[str, str]:
             return {"SUP_OUT": str(self.out), "SUP_NAME": name, **(env or {})}
@@ -116,6 +118,7 @@ class Harness:
             database_url="postgresql+psycopg://quire@127.0.0.1:5432/quire",
             restart=restart,
             env_for=env_for,
+            bookie_process=bookie_process,
         )
         cluster = cls(config, out=io.StringIO(), err=io.StringIO())
         self.clusters.append(cluster)
@@ -379,3 +382,37 @@ def test_a_process_released_from_a_thread_that_ends_lives_on(harness: Harness) -
     restarted(cluster, "replicator", other)  # time enough for a SIGTERM to have acted
     assert cluster.pid("auditor") == back and cluster.restarts()["auditor"] == 1
     assert f"quire: auditor (pid {back}) exited" not in stderr(cluster)
+
+
+def test_a_cohosted_bookie_is_one_process_listed_as_its_two_services(harness: Harness) -> None:
+    cluster = harness.start(bookie_process="cohosted")
+    assert cluster.process_names() == ["metadata", "bookie-1", "auditor", "replicator", "gateway"]
+    pid = cluster.pid("bookie-1")
+    assert pid is not None
+    assert cluster.pid("bookie-1.journal") == cluster.pid("bookie-1.ledgerstore") == pid
+    journal, ledgerstore = row(cluster, "bookie-1.journal"), row(cluster, "bookie-1.ledgerstore")
+    assert (journal["kind"], ledgerstore["kind"]) == ("journal", "ledgerstore")
+    assert journal["pid"] == ledgerstore["pid"] == pid
+    assert journal["process"] == ledgerstore["process"] == "bookie-1"
+    env = harness.env_of("bookie-1", pid)
+    assert journal["metrics"].endswith(f":{env['QUIRE_METRICS_PORT']}/metrics")
+    assert ledgerstore["metrics"].endswith(f":{env['QUIRE_LEDGERSTORE_METRICS_PORT']}/metrics")
+    targets = json.loads((cluster.data_dir / "prometheus" / "targets.json").read_text())
+    halves = {t["labels"]["instance"]: t["labels"]["service"] for t in targets}
+    assert halves["bookie-1.journal"] == "journal"
+    assert halves["bookie-1.ledgerstore"] == "ledgerstore"
+    # The bench counts the process's CPU once.
+    info = json.loads((cluster.data_dir / "cluster.json").read_text())
+    bookies = [p for p in command._processes(info["services"]) if p.pid == pid]
+    assert [(p.name, p.kind) for p in bookies] == [("bookie-1", "bookie")]
+    # Killing either half kills the bookie's one process; it comes back whole.
+    assert cluster.signal("bookie-1.ledgerstore", signal.SIGKILL)
+    new = restarted(cluster, "bookie-1.journal", pid)
+    assert cluster.pid("bookie-1.ledgerstore") == new
+    assert cluster.restarts()["bookie-1"] == 1
+    # Held by one half's name, released by the other's.
+    cluster.hold("bookie-1.journal")
+    assert cluster.signal("bookie-1", signal.SIGKILL)
+    wait(lambda: cluster.pid("bookie-1.ledgerstore") is None, "the bookie to stay down")
+    cluster.release("bookie-1.ledgerstore")
+    assert cluster.wait_running("bookie-1.journal", 30) not in (None, new)
