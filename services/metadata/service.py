@@ -301,6 +301,8 @@ async def main(rt: ServiceRuntime) -> None:
         settings.database_url,
         pool_size=settings.metadata.db_pool_size,
         timeout_s=settings.request_timeout_ms / 1000,
+        batch_max=settings.metadata.db_batch_max,
+        batches_in_flight=settings.metadata.db_batches_in_flight,
     )
     rt.on_shutdown(store.close)
     publisher = OutboxPublisher(
