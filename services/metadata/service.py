@@ -318,7 +318,8 @@ async def main(rt: ServiceRuntime) -> None:
         store, bookie_lease_ms=settings.metadata.bookie_lease_ms, on_change=publisher.poke
     )
     rt.outbox_publisher = publisher  # type: ignore[attr-defined]  # for tests
-    serve_metrics(rt, metadata_metrics(service.stats, publisher))
+    batches = {"ledger.create": store.creates.stats, "ledger.update": store.updates.stats}
+    serve_metrics(rt, metadata_metrics(service.stats, publisher, batches))
     for op in METADATA_OPS:
         await rt.add_endpoint(
             op.replace(".", "_"),
