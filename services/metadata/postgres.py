@@ -55,6 +55,7 @@ from services.metadata.sql import (
     LEDGER_CREATE_ARRAYS,
     LEDGER_FIELDS,
     SQL_CAS_COOKIE,
+    SQL_CAS_LEDGER,
     SQL_CAS_LEDGERS,
     SQL_CLAIM_URQ,
     SQL_CREATE_COOKIE,
@@ -500,6 +501,8 @@ class PostgresMetadataStore:
     async def _cas_ledgers(self, batch: list[Params]) -> list[Params | None]:
         """Compare-and-sets of different ledgers, in one statement: each its updated row,
         or None where it did not apply (SQL_CAS_LEDGERS)."""
+        if len(batch) == 1:
+            return [await self._one(SQL_CAS_LEDGER, batch[0])]
         params = array_params(LEDGER_CAS_ARRAYS, batch)
         async with self._connection() as conn:
             rows = await (await conn.execute(SQL_CAS_LEDGERS, params)).fetchall()

@@ -132,7 +132,7 @@ SELECT ledger_id FROM ledgers WHERE ledger_id > %(after)s ORDER BY ledger_id
 LIMIT %(fetch_limit)s"""
 
 # The compare-and-set, of one ledger or of several (never one twice) in one statement
-# (group commit): each parameter an array, one element a request. `old` locks each row at
+# (group commit), `req` the requests. `old` locks each row at
 # its expected version and keeps its old values, so one statement sets, tells what it
 # replaced, and writes the outbox row. A NULL leaves its field as it is. The rows are
 # locked in ledger order, so two batches never wait for each other in a cycle.
@@ -145,12 +145,11 @@ LEDGER_CAS_ARRAYS = {
     "segments": "jsonb",
     "now": "bigint",
 }
-SQL_CAS_LEDGERS = f"""
-WITH req AS (
-    SELECT * FROM unnest({
-    ", ".join(f"%({c})s::{t}[]" for c, t in LEDGER_CAS_ARRAYS.items())
-}) AS r({", ".join(f"r_{c}" for c in LEDGER_CAS_ARRAYS)})
-), old AS (
+
+
+def _cas_ledgers_sql(req: str) -> str:
+    return f"""
+WITH req AS ({req}), old AS (
     SELECT l.ledger_id, l.state, l.segments, req.* FROM ledgers l JOIN req ON l.ledger_id = r_id
     WHERE l.version = r_expected
         -- A closed ledger never reopens; its last entry and length never change.
@@ -172,15 +171,26 @@ WITH req AS (
     RETURNING l.*, old.state AS previous_state,
         l.segments IS DISTINCT FROM old.segments AS segments_changed, old.r_now
 ), ev AS ({
-    _outbox_insert(
-        core.LEDGER_CHANGED,
-        "upd",
-        f"jsonb_build_object('metadata', {ledger_json_sql('upd')}, "
-        "'previous_state', upd.previous_state, 'segments_changed', upd.segments_changed)",
-        ts_sql="upd.r_now",
-    )
-})
+        _outbox_insert(
+            core.LEDGER_CHANGED,
+            "upd",
+            f"jsonb_build_object('metadata', {ledger_json_sql('upd')}, "
+            "'previous_state', upd.previous_state, 'segments_changed', upd.segments_changed)",
+            ts_sql="upd.r_now",
+        )
+    })
 SELECT * FROM upd"""
+
+
+# Several requests: each parameter an array, one element a request.
+SQL_CAS_LEDGERS = _cas_ledgers_sql(
+    f"SELECT * FROM unnest({', '.join(f'%({c})s::{t}[]' for c, t in LEDGER_CAS_ARRAYS.items())})"
+    f" AS r({', '.join(f'r_{c}' for c in LEDGER_CAS_ARRAYS)})"
+)
+# One request, the same statement from plain parameters (cheaper to send and to run).
+SQL_CAS_LEDGER = _cas_ledgers_sql(
+    f"SELECT {', '.join(f'%({c})s::{t} AS r_{c}' for c, t in LEDGER_CAS_ARRAYS.items())}"
+)
 
 SQL_DELETE_LEDGER = f"""
 WITH del AS (
