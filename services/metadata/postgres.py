@@ -5,7 +5,9 @@ Its statements are in services/metadata/sql.py, its tables in services/metadata/
 Connections, one mechanism per path:
 - Requests: a psycopg_pool `AsyncConnectionPool` of `db_pool_size` connections, all opened
   at start, in autocommit mode (each change is one statement, atomic by itself: no
-  BEGIN/COMMIT round trips); psycopg prepares a statement after its fifth use. An operation
+  BEGIN/COMMIT round trips; creates and compare-and-sets that queue share one statement,
+  services/metadata/batch.py); psycopg prepares a statement after its fifth use, and
+  each connection keeps its generic plans (see `configure`). An operation
   waits at most the request timeout for a connection and as long again for its statements.
   A connection whose state is unknown after an error (broken, timed out, cancelled
   mid-statement) is closed and the pool replaces it; after such an error the pool also
