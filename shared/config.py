@@ -171,6 +171,12 @@ class MetadataSettings(BaseModel):
     max_in_flight: int = Field(default=64, ge=1)
     # PostgreSQL connections per metadata instance.
     db_pool_size: int = Field(default=8, ge=1)
+    # Group commit: ledger creates (with a sequence id) and ledger compare-and-sets that
+    # queue while earlier ones are written go to PostgreSQL together, at most this many in
+    # one statement (one WAL flush), with at most `db_batches_in_flight` such statements of
+    # each kind at once. 1 and 1: every change alone, one at a time.
+    db_batch_max: int = Field(default=64, ge=1, le=1024)
+    db_batches_in_flight: int = Field(default=2, ge=1)
     # The outbox publisher: most changes published per batch, and how often the leading
     # instance looks for changes other instances committed (its own wake it at once).
     outbox_batch_size: int = Field(default=256, ge=1, le=4096)

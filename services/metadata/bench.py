@@ -9,7 +9,10 @@ runs the metadata service as separate processes (`python -m services.metadata`),
 
 - `ops` (the default) measures ledger creates per second and compare-and-set updates per
   second (each worker CASes its own ledger, version after version) with p50/p99
-  latencies, at each concurrency (requests in flight);
+  latencies, at each concurrency (requests in flight), and the CPU each phase cost per
+  operation (`cpu_us_per_op`, from /proc) in the service, PostgreSQL (its backends
+  included), nats-server and this client (a servers' part only when this bench started
+  them);
 - `list` adds `--ledgers` ledger rows in one INSERT, then lists every ledger with
   `ledger.list`, a page at a time, one request in flight, at each page size: pages/s, and
   page latency p50/p99 in the first, middle and last tenth of the pages (keyset paging: a
@@ -32,6 +35,7 @@ from pathlib import Path
 import nats
 from psycopg.types.json import Jsonb
 
+from quire.bench.procstat import Process, cpu_seconds
 from quire.infra import start_nats, start_postgres
 from services.metadata import core
 from services.metadata.postgres import connect, conninfo_from_url
@@ -61,17 +65,46 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def summary(latencies_ms: list[float], seconds: float) -> dict[str, float]:
+class CpuMeter:
+    """CPU seconds of the processes a phase runs on, by kind: this client (its own process
+    only: the servers are its children) and each of `processes` with its descendants."""
+
+    def __init__(self, processes: list[Process]) -> None:
+        self._processes = processes
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        used = {"client": time.process_time()}
+        for process, seconds in cpu_seconds(self._processes).items():
+            kind = next(p.kind for p in self._processes if p.name == process)
+            used[kind] = used.get(kind, 0.0) + seconds
+        return used
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def per_op_us(self, ops: int) -> dict[str, float]:
+        used = {k: v - self._start[k] for k, v in self._now().items()}
+        per_op = {k: round(v / max(1, ops) * 1e6, 1) for k, v in used.items()}
+        per_op["total"] = round(sum(used.values()) / max(1, ops) * 1e6, 1)
+        return per_op
+
+
+def summary(latencies_ms: list[float], seconds: float, cpu: CpuMeter) -> dict:
     return {
         "ops": len(latencies_ms),
         "ops_per_s": round(len(latencies_ms) / seconds, 1),
         "p50_ms": round(percentile(latencies_ms, 0.50), 3),
         "p99_ms": round(percentile(latencies_ms, 0.99), 3),
+        "cpu_us_per_op": cpu.per_op_us(len(latencies_ms)),
     }
 
 
-async def run_creates(client: MetadataClient, concurrency: int, seconds: float) -> dict:
+async def run_creates(
+    client: MetadataClient, concurrency: int, seconds: float, cpu: CpuMeter
+) -> dict:
     latencies: list[float] = []
+    cpu.start()
     deadline = time.perf_counter() + seconds
 
     async def worker() -> None:
@@ -82,12 +115,13 @@ async def run_creates(client: MetadataClient, concurrency: int, seconds: float) 
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return summary(latencies, time.perf_counter() - began)
+    return summary(latencies, time.perf_counter() - began, cpu)
 
 
-async def run_cas(client: MetadataClient, concurrency: int, seconds: float) -> dict:
+async def run_cas(client: MetadataClient, concurrency: int, seconds: float, cpu: CpuMeter) -> dict:
     ledgers = [await client.create_ledger(create_request()) for _ in range(concurrency)]
     latencies: list[float] = []
+    cpu.start()
     deadline = time.perf_counter() + seconds
 
     async def worker(ledger_id: int) -> None:
@@ -104,7 +138,7 @@ async def run_cas(client: MetadataClient, concurrency: int, seconds: float) -> d
 
     began = time.perf_counter()
     await asyncio.gather(*(worker(m.ledger_id) for m in ledgers))
-    return summary(latencies, time.perf_counter() - began)
+    return summary(latencies, time.perf_counter() - began, cpu)
 
 
 async def wait_ready(client: MetadataClient, timeout_s: float = 60.0) -> None:
@@ -119,12 +153,14 @@ async def wait_ready(client: MetadataClient, timeout_s: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-async def run_ops(args: argparse.Namespace, client: MetadataClient) -> dict:
-    await run_creates(client, 8, 1.0)  # warm-up: connections, prepared statements
+async def run_ops(args: argparse.Namespace, client: MetadataClient, cpu: CpuMeter) -> dict:
+    await run_creates(client, 8, 1.0, cpu)  # warm-up: connections, prepared statements
     results = {}
     for concurrency in args.concurrency:
-        results[f"creates_c{concurrency}"] = await run_creates(client, concurrency, args.seconds)
-        results[f"cas_c{concurrency}"] = await run_cas(client, concurrency, args.seconds)
+        results[f"creates_c{concurrency}"] = await run_creates(
+            client, concurrency, args.seconds, cpu
+        )
+        results[f"cas_c{concurrency}"] = await run_cas(client, concurrency, args.seconds, cpu)
         print(concurrency, results[f"creates_c{concurrency}"], results[f"cas_c{concurrency}"])
     return results
 
@@ -221,7 +257,9 @@ async def run_list(args: argparse.Namespace, client: MetadataClient, database_ur
     return results
 
 
-async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> dict:
+async def bench(
+    args: argparse.Namespace, nats_url: str, database_url: str, servers: list[Process]
+) -> dict:
     prefix = f"bench{os.getpid()}"
     env = {
         **os.environ,
@@ -240,7 +278,10 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
         await wait_ready(client)
         if args.mode == "list":
             return await run_list(args, client, database_url)
-        return await run_ops(args, client)
+        processes = servers + [
+            Process(f"metadata-{i}", "metadata", proc.pid) for i, proc in enumerate(procs)
+        ]
+        return await run_ops(args, client, CpuMeter(processes))
     finally:
         await nc.drain()
         for proc in procs:
@@ -276,7 +317,8 @@ def main() -> None:
                 os.chmod(tmp, 0o755)  # as root, PostgreSQL runs as 'nobody'
                 servers.append(start_postgres(Path(tmp) / "postgres"))
                 database_url = servers[-1].url
-            results = asyncio.run(bench(args, nats_url, database_url))
+            processes = [Process(s.name, s.kind, s.pid) for s in servers]
+            results = asyncio.run(bench(args, nats_url, database_url, processes))
         finally:
             for server in reversed(servers):
                 server.stop()

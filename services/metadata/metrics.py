@@ -11,6 +11,7 @@ from shared.metrics import Builder, Exposition, OpStats
 from shared.models import MetaErrorCode
 
 if TYPE_CHECKING:
+    from services.metadata.batch import BatchStats
     from services.metadata.outbox import OutboxPublisher
 
 
@@ -29,7 +30,11 @@ class MetadataStats:
         stats.record(latency_ms, success=code == "OK")
 
 
-def metadata_metrics(stats: MetadataStats, outbox: OutboxPublisher) -> Builder:
+def metadata_metrics(
+    stats: MetadataStats, outbox: OutboxPublisher, batches: dict[str, BatchStats] | None = None
+) -> Builder:
+    """`batches`: the store's group commits by operation (PostgreSQL only)."""
+
     def build(e: Exposition) -> None:
         e.declare_counter("quire_metadata_requests", "Requests answered", "op", "code")
         e.declare_counter(
@@ -50,6 +55,22 @@ def metadata_metrics(stats: MetadataStats, outbox: OutboxPublisher) -> Builder:
                 bk_name=None,
                 quire_name="quire_metadata_request_latency_seconds",
                 doc="From decoding a request to its reply",
+                op=op,
+            )
+        for op, batch in (batches or {}).items():
+            e.counter(
+                "quire_metadata_db_batches", "Group-commit statements written", batch.batches, op=op
+            )
+            e.counter(
+                "quire_metadata_db_batched_changes",
+                "Changes those statements carried",
+                batch.items,
+                op=op,
+            )
+            e.gauge(
+                "quire_metadata_db_batch_queue",
+                "Changes waiting for a group commit",
+                batch.pending,
                 op=op,
             )
         e.counter(

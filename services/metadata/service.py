@@ -301,6 +301,8 @@ async def main(rt: ServiceRuntime) -> None:
         settings.database_url,
         pool_size=settings.metadata.db_pool_size,
         timeout_s=settings.request_timeout_ms / 1000,
+        batch_max=settings.metadata.db_batch_max,
+        batches_in_flight=settings.metadata.db_batches_in_flight,
     )
     rt.on_shutdown(store.close)
     publisher = OutboxPublisher(
@@ -316,7 +318,8 @@ async def main(rt: ServiceRuntime) -> None:
         store, bookie_lease_ms=settings.metadata.bookie_lease_ms, on_change=publisher.poke
     )
     rt.outbox_publisher = publisher  # type: ignore[attr-defined]  # for tests
-    serve_metrics(rt, metadata_metrics(service.stats, publisher))
+    batches = {"ledger.create": store.creates.stats, "ledger.update": store.updates.stats}
+    serve_metrics(rt, metadata_metrics(service.stats, publisher, batches))
     for op in METADATA_OPS:
         await rt.add_endpoint(
             op.replace(".", "_"),

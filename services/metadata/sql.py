@@ -38,11 +38,13 @@ def ledger_json_sql(alias: str) -> str:
     return f"jsonb_build_object({pairs})"
 
 
-def _outbox_insert(kind: str, source: str, data_sql: str, where: str = "true") -> str:
+def _outbox_insert(
+    kind: str, source: str, data_sql: str, where: str = "true", ts_sql: str = "%(now)s"
+) -> str:
     """The outbox row of a change, inserted by the statement that makes the change."""
     return f"""
     INSERT INTO outbox (kind, ledger_id, bookie_id, data, ts_ms)
-    SELECT '{kind}', {source}.ledger_id, NULL, {data_sql}, %(now)s FROM {source} WHERE {where}"""
+    SELECT '{kind}', {source}.ledger_id, NULL, {data_sql}, {ts_sql} FROM {source} WHERE {where}"""
 
 
 def _outbox_insert_bookie(kind: str, source: str, data_sql: str, where: str = "true") -> str:
@@ -69,6 +71,50 @@ WITH ins AS (
 ), ev AS ({_outbox_insert(core.LEDGER_CREATED, "ins", _CREATED_DATA)})
 SELECT * FROM ins"""
 
+# Group commit (services/metadata/batch.py): several creates, each a sequence id, in one
+# statement; each parameter is an array with one element a create, `n` its place. A row
+# whose id was taken by a user-chosen one comes back with a NULL ledger: that create is
+# done again alone (SQL_CREATE_LEDGER, which moves the sequence past the taken run).
+# `req` calls nextval, so it is computed once (never inlined), and ins joins back on the id.
+LEDGER_CREATE_ARRAYS = {
+    "state": "text",
+    "ensemble_size": "int",
+    "write_quorum": "int",
+    "ack_quorum": "int",
+    "digest": "text",
+    "ctime": "bigint",
+    "custom_metadata": "jsonb",
+    "segments": "jsonb",
+    "password_salt": "text",
+    "password_hash": "text",
+    "format_version": "int",
+    "creator_token": "bigint",
+    "master_key": "text",
+    "mac_key": "text",
+    "now": "bigint",
+}
+_CREATE_COLUMNS = [c for c in LEDGER_CREATE_ARRAYS if c != "now"]
+SQL_CREATE_LEDGERS = f"""
+WITH req AS (
+    SELECT r.*, nextval('ledger_id_seq') AS id FROM unnest({
+    ", ".join(f"%({c})s::{t}[]" for c, t in LEDGER_CREATE_ARRAYS.items())
+}) WITH ORDINALITY AS r({", ".join(LEDGER_CREATE_ARRAYS)}, n)
+), ins AS (
+    INSERT INTO ledgers (ledger_id, version, last_entry_id, length, {", ".join(_CREATE_COLUMNS)})
+    SELECT req.id, 0, NULL, 0, {", ".join(f"req.{c}" for c in _CREATE_COLUMNS)} FROM req
+    ORDER BY req.n
+    ON CONFLICT (ledger_id) DO NOTHING
+    RETURNING *
+), ev AS ({
+    _outbox_insert(
+        core.LEDGER_CREATED,
+        "ins",
+        _CREATED_DATA,
+        ts_sql="(SELECT req.now FROM req WHERE req.id = ins.ledger_id)",
+    )
+})
+SELECT req.n AS batch_index, ins.* FROM req LEFT JOIN ins ON ins.ledger_id = req.id"""
+
 # The sequence ran into user-chosen ids: move it past that run of taken ids, only ever
 # forward (an id it gave out must never come back). currval is this session's last id.
 SQL_SKIP_TAKEN_IDS = """
@@ -85,40 +131,66 @@ SQL_LEDGER_IDS = """
 SELECT ledger_id FROM ledgers WHERE ledger_id > %(after)s ORDER BY ledger_id
 LIMIT %(fetch_limit)s"""
 
-# The compare-and-set. `old` locks the row at the expected version and keeps its old
-# values, so one statement sets, tells what it replaced, and writes the outbox row.
-# A NULL parameter leaves its field as it is.
-SQL_CAS_LEDGER = f"""
-WITH old AS (
-    SELECT ledger_id, state, segments FROM ledgers
-    WHERE ledger_id = %(id)s AND version = %(expected)s
+# The compare-and-set, of one ledger or of several (never one twice) in one statement
+# (group commit), `req` the requests. `old` locks each row at
+# its expected version and keeps its old values, so one statement sets, tells what it
+# replaced, and writes the outbox row. A NULL leaves its field as it is. The rows are
+# locked in ledger order, so two batches never wait for each other in a cycle.
+LEDGER_CAS_ARRAYS = {
+    "id": "bigint",
+    "expected": "int",
+    "state": "text",
+    "last_entry_id": "bigint",
+    "length": "bigint",
+    "segments": "jsonb",
+    "now": "bigint",
+}
+
+
+def _cas_ledgers_sql(req: str) -> str:
+    return f"""
+WITH req AS ({req}), old AS (
+    SELECT l.ledger_id, l.state, l.segments, req.* FROM ledgers l JOIN req ON l.ledger_id = r_id
+    WHERE l.version = r_expected
         -- A closed ledger never reopens; its last entry and length never change.
-        AND (state <> 'CLOSED' OR (
-            COALESCE(%(state)s::text, 'CLOSED') = 'CLOSED'
-            AND (%(last_entry_id)s::bigint IS NULL
-                 OR %(last_entry_id)s::bigint IS NOT DISTINCT FROM last_entry_id)
-            AND (%(length)s::bigint IS NULL OR %(length)s::bigint = length)))
-    FOR UPDATE
+        AND (l.state <> 'CLOSED' OR (
+            COALESCE(r_state, 'CLOSED') = 'CLOSED'
+            AND (r_last_entry_id IS NULL OR r_last_entry_id IS NOT DISTINCT FROM l.last_entry_id)
+            AND (r_length IS NULL OR r_length = l.length)))
+    ORDER BY l.ledger_id
+    FOR UPDATE OF l
 ), upd AS (
     UPDATE ledgers l SET
         version = l.version + 1,
-        state = COALESCE(%(state)s::text, l.state),
-        last_entry_id = COALESCE(%(last_entry_id)s::bigint, l.last_entry_id),
-        length = COALESCE(%(length)s::bigint, l.length),
-        segments = COALESCE(%(segments)s::jsonb, l.segments)
+        state = COALESCE(old.r_state, l.state),
+        last_entry_id = COALESCE(old.r_last_entry_id, l.last_entry_id),
+        length = COALESCE(old.r_length, l.length),
+        segments = COALESCE(old.r_segments, l.segments)
     FROM old
-    WHERE l.ledger_id = old.ledger_id AND l.version = %(expected)s
+    WHERE l.ledger_id = old.ledger_id AND l.version = old.r_expected
     RETURNING l.*, old.state AS previous_state,
-        l.segments IS DISTINCT FROM old.segments AS segments_changed
+        l.segments IS DISTINCT FROM old.segments AS segments_changed, old.r_now
 ), ev AS ({
-    _outbox_insert(
-        core.LEDGER_CHANGED,
-        "upd",
-        f"jsonb_build_object('metadata', {ledger_json_sql('upd')}, "
-        "'previous_state', upd.previous_state, 'segments_changed', upd.segments_changed)",
-    )
-})
+        _outbox_insert(
+            core.LEDGER_CHANGED,
+            "upd",
+            f"jsonb_build_object('metadata', {ledger_json_sql('upd')}, "
+            "'previous_state', upd.previous_state, 'segments_changed', upd.segments_changed)",
+            ts_sql="upd.r_now",
+        )
+    })
 SELECT * FROM upd"""
+
+
+# Several requests: each parameter an array, one element a request.
+SQL_CAS_LEDGERS = _cas_ledgers_sql(
+    f"SELECT * FROM unnest({', '.join(f'%({c})s::{t}[]' for c, t in LEDGER_CAS_ARRAYS.items())})"
+    f" AS r({', '.join(f'r_{c}' for c in LEDGER_CAS_ARRAYS)})"
+)
+# One request, the same statement from plain parameters (cheaper to send and to run).
+SQL_CAS_LEDGER = _cas_ledgers_sql(
+    f"SELECT {', '.join(f'%({c})s::{t} AS r_{c}' for c, t in LEDGER_CAS_ARRAYS.items())}"
+)
 
 SQL_DELETE_LEDGER = f"""
 WITH del AS (

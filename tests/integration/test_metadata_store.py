@@ -147,3 +147,37 @@ async def test_a_statement_past_the_timeout_is_unavailable_and_its_connection_re
     finally:
         await locker.close()
         await store.close()
+
+
+async def test_group_commit_keeps_each_requests_outcome(fresh_database_url: str) -> None:
+    # One batch in flight at a time: what arrives meanwhile is written together.
+    store = await PostgresMetadataStore.open(
+        fresh_database_url, pool_size=4, timeout_s=5.0, batch_max=64, batches_in_flight=1
+    )
+    try:
+        created = await asyncio.gather(
+            *(store.create_ledger(create_request(), 0) for _ in range(40))
+        )
+        assert len({m.ledger_id for m in created}) == 40
+        assert store.creates.stats.batches < 40  # grouped: fewer statements than creates
+        # Two CAS of one ledger at one version (one wins), one at a stale version, the rest
+        # fine: each answered alone.
+        ids = [m.ledger_id for m in created]
+        requests = [UpdateLedgerRequest(ledger_id=i, expected_version=0, length=7) for i in ids]
+        requests.append(UpdateLedgerRequest(ledger_id=ids[0], expected_version=0, length=8))
+        requests.append(UpdateLedgerRequest(ledger_id=ids[1], expected_version=5, length=9))
+        outcomes = await asyncio.gather(
+            *(store.update_ledger(r, 1) for r in requests), return_exceptions=True
+        )
+        assert store.updates.stats.batches < len(requests)
+        first = outcomes[0], outcomes[40]
+        assert sum(isinstance(o, BadVersion) for o in first) == 1
+        assert isinstance(outcomes[41], BadVersion)
+        assert all(not isinstance(o, BaseException) for o in outcomes[1:40])
+        for ledger_id in ids[1:]:
+            stored = await store.get_ledger(ledger_id)
+            assert (stored.version, stored.length) == (1, 7)
+        winner = next(o for o in first if not isinstance(o, BaseException))
+        assert (await store.get_ledger(ids[0])).length == winner.metadata.length
+    finally:
+        await store.close()

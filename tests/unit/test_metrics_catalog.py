@@ -18,6 +18,7 @@ from services.ledgerstore.gc import GcStats
 from services.ledgerstore.metrics import ledgerstore_metrics
 from services.ledgerstore.read_queue import ReadQueueStats
 from services.ledgerstore.store import LedgerstoreStats
+from services.metadata.batch import BatchStats
 from services.metadata.metrics import MetadataStats, metadata_metrics
 from services.replicator.metrics import replicator_metrics
 from services.replicator.service import ReplicatorStats
@@ -79,7 +80,11 @@ def builders() -> dict[str, Builder]:
     return {
         "journal": journal_metrics(journal),  # type: ignore[arg-type]
         "ledgerstore": ledgerstore_metrics(ledgerstore),  # type: ignore[arg-type]
-        "metadata": metadata_metrics(metadata, SimpleNamespace(published=0, failures=0)),  # type: ignore[arg-type]
+        "metadata": metadata_metrics(
+            metadata,
+            SimpleNamespace(published=0, failures=0),  # type: ignore[arg-type]
+            {"ledger.update": BatchStats()},
+        ),
         "auditor": auditor_metrics(auditor),  # type: ignore[arg-type]
         "replicator": replicator_metrics(ReplicatorStats()),
     }
