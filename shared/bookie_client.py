@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from opentelemetry.trace import NonRecordingSpan, SpanContext, use_span
 
@@ -87,6 +88,25 @@ def admin_answer(bookie_id: str, op: str, data: bytes) -> dict:
         code = str(answer.get("error", "ERROR"))
         raise BookieAdminError(bookie_id, op, code, str(answer.get("message", "")))
     return answer
+
+
+OnAddAnswer = Callable[[tuple[BookieStatus, list[wire.AddResult]] | BookieUnreachable], None]
+
+
+def _add_answer(
+    bookie_id: str, answer: Msg | Exception, timeout_s: float
+) -> tuple[BookieStatus, list[wire.AddResult]] | BookieUnreachable:
+    """An add request's answer as `add` returns or raises it."""
+    if isinstance(answer, TimeoutError):
+        return BookieUnreachable(f"add to {bookie_id}: timed out after {timeout_s} s", True)
+    if isinstance(answer, Exception):
+        return BookieUnreachable(f"add to {bookie_id}: {type(answer).__name__}")
+    if answer.headers and MICRO_ERROR_HEADER in answer.headers:
+        return BookieUnreachable(f"add to {bookie_id}: {answer.headers[MICRO_ERROR_HEADER]}")
+    try:
+        return wire.decode_add_reply(answer.data)
+    except wire.WireError as exc:
+        return BookieUnreachable(f"add reply from {bookie_id}: {exc}")
 
 
 class BookieClient:
@@ -203,6 +223,25 @@ class BookieClient:
             return wire.decode_add_reply(data)
         except wire.WireError as exc:
             raise BookieUnreachable(f"add reply from {bookie_id}: {exc}") from exc
+
+    def add_nowait(
+        self, bookie_id: str, items: list[wire.AddItem], on_answer: OnAddAnswer
+    ) -> Callable[[], None] | None:
+        """`add` without a task or a future: `on_answer` gets (status, results) or a
+        BookieUnreachable, later and once; what it returns stops the wait (no answer
+        then). It sends in no span (the add batcher's requests are traced only through
+        `add(traced=...)`). None when the request must take `add`'s path instead: the
+        bookie may still be starting (its "no responders" is asked again), or the lean
+        path is not set up yet (the first request sets it up)."""
+        requests = self._requests
+        if not requests.ready or self._no_responders_retries(bookie_id):
+            return None
+        subject = self._subjects.bookie(bookie_id, "add")
+
+        def answered(answer: Msg | Exception) -> None:
+            on_answer(_add_answer(bookie_id, answer, self._add_timeout_s))
+
+        return requests.send(subject, wire.encode_add_request(items), self._add_timeout_s, answered)
 
     async def read(
         self, bookie_id: str, items: list[wire.ReadItem]

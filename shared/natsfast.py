@@ -28,12 +28,16 @@ every request takes nats-py's path)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from collections.abc import Callable
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError, TimeoutError
 from nats.protocol.command import pub_cmd
+
+log = logging.getLogger(__name__)
 
 NO_RESPONDERS_STATUS = "503"
 STATUS_HEADER = "Status"
@@ -48,7 +52,7 @@ class _Dispatch:
 
     __slots__ = ("_prefix_len", "_waiting")
 
-    def __init__(self, waiting: dict[str, asyncio.Future[Msg]], prefix_len: int) -> None:
+    def __init__(self, waiting: dict[str, _Waiter], prefix_len: int) -> None:
         self._waiting = waiting
         self._prefix_len = prefix_len
 
@@ -59,18 +63,49 @@ class _Dispatch:
         return False
 
     def set_result(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject[self._prefix_len :], None)
-        if future is not None and not future.done():
-            future.set_result(msg)
+        waiter = self._waiting.pop(msg.subject[self._prefix_len :], None)
+        if waiter is not None:
+            waiter.answer(msg)
+
+
+class _Waiter:
+    """One request's answer to come: `on_answer` gets the message or the error, once."""
+
+    __slots__ = ("on_answer", "timer")
+
+    def __init__(self, on_answer: OnAnswer) -> None:
+        self.on_answer: OnAnswer | None = on_answer
+        self.timer: asyncio.TimerHandle | None = None
+
+    def answer(self, answer: Msg | Exception) -> None:
+        on_answer, self.on_answer = self.on_answer, None
+        if on_answer is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        if (
+            isinstance(answer, Msg)
+            and not answer.data
+            and answer.headers
+            and answer.headers.get(STATUS_HEADER) == NO_RESPONDERS_STATUS
+        ):
+            answer = NoRespondersError()
+        try:
+            on_answer(answer)
+        except Exception:  # nats-py's read loop, which calls this, would stop for good
+            log.exception("a NATS answer's callback failed")
+
+
+OnAnswer = Callable[[Msg | Exception], None]
 
 
 class Requests:
     """Requests over `nc` (see the module docstring). Answers that come after their
-    request timed out are dropped; at most one request per reply token waits."""
+    request timed out or was cancelled are dropped."""
 
     def __init__(self, nc: NatsClient) -> None:
         self._nc = nc
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}  # reply token -> its request
+        self._waiting: dict[str, _Waiter] = {}  # reply token -> its request
         self._counter = 0
         self._prefix = ""
         self._started: asyncio.Future[None] | None = None
@@ -84,19 +119,31 @@ class Requests:
         nc = self._nc
         return all(
             hasattr(nc, name)
-            for name in ("_pending", "_pending_data_size", "_flush_queue", "_transport")
+            for name in ("_pending", "_pending_data_size", "_flush_queue", "_transport", "_subs")
         )
 
     @property
+    def ready(self) -> bool:
+        """`send` may be called: the reply subscription is set up (`start`)."""
+        return self._started is not None and self._started.done() and not self._started.exception()
+
+    @property
     def waiting(self) -> int:
-        """Requests sent and not answered or timed out (bounded by the callers' own bounds:
-        the add batcher's requests per bookie, the reads in flight)."""
+        """Requests sent and not answered, timed out or cancelled (bounded by the callers'
+        own bounds: the add batcher's requests per bookie, the reads in flight)."""
         return len(self._waiting)
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Subscribe to the replies' subjects (once; later calls wait for the first)."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._subscribe())
+        await asyncio.shield(self._started)
+
+    async def _subscribe(self) -> None:
         nc = self._nc
-        self._prefix = f"{nc._inbox_prefix.decode()}.{os.urandom(8).hex()}."
-        await nc.subscribe(self._prefix + "*", future=_Dispatch(self._waiting, len(self._prefix)))  # type: ignore[arg-type]
+        prefix = f"{nc._inbox_prefix.decode()}.{os.urandom(8).hex()}."
+        await nc.subscribe(prefix + "*", future=_Dispatch(self._waiting, len(prefix)))  # type: ignore[arg-type]
+        self._prefix = prefix
 
     async def request(
         self,
@@ -107,22 +154,42 @@ class Requests:
     ) -> Msg:
         """As `nc.request`: the answer, or NoRespondersError, nats' TimeoutError, or the
         connection's error."""
-        nc = self._nc
         if headers or not self.available:
             self.fallbacks += 1
-            return await nc.request(subject, payload, timeout=timeout_s, headers=headers)
-        if self._started is None:
-            self._started = asyncio.ensure_future(self._start())
-        if not self._started.done():
-            await asyncio.shield(self._started)
-        self._started.result()  # a failed subscribe fails every request
-        if nc.is_closed:
-            raise ConnectionClosedError
+            return await self._nc.request(subject, payload, timeout=timeout_s, headers=headers)
+        await self.start()
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+
+        def answered(answer: Msg | Exception) -> None:
+            if future.done():
+                return
+            if isinstance(answer, Exception):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
+        cancel = self.send(subject, payload, timeout_s, answered)
+        try:
+            return await future
+        finally:
+            cancel()
+
+    def send(
+        self, subject: str, payload: bytes, timeout_s: float, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        """Send a request (`ready` must be true); `on_answer` gets its answer or its error
+        (NoRespondersError, nats' TimeoutError after `timeout_s`, ConnectionClosedError),
+        later, never from inside this call, and only once. What it returns stops the wait:
+        `on_answer` is not called after it."""
+        nc = self._nc
+        loop = asyncio.get_running_loop()
         self._counter += 1
         token = str(self._counter)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = future
+        waiter = _Waiter(on_answer)
+        if nc.is_closed:
+            loop.call_soon(waiter.answer, ConnectionClosedError())
+            return waiter_cancel(self._waiting, token, waiter)
+        self._waiting[token] = waiter
         command = pub_cmd(subject, self._prefix + token, payload)
         nc._pending.append(command)
         nc._pending_data_size += len(command)
@@ -132,15 +199,14 @@ class Requests:
         if not self._write_scheduled:
             self._write_scheduled = True
             loop.call_soon(self._write)
-        timer = loop.call_later(timeout_s, _expire, future)
-        try:
-            msg = await future
-        finally:
-            timer.cancel()
-            self._waiting.pop(token, None)
-        if not msg.data and msg.headers and msg.headers.get(STATUS_HEADER) == NO_RESPONDERS_STATUS:
-            raise NoRespondersError
-        return msg
+        waiter.timer = loop.call_later(timeout_s, self._expire, token, waiter)
+        return waiter_cancel(self._waiting, token, waiter)
+
+    def _expire(self, token: str, waiter: _Waiter) -> None:
+        if self._waiting.get(token) is waiter:
+            del self._waiting[token]
+        waiter.timer = None
+        waiter.answer(TimeoutError())
 
     def _write(self) -> None:
         """Write what nats-py's pending buffer holds: now if the socket takes it, else
@@ -160,24 +226,23 @@ class Requests:
             pending = nc._pending
             nc._pending = []
             nc._pending_data_size = 0
-            try:
-                transport.writelines(pending)
-            except Exception:  # the connection broke: nats-py's flusher and read loop see it
-                nc._pending[:0] = pending
-                nc._pending_data_size += sum(len(p) for p in pending)
-                self._kick_flusher()
+            transport.writelines(pending)  # a broken connection: the read loop sees it
             return
-        self._kick_flusher()
-
-    def _kick_flusher(self) -> None:
-        queue = self._nc._flush_queue
+        queue = nc._flush_queue
         if queue is not None and queue.empty():
             queue.put_nowait(asyncio.get_running_loop().create_future())
 
 
-def _expire(future: asyncio.Future[Msg]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError)
+def waiter_cancel(waiting: dict[str, _Waiter], token: str, waiter: _Waiter) -> Callable[[], None]:
+    def cancel() -> None:
+        if waiting.get(token) is waiter:
+            del waiting[token]
+        waiter.on_answer = None
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+
+    return cancel
 
 
 __all__ = ["Requests"]
