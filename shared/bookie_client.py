@@ -13,6 +13,7 @@ several ledgers' adds sends in no span of its own. Any other request carries no 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterable, Sequence
 
@@ -230,18 +231,40 @@ class BookieClient:
         """`add` without a task or a future: `on_answer` gets (status, results) or a
         BookieUnreachable, later and once; what it returns stops the wait (no answer
         then). It sends in no span (the add batcher's requests are traced only through
-        `add(traced=...)`). None when the request must take `add`'s path instead: the
-        bookie may still be starting (its "no responders" is asked again), or the lean
-        path is not set up yet (the first request sets it up)."""
+        `add(traced=...)`). A "no responders" from a bookie that may still be starting is
+        asked again as `add` asks it. None when the lean path is not set up yet (the first
+        request sets it up): the caller takes `add`'s path."""
         requests = self._requests
-        if not requests.ready or self._no_responders_retries(bookie_id):
+        if not requests.ready:
             return None
         subject = self._subjects.bookie(bookie_id, "add")
+        body = wire.encode_add_request(items)
+        retry: list[asyncio.Task[None]] = []
 
         def answered(answer: Msg | Exception) -> None:
+            if isinstance(answer, NoRespondersError) and self._no_responders_retries(bookie_id):
+                retry.append(asyncio.ensure_future(self._add_again(bookie_id, items, on_answer)))
+                return
             on_answer(_add_answer(bookie_id, answer, self._add_timeout_s))
 
-        return requests.send(subject, wire.encode_add_request(items), self._add_timeout_s, answered)
+        stop = requests.send(subject, body, self._add_timeout_s, answered)
+
+        def stop_all() -> None:
+            stop()
+            for task in retry:
+                task.cancel()
+
+        return stop_all
+
+    async def _add_again(
+        self, bookie_id: str, items: list[wire.AddItem], on_answer: OnAddAnswer
+    ) -> None:
+        try:
+            answer: tuple[BookieStatus, list[wire.AddResult]] | BookieUnreachable
+            answer = await self.add(bookie_id, items)
+        except BookieUnreachable as exc:
+            answer = exc
+        on_answer(answer)
 
     async def read(
         self, bookie_id: str, items: list[wire.ReadItem]
