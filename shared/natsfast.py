@@ -6,14 +6,16 @@ nats-py's `Client.request` does, per request: a NUID and `secrets.token_hex` (an
 subject checks, a future and an `asyncio.Queue.put` to wake its flusher task, and
 `asyncio.wait_for` on the answer (a second future, a done callback and a timer); its
 answer goes through the reply subscription's queue to that subscription's task before the
-callback resolves the future. One entry at a time, the client's Python per add was 3.3x
+callback resolves the future. One entry at a time, the client's CPU per add was 3.3x
 JetStream's client's for the same entry (docs/performance.md, issue 20).
 
 `Requests` keeps nats-py's connection, parser, reconnection and pending buffer, and cuts
 the rest:
 - reply subjects `<inbox>.<random>.<counter>` under one wildcard subscription whose
   messages are dispatched where nats-py's read loop parses them (its "future"
-  subscription, the one its old-style requests use), straight to the request's future;
+  subscription, the one its old-style requests use), straight to the request's callback
+  (`send`, which the add batcher uses through `BookieClient.add_nowait`) or future
+  (`request`);
 - one timer per request for its timeout, no `wait_for`;
 - the request goes into nats-py's pending buffer (in order with everything else it
   sends), and the buffer is written at the end of the event-loop turn by one callback
