@@ -127,7 +127,8 @@ class Requests:
     @property
     def ready(self) -> bool:
         """`send` may be called: the reply subscription is set up (`start`)."""
-        return self._started is not None and self._started.done() and not self._started.exception()
+        started = self._started
+        return started is not None and started.done() and not _failed(started)
 
     @property
     def waiting(self) -> int:
@@ -136,8 +137,9 @@ class Requests:
         return len(self._waiting)
 
     async def start(self) -> None:
-        """Subscribe to the replies' subjects (once; later calls wait for the first)."""
-        if self._started is None:
+        """Subscribe to the replies' subjects (once; later calls wait for the first, and a
+        call after a failed one tries again)."""
+        if self._started is None or _failed(self._started):
             self._started = asyncio.ensure_future(self._subscribe())
         await asyncio.shield(self._started)
 
@@ -233,6 +235,10 @@ class Requests:
         queue = nc._flush_queue
         if queue is not None and queue.empty():
             queue.put_nowait(asyncio.get_running_loop().create_future())
+
+
+def _failed(future: asyncio.Future[None]) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)
 
 
 def waiter_cancel(waiting: dict[str, _Waiter], token: str, waiter: _Waiter) -> Callable[[], None]:
