@@ -13,15 +13,18 @@ several ledgers' adds sends in no span of its own. Any other request carries no 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterable, Sequence
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from opentelemetry.trace import NonRecordingSpan, SpanContext, use_span
 
 from shared import clock, wire
 from shared.models import REGISTERED_AT, BookieInfo
+from shared.natsfast import Requests
 from shared.protocol.transport import BookieUnreachable
 from shared.requests import request
 from shared.status import BookieStatus
@@ -88,6 +91,25 @@ def admin_answer(bookie_id: str, op: str, data: bytes) -> dict:
     return answer
 
 
+OnAddAnswer = Callable[[tuple[BookieStatus, list[wire.AddResult]] | BookieUnreachable], None]
+
+
+def _add_answer(
+    bookie_id: str, answer: Msg | Exception, timeout_s: float
+) -> tuple[BookieStatus, list[wire.AddResult]] | BookieUnreachable:
+    """An add request's answer as `add` returns or raises it."""
+    if isinstance(answer, TimeoutError):
+        return BookieUnreachable(f"add to {bookie_id}: timed out after {timeout_s} s", True)
+    if isinstance(answer, Exception):
+        return BookieUnreachable(f"add to {bookie_id}: {type(answer).__name__}")
+    if answer.headers and MICRO_ERROR_HEADER in answer.headers:
+        return BookieUnreachable(f"add to {bookie_id}: {answer.headers[MICRO_ERROR_HEADER]}")
+    try:
+        return wire.decode_add_reply(answer.data)
+    except wire.WireError as exc:
+        return BookieUnreachable(f"add reply from {bookie_id}: {exc}")
+
+
 class BookieClient:
     """BookieTransport over NATS."""
 
@@ -102,6 +124,9 @@ class BookieClient:
         wall_clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._nc = nc
+        # Requests to the bookies take the lean path (shared.natsfast): per add, the
+        # client's Python is most of an unloaded round trip's time.
+        self._requests = Requests(nc)
         self._subjects = subjects
         self._add_timeout_s = add_timeout_ms / 1000
         self._read_timeout_ms = read_timeout_ms
@@ -175,6 +200,7 @@ class BookieClient:
                 timeout_s=timeout_s,
                 headers=headers,
                 retries=self._no_responders_retries(bookie_id),
+                requests=self._requests,
             )
         except TimeoutError as exc:  # nats.errors.TimeoutError is one
             raise BookieUnreachable(
@@ -198,6 +224,47 @@ class BookieClient:
             return wire.decode_add_reply(data)
         except wire.WireError as exc:
             raise BookieUnreachable(f"add reply from {bookie_id}: {exc}") from exc
+
+    def add_nowait(
+        self, bookie_id: str, items: list[wire.AddItem], on_answer: OnAddAnswer
+    ) -> Callable[[], None] | None:
+        """`add` without a task or a future: `on_answer` gets (status, results) or a
+        BookieUnreachable, later and once; what it returns stops the wait (no answer
+        then). It sends in no span (the add batcher's requests are traced only through
+        `add(traced=...)`). A "no responders" from a bookie that may still be starting is
+        asked again as `add` asks it. None when the lean path is not set up yet (the first
+        request sets it up): the caller takes `add`'s path."""
+        requests = self._requests
+        if not requests.ready:
+            return None
+        subject = self._subjects.bookie(bookie_id, "add")
+        body = wire.encode_add_request(items)
+        retry: list[asyncio.Task[None]] = []
+
+        def answered(answer: Msg | Exception) -> None:
+            if isinstance(answer, NoRespondersError) and self._no_responders_retries(bookie_id):
+                retry.append(asyncio.ensure_future(self._add_again(bookie_id, items, on_answer)))
+                return
+            on_answer(_add_answer(bookie_id, answer, self._add_timeout_s))
+
+        stop = requests.send(subject, body, self._add_timeout_s, answered)
+
+        def stop_all() -> None:
+            stop()
+            for task in retry:
+                task.cancel()
+
+        return stop_all
+
+    async def _add_again(
+        self, bookie_id: str, items: list[wire.AddItem], on_answer: OnAddAnswer
+    ) -> None:
+        try:
+            answer: tuple[BookieStatus, list[wire.AddResult]] | BookieUnreachable
+            answer = await self.add(bookie_id, items)
+        except BookieUnreachable as exc:
+            answer = exc
+        on_answer(answer)
 
     async def read(
         self, bookie_id: str, items: list[wire.ReadItem]

@@ -15,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 
+from shared.natsfast import Requests
 from shared.telemetry import inject_headers, nats_client_span, recording
 
 NO_RESPONDERS_RETRIES = 5
@@ -29,11 +30,14 @@ async def request(
     timeout_s: float,
     headers: dict[str, str] | None = None,
     retries: int = NO_RESPONDERS_RETRIES,
+    requests: Requests | None = None,
 ) -> Msg:
+    """`requests`: the lean request path over `nc` (`shared.natsfast`) to send by, if any."""
     if not recording():
-        return await _request(nc, subject, data, timeout_s, headers, retries)
+        return await _request(nc, subject, data, timeout_s, headers, retries, requests)
     with nats_client_span(subject):
-        return await _request(nc, subject, data, timeout_s, inject_headers(headers), retries)
+        headers = inject_headers(headers)
+        return await _request(nc, subject, data, timeout_s, headers, retries, requests)
 
 
 async def _request(
@@ -43,9 +47,12 @@ async def _request(
     timeout_s: float,
     headers: dict[str, str] | None,
     retries: int,
+    requests: Requests | None,
 ) -> Msg:
     for attempt in range(retries + 1):
         try:
+            if requests is not None:
+                return await requests.request(subject, data, timeout_s, headers)
             return await nc.request(subject, data, timeout=timeout_s, headers=headers)
         except NoRespondersError:
             if attempt == retries:

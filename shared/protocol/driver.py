@@ -81,7 +81,7 @@ from shared.protocol.replication import LedgerReplication, ReplicationSettings
 from shared.protocol.transport import BookieTransport, BookieUnreachable, MetadataTransport
 from shared.protocol.writer import LedgerWriter
 from shared.quorum import QuorumSpec
-from shared.status import ApiCode, ApiCodes, QuireError
+from shared.status import ApiCode, ApiCodes, BookieStatus, QuireError
 from shared.telemetry import (
     BACKGROUND_ATTRIBUTE,
     background_span,
@@ -91,6 +91,7 @@ from shared.telemetry import (
     tracer,
     tracer_provider,
 )
+from shared.wire import AddItem, AddResult
 
 log = logging.getLogger(__name__)
 
@@ -757,13 +758,20 @@ class DeadlineWheel:
             self._timer = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # in sets by identity
 class _BatchRequest:
     """One add request of the batcher to a bookie: the sends it carries."""
 
     bookie_id: str
     sends: list[tuple[SendAdds, OnAddReply, Traced]]
     answered: bool = False
+    gone: bool = False  # stopped because its bookie is gone (a probe found no responder)
+    stop: Callable[[], Any] | None = None  # stops waiting for the answer
+    probe: asyncio.TimerHandle | None = None  # asks whether the bookie is gone
+
+    @property
+    def commands(self) -> list[SendAdds]:
+        return [command for command, _, _ in self.sends]
 
 
 class BookieAddBatcher:
@@ -778,7 +786,10 @@ class BookieAddBatcher:
 
     A send is answered through its callback, exactly once (the writer's flow control
     counts on it): no task and no future per send, which with one entry per send were
-    most of the client's cost per entry.
+    most of the client's cost per entry. A request goes through the transport's
+    `add_nowait` where it has one (`BookieClient`: its answer comes back as a callback
+    where the NATS client parses it, with no task, future or coroutine per request), else
+    as a task awaiting `add` (a traced request, a test's transport).
 
     A request unanswered after `probe_after_ms` makes it ask whether the bookie still has a
     responder at all (one probe at a time per bookie). A bookie killed while requests were
@@ -803,12 +814,15 @@ class BookieAddBatcher:
         self._in_flight: dict[str, int] = {}
         self._queued: dict[str, deque[tuple[SendAdds, OnAddReply, Traced]]] = {}
         self._traced_queued = 0  # queued sends that carry traced appends (usually none)
-        self._batches: set[asyncio.Task[None]] = set()
+        self._add_nowait = getattr(bookies, "add_nowait", None)
+        self._requests: set[_BatchRequest] = set()  # in flight
+        self._probes: set[asyncio.Task[None]] = set()
         self._flush_due: set[str] = set()  # bookies with a flush due at the end of the turn
+        # A pump of the client's writers is under way: it flushes when it ends.
+        self.deferring = False
         self._closed = False
-        self._batches_to: dict[str, set[asyncio.Task[None]]] = {}  # in flight, by bookie
+        self._requests_to: dict[str, set[_BatchRequest]] = {}  # in flight, by bookie
         self._probing: set[str] = set()
-        self._gone: set[asyncio.Task[None]] = set()  # cancelled: their bookie is gone
 
     def submit(self, command: SendAdds, on_reply: OnAddReply, traced: Traced = NOT_TRACED) -> None:
         """Send `command` (now, or merged with others once the bookie answers); its answer
@@ -825,14 +839,17 @@ class BookieAddBatcher:
         if bookie_id not in self._flush_due:
             # At the end of this turn, not now: the sends of every writer pumped in the turn
             # then go to a free bookie as one request, not the first alone and the rest
-            # merged behind it once it is answered.
+            # merged behind it once it is answered. Within the client's pump of its
+            # writers (`ProtocolClient._pump_all`), at the end of that pump.
             self._flush_due.add(bookie_id)
-            asyncio.get_running_loop().call_soon(self._flush_if_free, bookie_id, context=_DETACHED)
+            if not self.deferring:
+                loop = asyncio.get_running_loop()
+                loop.call_soon(self._flush_if_free, bookie_id, context=_DETACHED)
 
     @property
     def quiet(self) -> bool:
         """No send waits and no request is in flight."""
-        return not self._queued and not self._batches
+        return not self._queued and not self._requests and not self._probes
 
     async def send(self, command: SendAdds) -> AddReply:
         """`submit` for a caller that awaits the answer (a recovery's driver), traced as
@@ -847,8 +864,16 @@ class BookieAddBatcher:
         self.submit(command, answered, NOT_TRACED if span_context is None else (span_context,))
         return await future
 
+    def flush_deferred(self) -> None:
+        """The end of a pump of the client's writers: what they submitted goes out now."""
+        self.deferring = False
+        for bookie_id in list(self._flush_due):
+            self._flush_if_free(bookie_id)
+
     def _flush_if_free(self, bookie_id: str) -> None:
         """A request to the bookie may go out (otherwise its next answer sends what waits)."""
+        if bookie_id not in self._flush_due:
+            return  # flushed already
         self._flush_due.discard(bookie_id)
         if not self._closed and self._in_flight.get(bookie_id, 0) < self.max_requests_per_bookie:
             self._flush(bookie_id)
@@ -871,20 +896,27 @@ class BookieAddBatcher:
             return
         self._in_flight[bookie_id] = self._in_flight.get(bookie_id, 0) + 1
         request = _BatchRequest(bookie_id, batch)
-        task = _detached_task(self._send_batch(request))
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
-        # A task cancelled before its first step (close(), or a probe that found the
-        # bookie gone in the same turn) never runs its body: this answers its sends then,
-        # and gives its request slot back.
-        task.add_done_callback(lambda done: self._answer(request, (), done))
+        self._requests.add(request)
+        commands = [command for command, _, _ in batch]
+        self._observer.bookie_add_batch(len(commands))
+        traced = self._take_traced(batch) if self._traced_queued else NOT_TRACED
+        items = merge_sends(commands)
+        if self._add_nowait is not None and not traced:
+            request.stop = self._add_nowait(
+                bookie_id, items, lambda answer: self._add_answered(request, answer)
+            )
+        if request.stop is None:
+            task = _detached_task(self._send_batch(request, items, traced))
+            request.stop = task.cancel
+            # A task cancelled before its first step (close(), or a probe that found the
+            # bookie gone in the same turn) never runs its body: this answers its sends
+            # then, and gives its request slot back.
+            task.add_done_callback(lambda _: self._answer(request, ()))
         if self._probe_after_s:
-            to_bookie = self._batches_to.setdefault(bookie_id, set())
-            to_bookie.add(task)
-            probe = asyncio.get_running_loop().call_later(
+            self._requests_to.setdefault(bookie_id, set()).add(request)
+            request.probe = asyncio.get_running_loop().call_later(
                 self._probe_after_s, self._unanswered, bookie_id
             )
-            task.add_done_callback(lambda done: (probe.cancel(), to_bookie.discard(done)))
 
     def _unanswered(self, bookie_id: str) -> None:
         """A request to the bookie waited probe_after_ms: ask whether it is still there."""
@@ -892,8 +924,8 @@ class BookieAddBatcher:
             return
         self._probing.add(bookie_id)
         task = asyncio.ensure_future(self._probe(bookie_id))
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     async def _probe(self, bookie_id: str) -> None:
         try:
@@ -902,40 +934,62 @@ class BookieAddBatcher:
             self._probing.discard(bookie_id)
         if there:
             return
-        for task in list(self._batches_to.get(bookie_id, ())):
-            self._gone.add(task)
-            task.cancel()
+        for request in list(self._requests_to.get(bookie_id, ())):
+            request.gone = True
+            self._stop(request)
 
-    async def _send_batch(self, request: _BatchRequest) -> None:
-        bookie_id, batch = request.bookie_id, request.sends
-        commands = [command for command, _, _ in batch]
-        self._observer.bookie_add_batch(len(commands))
+    def _stop(self, request: _BatchRequest) -> None:
+        """Stop waiting for the request's answer; its sends are answered as failed (in a
+        later callback, never inside the caller's)."""
+        if request.stop is not None:
+            request.stop()
+        asyncio.get_running_loop().call_soon(self._answer, request, ())
+
+    async def _send_batch(
+        self, request: _BatchRequest, items: list[AddItem], traced: Traced
+    ) -> None:
+        bookie_id = request.bookie_id
         replies: Sequence[AddReply] = ()
         try:
-            items = merge_sends(commands)
-            traced = self._take_traced(batch) if self._traced_queued else NOT_TRACED
             if traced:
                 status, results = await self._bookies.add(bookie_id, items, traced=traced)
             else:
                 status, results = await self._bookies.add(bookie_id, items)
-            replies = split_add_reply(commands, status, results)
+            replies = split_add_reply(request.commands, status, results)
         except BookieUnreachable as exc:
-            replies = [
-                AddSendFailed(bookie_id, c.entry_ids, str(exc), exc.timed_out) for c in commands
-            ]
+            replies = self._failed(request, exc)
         finally:
-            self._answer(request, replies, asyncio.current_task())
+            self._answer(request, replies)
 
-    def _answer(
-        self, request: _BatchRequest, replies: Sequence[AddReply], task: asyncio.Future | None
+    def _add_answered(
+        self,
+        request: _BatchRequest,
+        answer: tuple[BookieStatus, list[AddResult]] | BookieUnreachable,
     ) -> None:
+        """`add_nowait`'s answer."""
+        if isinstance(answer, BookieUnreachable):
+            self._answer(request, self._failed(request, answer))
+        else:
+            self._answer(request, split_add_reply(request.commands, *answer))
+
+    @staticmethod
+    def _failed(request: _BatchRequest, exc: BookieUnreachable) -> list[AddReply]:
+        bookie_id = request.bookie_id
+        return [
+            AddSendFailed(bookie_id, c.entry_ids, str(exc), exc.timed_out) for c in request.commands
+        ]
+
+    def _answer(self, request: _BatchRequest, replies: Sequence[AddReply]) -> None:
         """Answer each send of the request, once; free its request slot."""
         if request.answered:
             return
         request.answered = True
         bookie_id, batch = request.bookie_id, request.sends
-        if not replies and task in self._gone:
-            self._gone.discard(task)  # type: ignore[arg-type]
+        self._requests.discard(request)
+        if request.probe is not None:
+            request.probe.cancel()
+            self._requests_to[bookie_id].discard(request)
+        if not replies and request.gone:
             reason = "no responder any more (its process is gone)"
             replies = [AddSendFailed(bookie_id, c.entry_ids, reason, False) for c, _, _ in batch]
         elif not replies:  # cancelled (the client is closing): still one answer each
@@ -956,7 +1010,9 @@ class BookieAddBatcher:
         """Send nothing more: the requests in flight are cancelled, and every send still
         waiting is answered as failed."""
         self._closed = True
-        for task in self._batches:
+        for request in list(self._requests):
+            self._stop(request)
+        for task in self._probes:
             task.cancel()
         loop = asyncio.get_running_loop()
         for bookie_id, queued in self._queued.items():
@@ -1080,11 +1136,17 @@ class ProtocolClient:
 
     def _pump_all(self) -> None:
         pumps, self._pumps = self._pumps, []
-        for handle in pumps:
-            try:
-                handle.scheduled_pump()
-            except Exception:  # a bug in one writer must not leave the others unpumped
-                log.exception("pump of ledger %d failed", handle.ledger_id)
+        # The sends of every writer pumped now go out together when they all are, in this
+        # callback: no further turn of the event loop before the requests.
+        self.adds.deferring = True
+        try:
+            for handle in pumps:
+                try:
+                    handle.scheduled_pump()
+                except Exception:  # a bug in one writer must not leave the others unpumped
+                    log.exception("pump of ledger %d failed", handle.ledger_id)
+        finally:
+            self.adds.flush_deferred()
 
     @property
     def quiet(self) -> bool:

@@ -80,3 +80,66 @@ async def test_a_gone_bookie_fails_what_was_in_flight_and_later_sends_go_out() -
     bookies.release.set()
     replies = await answers_of(batcher, [send(1)], lambda: None)  # its slot was freed
     assert replies[0].status == BookieStatus.OK
+
+
+class NowaitBookies(Bookies):
+    """A transport with `add_nowait` (as BookieClient): the answers wait until `answer`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list = []  # (bookie id, item count, callback, stopped flag)
+
+    def add_nowait(self, bookie_id, items, on_answer):
+        entry = [bookie_id, len(items), on_answer, False]
+        self.waiting.append(entry)
+
+        def stop() -> None:
+            entry[3] = True
+
+        return stop
+
+    def answer_all(self) -> None:
+        for _, count, on_answer, stopped in self.waiting:
+            if not stopped:
+                on_answer(
+                    (BookieStatus.OK, [AddResult(1, i, BookieStatus.OK) for i in range(count)])
+                )
+        self.waiting.clear()
+
+
+async def test_add_nowait_answers_each_send_once_without_a_task() -> None:
+    bookies = NowaitBookies()
+    batcher = BookieAddBatcher(bookies, ProtocolObserver(), max_requests_per_bookie=1)
+    replies = await answers_of(
+        batcher,
+        [send(0), send(1)],
+        lambda: asyncio.get_running_loop().call_soon(bookies.answer_all),
+    )
+    assert bookies.requests == []  # `add` was never awaited
+    assert [r.status for r in replies] == [BookieStatus.OK, BookieStatus.OK]
+    assert batcher.quiet and batcher._in_flight == {"b1": 0}
+
+
+async def test_add_nowait_gone_bookie_stops_the_wait_and_fails_its_sends() -> None:
+    bookies = NowaitBookies()
+    bookies.there = False
+    batcher = BookieAddBatcher(
+        bookies, ProtocolObserver(), max_requests_per_bookie=1, probe_after_ms=10
+    )
+    replies = await answers_of(batcher, [send(0)], lambda: None)
+    assert isinstance(replies[0], AddSendFailed) and "gone" in replies[0].reason
+    assert bookies.waiting[0][3]  # stopped: a late answer would not come through
+    bookies.answer_all()
+    assert batcher.quiet and batcher._in_flight == {"b1": 0}
+
+
+async def test_add_nowait_close_fails_what_is_in_flight() -> None:
+    bookies = NowaitBookies()
+    batcher = BookieAddBatcher(bookies, ProtocolObserver(), max_requests_per_bookie=1)
+    loop = asyncio.get_running_loop()
+    replies = await answers_of(
+        batcher, [send(0), send(1)], lambda: loop.call_soon(loop.call_soon, batcher.close)
+    )
+    assert all(isinstance(r, AddSendFailed) for r in replies), replies
+    assert bookies.waiting and all(stopped for *_, stopped in bookies.waiting)
+    assert batcher.quiet

@@ -1,0 +1,256 @@
+"""Request/reply over a nats-py client with less Python per request: the client's hot path
+to the bookies (`shared.bookie_client`).
+
+nats-py's `Client.request` does, per request: a NUID and `secrets.token_hex` (an
+`os.urandom` call) for the reply subject, a future with a done callback, `publish` with
+subject checks, a future and an `asyncio.Queue.put` to wake its flusher task, and
+`asyncio.wait_for` on the answer (a second future, a done callback and a timer); its
+answer goes through the reply subscription's queue to that subscription's task before the
+callback resolves the future. One entry at a time, the client's CPU per add was 3.3x
+JetStream's client's for the same entry (docs/performance.md, issue 20).
+
+`Requests` keeps nats-py's connection, parser, reconnection and pending buffer, and cuts
+the rest:
+- reply subjects `<inbox>.<random>.<counter>` under one wildcard subscription whose
+  messages are dispatched where nats-py's read loop parses them (its "future"
+  subscription, the one its old-style requests use), straight to the request's callback
+  (`send`, which the add batcher uses through `BookieClient.add_nowait`) or future
+  (`request`);
+- one timer per request for its timeout, no `wait_for`;
+- the request goes into nats-py's pending buffer (in order with everything else it
+  sends), and the buffer is written at the end of the event-loop turn by one callback
+  (every request of the turn in one socket write), or, while the socket's own buffer is
+  backed up or the connection is not up, by nats-py's flusher (which waits for the socket
+  and for reconnection as it does for any publish).
+
+A request with headers (a traced one) goes through nats-py's own `request`. The
+internals used are nats-py 2.x's; `available` says whether this client has them (else
+every request takes nats-py's path)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, NoRespondersError, TimeoutError
+from nats.protocol.command import pub_cmd
+
+log = logging.getLogger(__name__)
+
+NO_RESPONDERS_STATUS = "503"
+STATUS_HEADER = "Status"
+# Above this many bytes waiting in the socket's buffer the end-of-turn write leaves the
+# pending buffer to nats-py's flusher, which waits for the socket to drain.
+MAX_UNSENT_BYTES = 1024 * 1024
+
+
+class _Dispatch:
+    """Stands in for the future of a nats-py "future" subscription: nats-py calls
+    `set_result` with each message as its read loop parses it."""
+
+    __slots__ = ("_prefix_len", "_waiting")
+
+    def __init__(self, waiting: dict[str, _Waiter], prefix_len: int) -> None:
+        self._waiting = waiting
+        self._prefix_len = prefix_len
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, msg: Msg) -> None:
+        waiter = self._waiting.pop(msg.subject[self._prefix_len :], None)
+        if waiter is not None:
+            waiter.answer(msg)
+
+
+class _Waiter:
+    """One request's answer to come: `on_answer` gets the message or the error, once."""
+
+    __slots__ = ("on_answer", "timer")
+
+    def __init__(self, on_answer: OnAnswer) -> None:
+        self.on_answer: OnAnswer | None = on_answer
+        self.timer: asyncio.TimerHandle | None = None
+
+    def answer(self, answer: Msg | Exception) -> None:
+        on_answer, self.on_answer = self.on_answer, None
+        if on_answer is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        if (
+            isinstance(answer, Msg)
+            and not answer.data
+            and answer.headers
+            and answer.headers.get(STATUS_HEADER) == NO_RESPONDERS_STATUS
+        ):
+            answer = NoRespondersError()
+        try:
+            on_answer(answer)
+        except Exception:  # nats-py's read loop, which calls this, would stop for good
+            log.exception("a NATS answer's callback failed")
+
+
+OnAnswer = Callable[[Msg | Exception], None]
+
+
+class Requests:
+    """Requests over `nc` (see the module docstring). Answers that come after their
+    request timed out or was cancelled are dropped."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self._waiting: dict[str, _Waiter] = {}  # reply token -> its request
+        self._counter = 0
+        self._prefix = ""
+        self._started: asyncio.Future[None] | None = None
+        self._write_scheduled = False
+        self.requests = 0  # sent through the lean path
+        self.fallbacks = 0  # sent through nats-py's request (headers, or no internals)
+
+    @property
+    def available(self) -> bool:
+        """This nats-py client has the internals the lean path uses."""
+        nc = self._nc
+        return all(
+            hasattr(nc, name)
+            for name in ("_pending", "_pending_data_size", "_flush_queue", "_transport", "_subs")
+        )
+
+    @property
+    def ready(self) -> bool:
+        """`send` may be called: the reply subscription is set up (`start`)."""
+        started = self._started
+        return started is not None and started.done() and not _failed(started)
+
+    @property
+    def waiting(self) -> int:
+        """Requests sent and not answered, timed out or cancelled (bounded by the callers'
+        own bounds: the add batcher's requests per bookie, the reads in flight)."""
+        return len(self._waiting)
+
+    async def start(self) -> None:
+        """Subscribe to the replies' subjects (once; later calls wait for the first, and a
+        call after a failed one tries again)."""
+        if self._started is None or _failed(self._started):
+            self._started = asyncio.ensure_future(self._subscribe())
+        await asyncio.shield(self._started)
+
+    async def _subscribe(self) -> None:
+        nc = self._nc
+        prefix = f"{nc._inbox_prefix.decode()}.{os.urandom(8).hex()}."
+        await nc.subscribe(prefix + "*", future=_Dispatch(self._waiting, len(prefix)))  # type: ignore[arg-type]
+        self._prefix = prefix
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes,
+        timeout_s: float,
+        headers: dict[str, str] | None = None,
+    ) -> Msg:
+        """As `nc.request`: the answer, or NoRespondersError, nats' TimeoutError, or the
+        connection's error."""
+        if headers or not self.available:
+            self.fallbacks += 1
+            return await self._nc.request(subject, payload, timeout=timeout_s, headers=headers)
+        await self.start()
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+
+        def answered(answer: Msg | Exception) -> None:
+            if future.done():
+                return
+            if isinstance(answer, Exception):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
+        cancel = self.send(subject, payload, timeout_s, answered)
+        try:
+            return await future
+        finally:
+            cancel()
+
+    def send(
+        self, subject: str, payload: bytes, timeout_s: float, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        """Send a request (`ready` must be true); `on_answer` gets its answer or its error
+        (NoRespondersError, nats' TimeoutError after `timeout_s`, ConnectionClosedError),
+        later, never from inside this call, and only once. What it returns stops the wait:
+        `on_answer` is not called after it."""
+        nc = self._nc
+        loop = asyncio.get_running_loop()
+        self._counter += 1
+        token = str(self._counter)
+        waiter = _Waiter(on_answer)
+        if nc.is_closed:
+            loop.call_soon(waiter.answer, ConnectionClosedError())
+            return waiter_cancel(self._waiting, token, waiter)
+        self._waiting[token] = waiter
+        command = pub_cmd(subject, self._prefix + token, payload)
+        nc._pending.append(command)
+        nc._pending_data_size += len(command)
+        nc.stats["out_msgs"] += 1
+        nc.stats["out_bytes"] += len(payload)
+        self.requests += 1
+        if not self._write_scheduled:
+            self._write_scheduled = True
+            loop.call_soon(self._write)
+        waiter.timer = loop.call_later(timeout_s, self._expire, token, waiter)
+        return waiter_cancel(self._waiting, token, waiter)
+
+    def _expire(self, token: str, waiter: _Waiter) -> None:
+        if self._waiting.get(token) is waiter:
+            del self._waiting[token]
+        waiter.timer = None
+        waiter.answer(TimeoutError())
+
+    def _write(self) -> None:
+        """Write what nats-py's pending buffer holds: now if the socket takes it, else
+        through nats-py's flusher."""
+        self._write_scheduled = False
+        nc = self._nc
+        if not nc._pending:
+            return  # nats-py's flusher wrote it meanwhile
+        transport = nc._transport
+        writer = getattr(transport, "_io_writer", None)
+        if (
+            nc.is_connected
+            and not nc.is_connecting
+            and writer is not None
+            and writer.transport.get_write_buffer_size() <= MAX_UNSENT_BYTES
+        ):
+            pending = nc._pending
+            nc._pending = []
+            nc._pending_data_size = 0
+            transport.writelines(pending)  # a broken connection: the read loop sees it
+            return
+        queue = nc._flush_queue
+        if queue is not None and queue.empty():
+            queue.put_nowait(asyncio.get_running_loop().create_future())
+
+
+def _failed(future: asyncio.Future[None]) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)
+
+
+def waiter_cancel(waiting: dict[str, _Waiter], token: str, waiter: _Waiter) -> Callable[[], None]:
+    def cancel() -> None:
+        if waiting.get(token) is waiter:
+            del waiting[token]
+        waiter.on_answer = None
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+
+    return cancel
+
+
+__all__ = ["Requests"]
