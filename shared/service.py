@@ -116,16 +116,20 @@ def redact_url(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def _guarded(name: str, subject: str, handler: Handler) -> Handler:
+def _guarded(name: str, subject: str, handler: Handler, own_span: bool = False) -> Handler:
     """`handler` that never lets an exception reach the NATS subscription: it is logged and
     answered with a micro error (a malformed message never takes the service down). It runs
     in a SERVER span when the request carries a sampled `traceparent` (the span records the
-    exception); a request without headers costs one attribute read."""
+    exception); a request without headers costs one attribute read. `own_span`: the
+    handler opens and ends that span itself (it answers after it returns)."""
 
     async def guarded(request: Request) -> None:
         try:
-            with nats_server_span(subject, request.headers):
+            if own_span:
                 await handler(request)
+            else:
+                with nats_server_span(subject, request.headers):
+                    await handler(request)
         except Exception:
             log.exception("handler failed", extra={"endpoint": name})
             with contextlib.suppress(Exception):
@@ -153,7 +157,7 @@ class ServiceRuntime:
         self._stop = asyncio.Event()
         self._shutdown_steps: list[ShutdownStep] = []
         self._background: set[asyncio.Task[Any]] = set()
-        self._in_flight: set[asyncio.Task[Any]] = set()
+        self._in_flight: set[asyncio.Future[Any]] = set()  # request tasks, `hold`s
         # For the probes (`health`, `readiness`), read from the metrics server's thread:
         # when the event loop last ran the heartbeat, and whether `main` has set the
         # service up (a journal's replay, a metadata service's schema...).
@@ -211,20 +215,31 @@ class ServiceRuntime:
             )
         )
 
-    async def add_inline_endpoint(self, name: str, subject: str, handler: Handler) -> None:
+    async def add_inline_endpoint(
+        self, name: str, subject: str, handler: Handler, *, own_span: bool = False
+    ) -> None:
         """Serve `subject` by calling `handler` on the subscription's own task, in arrival
-        order, for a handler that never waits for work: it answers at once or hands the
+        order, for a handler that never waits for work: it answers at once, or hands the
         request to a bounded queue of its own, which serves it and drains it at shutdown
-        (see `on_shutdown`). Requests beyond `add_endpoint`'s `max_in_flight` wait in the
-        subscription's pending queue instead, unbounded and past their senders' timeouts."""
+        (see `on_shutdown`), or answers it from a callback on a future it gives `hold` (the
+        drain waits for it). Requests beyond `add_endpoint`'s `max_in_flight` wait in the
+        subscription's pending queue instead, unbounded and past their senders' timeouts,
+        unless the handler bounds them itself. `own_span`: the handler opens and ends the
+        request's SERVER span itself (`shared.telemetry.start_nats_server_span`)."""
         await self.micro.add_endpoint(
             EndpointConfig(
                 name=name,
                 subject=subject,
-                handler=_guarded(name, subject, handler),
+                handler=_guarded(name, subject, handler, own_span),
                 queue_group=f"q-{subject}",
             )
         )
+
+    def hold(self, future: asyncio.Future[Any]) -> None:
+        """Count `future` as a request in flight until it is done: the drain at shutdown
+        waits for it as for a request's task (an inline handler answers from it)."""
+        self._in_flight.add(future)
+        future.add_done_callback(self._in_flight.discard)
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         """A background task, cancelled at shutdown. If it dies, the service stops."""

@@ -375,6 +375,25 @@ def nats_server_span(
     )
 
 
+def start_nats_server_span(subject: str, headers: Mapping[str, str] | None) -> Span | None:
+    """`nats_server_span`, started but not made current, for a handler that answers after
+    it returns (from a callback): it makes the span current around its own synchronous
+    work (`trace.use_span(span, end_on_exit=False)`) and ends it once it has answered.
+    None (and no work) unless a sampled `traceparent` arrived."""
+    if not headers or "traceparent" not in headers:
+        return None
+    context = extract_context(headers)
+    if not trace.get_current_span(context).get_span_context().trace_flags.sampled:
+        return None
+    span = tracer(__name__).start_span(
+        f"process {subject}",
+        context=context,
+        kind=SpanKind.SERVER,
+        attributes=messaging_attributes(subject, "process"),
+    )
+    return span if span.is_recording() else None
+
+
 def nats_consumer_span(
     subject: str,
     headers: Mapping[str, str] | None,

@@ -65,6 +65,7 @@ from shared.bookie.journal_format import (
     decode_last_mark,
     decode_snapshot,
     encode_batch,
+    encode_entry_record,
     encode_file_header,
     encode_last_mark,
     encode_record,
@@ -111,6 +112,7 @@ class JournalStats:
     metrics builder reads them at scrape time (docs/metrics.md: journal)."""
 
     journal_add_entry: int = 0
+    add_requests: int = 0  # add requests answered
     # JOURNAL_ADD_ENTRY: from queueing to fsync done, per entry.
     add_entry_latency: OpStats = field(default_factory=OpStats)
     # ADD_ENTRY_REQUEST: from an add request's arrival to its reply, per entry (success:
@@ -529,19 +531,20 @@ class Journal:
         future: asyncio.Future[JournalPosition] = asyncio.get_running_loop().create_future()
         last = len(records) - 1
         entries = 0
+        pending = self._pending
+        size = 0
         for index, record in enumerate(records):
-            data = encode_record(record)
-            self._pending.append(
-                _Pending(
-                    data,
-                    record,
-                    now_ms,
-                    future if index == last else None,
-                    span if index == last else None,
-                )
-            )
-            self._pending_bytes += len(data)
-            entries += type(record) is EntryRecord
+            if type(record) is EntryRecord:
+                data = encode_entry_record(record)
+                entries += 1
+            else:
+                data = encode_record(record)
+            size += len(data)
+            if index == last:
+                pending.append(_Pending(data, record, now_ms, future, span))
+            else:
+                pending.append(_Pending(data, record, now_ms, None, None))
+        self._pending_bytes += size
         self.stats.journal_add_entry += entries
         if span is not None:
             self._traced_pending += 1
@@ -610,19 +613,26 @@ class Journal:
             asyncio.get_running_loop().call_soon(
                 self._trace_commit, traced, len(batch), len(data), written
             )
-        now_ms = _now_ms()
-        for pending in batch:
-            self.stats.added(now_ms - pending.enqueued_ms)
         previous = self.durable_position
         start = JournalPosition(self._file_id, self._file_size)
         self._file_size += len(data)
         position = JournalPosition(self._file_id, self._file_size)
         self.durable_position = position
+        now_ms = _now_ms()
+        added = self.stats.add_entry_latency.record
+        apply = self.durable.apply
+        # The records of one submit share their enqueued_ms: one latency record for them.
+        run_ms, run = batch[0].enqueued_ms, 0
         for pending in batch:
-            self.durable.apply(pending.record)
+            if pending.enqueued_ms != run_ms:
+                added(now_ms - run_ms, True, run)
+                run_ms, run = pending.enqueued_ms, 0
+            run += 1
+            apply(pending.record)
             future = pending.future
             if future is not None and not future.done():
                 future.set_result(position)
+        added(now_ms - run_ms, True, run)
         if self.on_durable is not None:
             self._hand_over(previous, start, position, batch)
         if self._on_commit is not None:

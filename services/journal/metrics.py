@@ -3,25 +3,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from shared import wire
 from shared.metrics import Builder, Exposition
-from shared.status import BookieStatus
 
 if TYPE_CHECKING:
     from services.journal.journal import JournalStats
     from services.journal.service import JournalService
 
 
-def count_add_request(stats: JournalStats, results: Sequence[wire.AddResult], ms: float) -> None:
-    """ADD_ENTRY_REQUEST: every entry of an answered add request, with the request's time."""
-    ok = sum(1 for r in results if r.status is BookieStatus.OK)
+def count_add_request(stats: JournalStats, ok: int, entries: int, ms: float) -> None:
+    """ADD_ENTRY_REQUEST: every entry of an answered add request (`ok` of its `entries`
+    admitted), with the request's time."""
+    stats.add_requests += 1
     if ok:
         stats.add_entry_request.record(ms, True, ok)
-    if len(results) > ok:
-        stats.add_entry_request.record(ms, False, len(results) - ok)
+    if entries > ok:
+        stats.add_entry_request.record(ms, False, entries - ok)
 
 
 def journal_metrics(service: JournalService) -> Builder:
@@ -69,6 +67,12 @@ def journal_metrics(service: JournalService) -> Builder:
             stats.journal_flush_batch_bytes_sum,
         )
         e.counter("quire_journal_add_entries", "Entries journaled", stats.journal_add_entry)
+        e.counter("quire_journal_add_requests", "Add requests answered", stats.add_requests)
+        e.gauge(
+            "quire_journal_add_requests_waiting",
+            "Add requests waiting for their group commit",
+            service.adds_waiting,
+        )
         e.declare_counter("quire_journal_add_rejected", "Entries refused", "status")
         for status, n in list(stats.journal_add_entry_rejected.items()):
             e.counter("quire_journal_add_rejected", "Entries refused", n, status=status)

@@ -25,12 +25,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from nats.micro.request import Request
-from opentelemetry.trace import Span, get_current_span
+from opentelemetry.trace import Span, StatusCode, get_current_span, use_span
 
 from services.journal.core import high_priority_writes_allowed
 from services.journal.journal import Journal, JournalStats
@@ -65,20 +65,21 @@ from shared.bookie.journal_format import (
     Record,
 )
 from shared.bookie.rules import (
-    admit_adds,
+    admit_add_items,
     disk_read_only,
     frame_ledger_id,
     meta_records,
-    refuse_adds,
+    refuse_add_items,
 )
 from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import serve_metrics
 from shared.models import LOCATION, NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
+from shared.nats_reply import respond_soon
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
-from shared.telemetry import recording
+from shared.telemetry import recording, start_nats_server_span
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class JournalService:
         self.committed_subject = rt.subjects.bookie(self.bookie_id, JOURNAL_COMMITTED)
         self._announce_positions: dict[int, JournalPosition] = {}
         self._announce_timer: asyncio.TimerHandle | None = None
-        self._announcing: set[asyncio.Task[None]] = set()
+        self._announcing: set[asyncio.Future[None]] = set()  # fire-and-forget publishes
         # One journal per directory (BookKeeper's journalDirectories): its own writer
         # thread, group commit and fsync; the ledgers are spread over them by id
         # (`journal_for`), so a ledger's records stay in one journal, in order.
@@ -146,6 +147,10 @@ class JournalService:
         # False when co-hosted with the ledgerstore, which is handed the commits in
         # process (`hand_over`) and needs no `journal.committed` notification.
         self.announce = True
+
+        self._add_subject = rt.subjects.bookie(self.bookie_id, "add")
+        self.adds_waiting = 0  # add requests waiting for their group commit
+        self._add_slot_free = asyncio.Event()
 
     def hand_over(self, on_durable: Callable[[DurableBatch], None]) -> None:
         """Co-hosted (`services.bookie`): hand every durable group commit to
@@ -221,63 +226,129 @@ class JournalService:
     # -- add ------------------------------------------------------------------------------
 
     async def handle_add(self, request: Request) -> None:
+        """An add request, on the subscription's own task (`add_inline_endpoint`), in
+        arrival order: decoded, admitted and queued at once; answered from its group
+        commit's completion (`_answer_add`), with no task or coroutine per request waiting
+        for it. At most ADD_MAX_IN_FLIGHT wait for their commit: beyond, this waits (the
+        next requests wait in the subscription's queue) until one is answered."""
+        if self.adds_waiting >= ADD_MAX_IN_FLIGHT:
+            await self._add_slot()
         arrived = time.perf_counter()
+        span = start_nats_server_span(self._add_subject, request.headers)
         try:
-            items = wire.decode_add_request(request.data)
+            if span is None:
+                status, rows, durable = self._admit_request(request.data)
+            else:
+                with use_span(span, end_on_exit=False):
+                    status, rows, durable = self._admit_request(request.data)
+        except BaseException as exc:
+            if span is not None:
+                span.record_exception(exc)
+                span.set_status(StatusCode.ERROR)
+                span.end()
+            raise
+        if durable is None:
+            self._answer_add(request, status, rows, arrived, span, None)
+            return
+        self.adds_waiting += 1
+        self.rt.hold(durable)
+        durable.add_done_callback(
+            functools.partial(self._answer_add, request, status, rows, arrived, span)
+        )
+
+    def _answer_add(
+        self,
+        request: Request,
+        status: BookieStatus,
+        rows: list[wire.AddResultRow],
+        arrived: float,
+        span: Span | None,
+        durable: asyncio.Future | None,
+    ) -> None:
+        if durable is not None:
+            self.adds_waiting -= 1
+            if self.adds_waiting == ADD_MAX_IN_FLIGHT - 1:
+                self._add_slot_free.set()
+            error = durable.exception() if not durable.cancelled() else asyncio.CancelledError()
+            if error is not None:  # a failed commit: the journal is exiting (fail-stop)
+                log.error("add not committed", extra={"err": repr(error)})
+                if span is not None:
+                    span.record_exception(error)
+                    span.set_status(StatusCode.ERROR)
+                    span.end()
+                # Answered as a handler that raised is (`_guarded`): with a micro error.
+                task = asyncio.ensure_future(request.respond_error("500", "internal error"))
+                self._announcing.add(task)
+                task.add_done_callback(self._announcing.discard)
+                return
+        respond_soon(request, wire.encode_add_reply_rows(status, rows))
+        ok = sum(1 for row in rows if row[2] is BookieStatus.OK)
+        count_add_request(self.stats, ok, len(rows), (time.perf_counter() - arrived) * 1000)
+        if span is not None:
+            span.end()
+
+    async def _add_slot(self) -> None:
+        while self.adds_waiting >= ADD_MAX_IN_FLIGHT:
+            self._add_slot_free.clear()
+            await self._add_slot_free.wait()
+
+    def _admit_request(
+        self, data: bytes
+    ) -> tuple[BookieStatus, list[wire.AddResultRow], asyncio.Future | None]:
+        try:
+            items = wire.decode_add_items(data)
         except wire.WireError as exc:
             log.warning("bad add request", extra={"err": str(exc)})
-            await request.respond(wire.encode_add_reply(BookieStatus.BAD_REQUEST, []))
-            return
+            return BookieStatus.BAD_REQUEST, [], None
         if self.read_only:
-            results, durable = self._admit_read_only(items)
+            rows, durable = self._admit_read_only(items)
         else:
-            results, durable = self._admit_adds(items)
-        if durable is not None:
-            await durable
-        await request.respond(wire.encode_add_reply(BookieStatus.OK, results))
-        count_add_request(self.stats, results, (time.perf_counter() - arrived) * 1000)
+            rows, durable = self._admit_adds(items)
+        return BookieStatus.OK, rows, durable
 
     def _admit_adds(
-        self, items: list[wire.AddItem]
-    ) -> tuple[list[wire.AddResult], Awaitable[object] | None]:
-        """Admit the batch by the ledger rules (`admit_adds`) and queue what they admit,
-        each item in its ledger's journal, all in one synchronous step (so the checks see
-        the adds that arrived before). The awaitable (None if nothing was queued): every
-        queued item is durable. A journal whose queue is full refuses its items whole."""
+        self, items: list[wire.RawAddItem]
+    ) -> tuple[list[wire.AddResultRow], asyncio.Future | None]:
+        """Admit the batch by the ledger rules (`admit_add_items`) and queue what they
+        admit, each item in its ledger's journal, all in one synchronous step (so the
+        checks see the adds that arrived before). The future (None if nothing was queued):
+        every queued item is durable. A journal whose queue is full refuses its items
+        whole."""
         if len(self.journals) == 1:
             return self._admit_to(self.journals[0], items)
-        groups = self._by_journal([frame_ledger_id(item.frame) for item in items])
-        results: dict[int, wire.AddResult] = {}
+        groups = self._by_journal([frame_ledger_id(frame) for _, _, frame in items])
+        rows: dict[int, wire.AddResultRow] = {}
         durable = []
         for index, at in groups.items():
-            part_results, part_durable = self._admit_to(
-                self.journals[index], [items[i] for i in at]
-            )
-            for i, result in zip(at, part_results, strict=True):
-                results[i] = result
+            part_rows, part_durable = self._admit_to(self.journals[index], [items[i] for i in at])
+            for i, row in zip(at, part_rows, strict=True):
+                rows[i] = row
             if part_durable is not None:
                 durable.append(part_durable)
-        answers = [results[i] for i in range(len(items))]
-        return answers, asyncio.gather(*durable) if durable else None
+        answers = [rows[i] for i in range(len(items))]
+        if not durable:
+            return answers, None
+        return answers, durable[0] if len(durable) == 1 else asyncio.gather(*durable)
 
     def _admit_to(
-        self, journal: Journal, items: list[wire.AddItem]
-    ) -> tuple[list[wire.AddResult], asyncio.Future | None]:
+        self, journal: Journal, items: list[wire.RawAddItem]
+    ) -> tuple[list[wire.AddResultRow], asyncio.Future | None]:
         if not journal.room_for(len(items)):
             return self._refuse(items, BookieStatus.TOO_MANY_REQUESTS), None
-        admission = admit_adds(journal.live, items)
-        for result in admission.results:
-            if result.status is not BookieStatus.OK:
-                self.stats.rejected(result.status.name)
-        if not admission.records:
-            return admission.results, None
+        rows, records = admit_add_items(journal.live, items)
+        if len(records) < len(rows):
+            for row in rows:
+                if row[2] is not BookieStatus.OK:
+                    self.stats.rejected(row[2].name)
+        if not records:
+            return rows, None
         # room_for checked the whole batch: this cannot be refused.
-        durable = journal.submit(admission.records, time.monotonic() * 1000, _traced_request())
-        return admission.results, durable
+        durable = journal.submit(records, time.monotonic() * 1000, _traced_request())
+        return rows, durable
 
     def _admit_read_only(
-        self, items: list[wire.AddItem]
-    ) -> tuple[list[wire.AddResult], Awaitable[object] | None]:
+        self, items: list[wire.RawAddItem]
+    ) -> tuple[list[wire.AddResultRow], asyncio.Future | None]:
         """diskUsageThreshold passed: normal adds are refused READ_ONLY; recovery adds (the
         replicator's and a recovery's: BookKeeper's high-priority writes) are admitted while
         the fullest disk keeps min_usable_size_for_high_priority_writes_bytes free."""
@@ -285,7 +356,7 @@ class JournalService:
             self.disk_free_bytes,
             self.rt.settings.ledgerstore.min_usable_size_for_high_priority_writes_bytes,
         )
-        recovery = [allowed and bool(item.flags & wire.FLAG_RECOVERY_ADD) for item in items]
+        recovery = [allowed and bool(item[0] & wire.FLAG_RECOVERY_ADD) for item in items]
         if not any(recovery):
             return self._refuse(items, BookieStatus.READ_ONLY), None
         admitted, durable = self._admit_adds([i for i, r in zip(items, recovery, strict=True) if r])
@@ -297,10 +368,12 @@ class JournalService:
         taken = iter(admitted)
         return [next(taken) if r else next(refused) for r in recovery], durable
 
-    def _refuse(self, items: list[wire.AddItem], status: BookieStatus) -> list[wire.AddResult]:
+    def _refuse(
+        self, items: list[wire.RawAddItem], status: BookieStatus
+    ) -> list[wire.AddResultRow]:
         for _ in items:
             self.stats.rejected(status.name)
-        return refuse_adds(items, status)
+        return refuse_add_items(items, status)
 
     # -- disk usage -----------------------------------------------------------------------
 
@@ -677,8 +750,11 @@ async def main(
     for index, journal in enumerate(service.journals):
         rt.spawn(journal.run_writer(), f"journal-writer-{index}")
     bookie = rt.settings.bookie_id
+    # Adds inline (admitted in arrival order, answered from their commit: handle_add).
+    await rt.add_inline_endpoint(
+        "add", rt.subjects.bookie(bookie, "add"), service.handle_add, own_span=True
+    )
     endpoints = [
-        ("add", "add", service.handle_add, ADD_MAX_IN_FLIGHT),
         ("fence", "fence", service.handle_fence, 256),
         ("write_lac", "write_lac", service.handle_write_lac, 256),
         ("journal-checkpoint", JOURNAL_CHECKPOINT, service.handle_checkpoint, 4),

@@ -61,6 +61,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import NamedTuple
 
 import crc32c as _crc32c
 
@@ -149,8 +150,13 @@ class RecordKind(IntEnum):
     DELETED = 8
 
 
-@dataclass(frozen=True, slots=True)
-class EntryRecord:
+class EntryRecord(NamedTuple):
+    """An entry's record. A NamedTuple, not a frozen dataclass like the other records: one
+    is built for every add (admission) and every replayed or followed entry (decode), and
+    a tuple is built in a third of the time (a frozen dataclass sets each field through
+    object.__setattr__). Compare records by `type(record) is EntryRecord` or isinstance,
+    never with plain tuples."""
+
     master_key: bytes
     frame: bytes
     ledger_id: int
@@ -251,7 +257,7 @@ def _body(record: Record) -> tuple[RecordKind, bytes]:
 
 def encode_record(record: Record) -> bytes:
     if type(record) is EntryRecord:
-        return _encode_entry_record(record)
+        return encode_entry_record(record)
     return encode_record_generic(record)
 
 
@@ -266,20 +272,26 @@ def encode_record_generic(record: Record) -> bytes:
     return b"".join((size, struct.pack(">I", crc), kind_byte, body))
 
 
-_ENTRY_DIGEST_KIND = _KIND.pack(RecordKind.ENTRY_DIGEST)
+_ENTRY_DIGEST_KIND_VALUE = int(RecordKind.ENTRY_DIGEST)
+# An entry record's bytes before its frame: what its crc covers (size, kind, digest code,
+# key), and as written (size, crc, kind, digest code, key).
+_ENTRY_CRC_HEAD = struct.Struct(f">IBB{MASTER_KEY_SIZE}s")
+_ENTRY_HEAD = struct.Struct(f">IIBB{MASTER_KEY_SIZE}s")
 
 
-def _encode_entry_record(record: EntryRecord) -> bytes:
+def encode_entry_record(record: EntryRecord) -> bytes:
     """`encode_record` of an entry, the hot path of every add: the same bytes as through
-    `_body`, with no copy of the frame before the final join."""
-    if len(record.master_key) != MASTER_KEY_SIZE:
+    `_body`, two packs, two crc calls and one concatenation."""
+    master_key, frame = record.master_key, record.frame
+    if len(master_key) != MASTER_KEY_SIZE:
         raise ValueError("master key must be 20 bytes")
-    frame = record.frame
-    size = _SIZE.pack(2 + MASTER_KEY_SIZE + len(frame))
-    # The kind, the digest code and the key: everything of the body before the frame.
-    head = _ENTRY_DIGEST_KIND + _DIGEST_CODE.pack(record.digest_code) + record.master_key
-    crc = _crc32c.crc32c(frame, _crc32c.crc32c(size + head))
-    return b"".join((size, _SIZE.pack(crc), head, frame))
+    size = 2 + MASTER_KEY_SIZE + len(frame)
+    code = record.digest_code
+    crc = _crc32c.crc32c(
+        frame,
+        _crc32c.crc32c(_ENTRY_CRC_HEAD.pack(size, _ENTRY_DIGEST_KIND_VALUE, code, master_key)),
+    )
+    return _ENTRY_HEAD.pack(size, crc, _ENTRY_DIGEST_KIND_VALUE, code, master_key) + frame
 
 
 def _fixed(fmt: struct.Struct, body: memoryview, kind: RecordKind) -> tuple:

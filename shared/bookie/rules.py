@@ -28,7 +28,8 @@ from shared.bookie.journal_format import (
     MasterKeyRecord,
     Record,
 )
-from shared.digest import DigestMismatch
+from shared.digest import HEADER as _HEADER
+from shared.digest import HEADER_SIZE
 from shared.status import BookieStatus
 
 MAX_ENTRY_ID = 2**63 - 1  # the wire's i64 cannot carry a larger entry id back
@@ -73,11 +74,13 @@ class BookieLedgerState:
         return BookieStatus.UNAUTHORIZED
 
     def check_add(self, ledger_id: int, master_key: bytes, flags: int) -> BookieStatus:
-        status = self.check_master_key(ledger_id, master_key)
-        if status is not BookieStatus.OK:
-            return status
+        # `check_master_key`, then the fence, with one lookup (every add's check).
         facts = self._ledgers.get(ledger_id)
-        if facts is not None and facts.fenced and not flags & wire.FLAG_RECOVERY_ADD:
+        if facts is None:
+            return BookieStatus.OK
+        if facts.master_key != master_key and facts.master_key != NO_KEY:
+            return BookieStatus.UNAUTHORIZED
+        if facts.fenced and not flags & wire.FLAG_RECOVERY_ADD:
             return BookieStatus.FENCED
         return BookieStatus.OK
 
@@ -196,32 +199,48 @@ def admit_adds(state: BookieLedgerState, items: Sequence[wire.AddItem]) -> Admis
     admitted record to `state` (the journal's live state) at once, so that each item sees
     the ones before it. The caller journals `records` and answers `results` once they are
     durable (or, if it cannot queue them, must not have called this: see `refuse_adds`)."""
-    results: list[wire.AddResult] = []
+    rows, records = admit_add_items(state, [(i.flags, i.master_key, i.frame) for i in items])
+    return Admission([wire.AddResult(*row) for row in rows], records)
+
+
+def admit_add_items(
+    state: BookieLedgerState, items: Iterable[wire.RawAddItem]
+) -> tuple[list[wire.AddResultRow], list[EntryRecord]]:
+    """`admit_adds` of (flags, master_key, frame) tuples, answered as (ledger_id, entry_id,
+    status) rows: the journal's path, with no object per entry but the admitted record."""
+    rows: list[wire.AddResultRow] = []
     admitted: list[EntryRecord] = []
-    for item in items:
-        try:
-            record: EntryRecord | None = EntryRecord.of(
-                item.master_key, item.frame, wire.digest_code_of(item.flags)
-            )
-        except DigestMismatch:
-            record = None
-        if record is None or record.entry_id > MAX_ENTRY_ID:
-            # No header, or an entry id the wire's i64 cannot carry back.
-            ledger_id = record.ledger_id if record else 0
-            results.append(wire.AddResult(ledger_id, -1, BookieStatus.BAD_REQUEST))
+    check_add, apply = state.check_add, state.apply
+    for flags, master_key, frame in items:
+        if len(frame) < HEADER_SIZE:  # no header
+            rows.append((0, -1, BookieStatus.BAD_REQUEST))
             continue
-        status = state.check_add(record.ledger_id, record.master_key, item.flags)
+        ledger_id, entry_id, lac, _length = _HEADER.unpack_from(frame, 0)
+        if entry_id > MAX_ENTRY_ID:  # an entry id the wire's i64 cannot carry back
+            rows.append((ledger_id, -1, BookieStatus.BAD_REQUEST))
+            continue
+        status = check_add(ledger_id, master_key, flags)
         if status is BookieStatus.OK:
-            state.apply(record)
+            record = EntryRecord(
+                master_key, frame, ledger_id, entry_id, lac, wire.digest_code_of(flags)
+            )
+            apply(record)
             admitted.append(record)
-        results.append(wire.AddResult(record.ledger_id, record.entry_id, status))
-    return Admission(results, admitted)
+        rows.append((ledger_id, entry_id, status))
+    return rows, admitted
 
 
 def refuse_adds(items: Sequence[wire.AddItem], status: BookieStatus) -> list[wire.AddResult]:
     """The answer to a batch refused whole (READ_ONLY, TOO_MANY_REQUESTS): each item's
     ids as far as its frame tells them."""
     return [wire.AddResult(*_ids(item.frame), status) for item in items]
+
+
+def refuse_add_items(
+    items: Sequence[wire.RawAddItem], status: BookieStatus
+) -> list[wire.AddResultRow]:
+    """`refuse_adds` of (flags, master_key, frame) tuples, as rows."""
+    return [(*_ids(frame), status) for _flags, _key, frame in items]
 
 
 def frame_ledger_id(frame: bytes) -> int:
@@ -231,11 +250,10 @@ def frame_ledger_id(frame: bytes) -> int:
 
 
 def _ids(frame: bytes) -> tuple[int, int]:
-    try:
-        record = EntryRecord.of(b"", frame)
-    except DigestMismatch:
+    if len(frame) < HEADER_SIZE:
         return 0, -1
-    return record.ledger_id, record.entry_id if record.entry_id <= MAX_ENTRY_ID else -1
+    ledger_id, entry_id, _lac, _length = _HEADER.unpack_from(frame, 0)
+    return ledger_id, entry_id if entry_id <= MAX_ENTRY_ID else -1
 
 
 # -- fence and explicit LAC ---------------------------------------------------------------

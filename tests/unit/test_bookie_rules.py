@@ -21,10 +21,12 @@ from shared.bookie.rules import (
     BookieLedgerState,
     absent_entry_status,
     absent_status,
+    admit_add_items,
     admit_adds,
     has_authority,
     limbo_absent_status,
     meta_records,
+    refuse_add_items,
     refuse_adds,
 )
 from shared.digest import DigestManager
@@ -212,6 +214,19 @@ def test_admit_adds(name: str) -> None:
         assert facts is not None and facts.last_entry_id >= entry_id
 
 
+@pytest.mark.parametrize("name", list(ADMISSIONS))
+def test_the_journals_tuple_path_admits_alike(name: str) -> None:
+    """admit_add_items (the journal's path: tuples in, rows out) is admit_adds."""
+    before, items, expected, admitted = ADMISSIONS[name]
+    state = BookieLedgerState()
+    for record in before:
+        state.apply(record)
+    rows, records = admit_add_items(state, [(i.flags, i.master_key, i.frame) for i in items])
+    assert rows == expected
+    assert [(r.ledger_id, r.entry_id) for r in records] == admitted
+    assert all(type(r) is EntryRecord for r in records)
+
+
 def test_admitted_records_carry_the_digest_code_of_the_add() -> None:
     admission = admit_adds(BookieLedgerState(), [add_item(1, 0, flags=CRC32C)])
     assert admission.records[0].digest_code == wire.digest_code_of(CRC32C) != 0
@@ -228,6 +243,8 @@ def test_admitted_records_carry_the_digest_code_of_the_add() -> None:
 def test_refuse_adds_answers_each_item_with_its_ids(item, expected) -> None:
     for status in (BookieStatus.READ_ONLY, BookieStatus.TOO_MANY_REQUESTS):
         assert refuse_adds([item], status) == [wire.AddResult(*expected, status)]
+        raw = (item.flags, item.master_key, item.frame)
+        assert refuse_add_items([raw], status) == [(*expected, status)]
 
 
 # -- fence and explicit LAC ---------------------------------------------------------------

@@ -51,6 +51,7 @@ def builders() -> dict[str, Builder]:
         ],
         read_only=False,
         disk_usage_fraction=0.0,
+        adds_waiting=0,
     )
     ledgerstore = SimpleNamespace(
         store=SimpleNamespace(stats=LedgerstoreStats(), ledgers={}, damaged=None, unsure=None),

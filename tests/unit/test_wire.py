@@ -21,6 +21,28 @@ def test_add_request_round_trip() -> None:
     assert wire.decode_add_request(wire.encode_add_request(items)) == items
 
 
+def test_the_bookies_tuple_codec_agrees_with_the_dataclass_one() -> None:
+    """decode_add_items / encode_add_reply_rows (the journal's path, no object per entry)
+    read and write the same bytes as decode_add_request / encode_add_reply."""
+    items = [
+        wire.AddItem(wire.add_flags("crc32c"), KEY, frame(7, 0)),
+        wire.AddItem(wire.FLAG_RECOVERY_ADD, b"j" * 20, frame(7, 1, b"")),
+        wire.AddItem(0, KEY, b""),  # no frame at all: decodes, the rules refuse it
+    ]
+    data = wire.encode_add_request(items)
+    assert wire.decode_add_items(data) == [(i.flags, i.master_key, i.frame) for i in items]
+    assert wire.decode_add_items(wire.encode_add_request([])) == []
+    results = [wire.AddResult(7, 0, BookieStatus.OK), wire.AddResult(0, -1, BookieStatus.FENCED)]
+    rows = [(r.ledger_id, r.entry_id, r.status) for r in results]
+    assert wire.encode_add_reply_rows(BookieStatus.OK, rows) == wire.encode_add_reply(
+        BookieStatus.OK, results
+    )
+    assert wire.decode_add_reply(wire.encode_add_reply_rows(BookieStatus.BAD_REQUEST, [])) == (
+        BookieStatus.BAD_REQUEST,
+        [],
+    )
+
+
 def test_add_reply_round_trip() -> None:
     results = [wire.AddResult(7, 0, BookieStatus.OK), wire.AddResult(7, 1, BookieStatus.FENCED)]
     data = wire.encode_add_reply(BookieStatus.OK, results)
@@ -87,6 +109,13 @@ def test_add_reply_round_trips() -> None:
         (wire.decode_add_request, GOOD_ADD[:-1]),  # truncated frame
         (wire.decode_add_request, GOOD_ADD + b"!"),  # trailing bytes
         (wire.decode_add_request, GOOD_ADD[:3]),  # truncated count
+        (wire.decode_add_items, b""),
+        (wire.decode_add_items, b"\x02" + GOOD_ADD[1:]),  # unknown version
+        (wire.decode_add_items, GOOD_ADD[:-1]),  # truncated frame
+        (wire.decode_add_items, GOOD_ADD[:20]),  # truncated item header
+        (wire.decode_add_items, GOOD_ADD + b"!"),  # trailing bytes
+        (wire.decode_add_items, GOOD_ADD[:3]),  # truncated count
+        (wire.decode_add_items, b"\x01\xff\xff\xff\xff"),  # a count with no items
         (wire.decode_read_request, wire.encode_read_request([wire.ReadItem(1, 2)])[:-1]),
         (wire.decode_read_request, wire.encode_read_request([wire.ReadItem(1, 2)])[:8]),
         # A request without the timeout field (the format before it) is the wrong length.
