@@ -1,5 +1,7 @@
-"""Request/reply over a nats-py client with less Python per request: the client's hot path
-to the bookies (`shared.bookie_client`).
+"""Request/reply over a nats-py client with less Python per message: the client's requests
+to the bookies (`shared.bookie_client`, `Requests`) and a bookie's answers to them
+(`respond_soon`, `publish_soon`: the journal answers each add request from its group
+commit's completion, a callback, with no coroutine per reply).
 
 nats-py's `Client.request` does, per request: a NUID and `secrets.token_hex` (an
 `os.urandom` call) for the reply subject, a future with a done callback, `publish` with
@@ -23,9 +25,16 @@ the rest:
   backed up or the connection is not up, by nats-py's flusher (which waits for the socket
   and for reconnection as it does for any publish).
 
-A request with headers (a traced one) goes through nats-py's own `request`. The
-internals used are nats-py 2.x's; `available` says whether this client has them (else
-every request takes nats-py's path)."""
+A request with headers (a traced one) goes through nats-py's own `request`. A reply
+(`respond_soon`) is one `PUB <inbox> <size>` line appended to the same pending buffer and
+written by the same end-of-turn write; on a client that is not connected it falls back to
+nats-py's `publish` in a task, which buffers or raises as nats-py decides.
+
+The internals used are nats-py 2.x's (`_pending`, `_pending_data_size`, `_flush_queue`,
+`_transport`, `_subs`, the micro `Request._msg`; constraints.txt pins the version);
+`available` says whether a client has them (else every request takes nats-py's path).
+tests/integration/test_natsfast.py and test_nats_reply.py run both against a real
+nats-server."""
 
 from __future__ import annotations
 
@@ -33,10 +42,12 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError, TimeoutError
+from nats.micro.request import Request
 from nats.protocol.command import pub_cmd
 
 log = logging.getLogger(__name__)
@@ -111,7 +122,6 @@ class Requests:
         self._counter = 0
         self._prefix = ""
         self._started: asyncio.Future[None] | None = None
-        self._write_scheduled = False
         self.requests = 0  # sent through the lean path
         self.fallbacks = 0  # sent through nats-py's request (headers, or no internals)
 
@@ -194,15 +204,8 @@ class Requests:
             loop.call_soon(waiter.answer, ConnectionClosedError())
             return waiter_cancel(self._waiting, token, waiter)
         self._waiting[token] = waiter
-        command = pub_cmd(subject, self._prefix + token, payload)
-        nc._pending.append(command)
-        nc._pending_data_size += len(command)
-        nc.stats["out_msgs"] += 1
-        nc.stats["out_bytes"] += len(payload)
+        _append(nc, pub_cmd(subject, self._prefix + token, payload), len(payload))
         self.requests += 1
-        if not self._write_scheduled:
-            self._write_scheduled = True
-            loop.call_soon(self._write)
         waiter.timer = loop.call_later(timeout_s, self._expire, token, waiter)
         return waiter_cancel(self._waiting, token, waiter)
 
@@ -212,29 +215,74 @@ class Requests:
         waiter.timer = None
         waiter.answer(TimeoutError())
 
-    def _write(self) -> None:
-        """Write what nats-py's pending buffer holds: now if the socket takes it, else
-        through nats-py's flusher."""
-        self._write_scheduled = False
-        nc = self._nc
-        if not nc._pending:
-            return  # nats-py's flusher wrote it meanwhile
-        transport = nc._transport
-        writer = getattr(transport, "_io_writer", None)
-        if (
-            nc.is_connected
-            and not nc.is_connecting
-            and writer is not None
-            and writer.transport.get_write_buffer_size() <= MAX_UNSENT_BYTES
-        ):
-            pending = nc._pending
-            nc._pending = []
-            nc._pending_data_size = 0
-            transport.writelines(pending)  # a broken connection: the read loop sees it
-            return
-        queue = nc._flush_queue
-        if queue is not None and queue.empty():
-            queue.put_nowait(asyncio.get_running_loop().create_future())
+
+# -- replies, and the end-of-turn write ------------------------------------------------
+
+_write_scheduled: set[int] = set()  # id() of the clients with an end-of-turn write due
+_fallbacks: set[asyncio.Task[None]] = set()  # replies published while not connected
+
+
+def respond_soon(request: Request, payload: bytes) -> None:
+    """Answer `request` with `payload` (no headers), queued at once; never raises (a reply
+    that cannot go is lost as a failed publish would be: the requester times out)."""
+    reply = request._msg.reply
+    if reply:
+        publish_soon(request._msg._client, reply, payload)
+
+
+def publish_soon(nc: NatsClient, subject: str, payload: bytes) -> None:
+    """Publish `payload` on `subject` (no headers, no reply inbox) without awaiting."""
+    if not nc.is_connected or nc.is_draining_pubs or nc._flush_queue is None:
+        task = asyncio.ensure_future(_publish(nc, subject, payload))
+        _fallbacks.add(task)
+        task.add_done_callback(_fallbacks.discard)
+        return
+    _append(nc, b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload), len(payload))
+
+
+async def _publish(nc: NatsClient, subject: str, payload: bytes) -> None:
+    try:
+        await nc.publish(subject, payload)
+    except Exception as exc:
+        log.debug("reply not sent", extra={"subject": subject, "err": repr(exc)})
+
+
+def _append(nc: NatsClient, command: bytes, payload_size: int) -> None:
+    """Queue one protocol command in nats-py's pending buffer (in order with everything
+    else it sends), as its publish does, and see it written at the end of the turn."""
+    nc._pending.append(command)
+    nc._pending_data_size += len(command)
+    stats: Any = nc.stats
+    stats["out_msgs"] += 1
+    stats["out_bytes"] += payload_size
+    if id(nc) not in _write_scheduled:
+        _write_scheduled.add(id(nc))
+        asyncio.get_running_loop().call_soon(_write, nc)
+
+
+def _write(nc: NatsClient) -> None:
+    """Write what nats-py's pending buffer holds (every command of the turn in one socket
+    write): now if the socket takes it, else through nats-py's flusher, which waits for
+    the socket to drain and for reconnection as it does for any publish."""
+    _write_scheduled.discard(id(nc))
+    if not nc._pending:
+        return  # nats-py's flusher wrote it meanwhile
+    transport = nc._transport
+    writer = getattr(transport, "_io_writer", None)
+    if (
+        nc.is_connected
+        and not nc.is_connecting
+        and writer is not None
+        and writer.transport.get_write_buffer_size() <= MAX_UNSENT_BYTES
+    ):
+        pending = nc._pending
+        nc._pending = []
+        nc._pending_data_size = 0
+        transport.writelines(pending)  # a broken connection: the read loop sees it
+        return
+    queue = nc._flush_queue
+    if queue is not None and queue.empty():
+        queue.put_nowait(asyncio.get_running_loop().create_future())
 
 
 def _failed(future: asyncio.Future[None]) -> bool:
@@ -253,4 +301,4 @@ def waiter_cancel(waiting: dict[str, _Waiter], token: str, waiter: _Waiter) -> C
     return cancel
 
 
-__all__ = ["Requests"]
+__all__ = ["Requests", "publish_soon", "respond_soon"]

@@ -75,7 +75,7 @@ from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import serve_metrics
 from shared.models import LOCATION, NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
-from shared.nats_reply import respond_soon
+from shared.natsfast import respond_soon
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE

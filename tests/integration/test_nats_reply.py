@@ -1,4 +1,4 @@
-"""shared.nats_reply against the session's nats-server: a reply queued without a coroutine
+"""shared.natsfast's replies against the session's nats-server: a reply queued without a coroutine
 arrives whole and in order with the client's ordinary publishes, answers a request, and a
 client that is closed loses the reply without raising."""
 
@@ -9,7 +9,7 @@ import asyncio
 import nats
 from nats.micro.request import Request
 
-from shared.nats_reply import publish_soon, respond_soon
+from shared.natsfast import publish_soon, respond_soon
 
 PAYLOADS = [b"", b"x", b"\r\n", b"PUB a 1\r\n", bytes(range(256)) * 40]
 
