@@ -14,8 +14,20 @@ from pathlib import Path
 import pytest
 
 from quire.faults import disk
-from quire.faults.nemesis import KINDS, Nemesis, NemesisError, Schedule
+from quire.faults.nemesis import (
+    KINDS,
+    SKIP_INVALID_JOURNAL_RECORD,
+    Nemesis,
+    NemesisError,
+    Schedule,
+)
 from quire.faults.proxy import FaultProxy
+from shared.bookie.journal_format import (
+    FenceRecord,
+    encode_file_header,
+    encode_record,
+    journal_file_name,
+)
 from tests.support.wait import until
 
 BOOKIES = ["bookie-1", "bookie-2"]
@@ -222,6 +234,40 @@ def test_cohosted_bookie_faults_act_on_its_one_process(tmp_path: Path, proxy: Fa
     assert nemesis.bookie_processes("bookie-2") == ["bookie-2"]
     nemesis.heal_all()
     assert all(cluster.running.values()) and not cluster.held
+
+
+def test_a_cohosted_journal_refusing_damage_is_restarted_the_operators_way(
+    tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """The bookie's process refuses at its first start after the flip (its log says so):
+    the operator's setting goes to that process, by the name the runner's env_for is asked
+    for (bookie-N), and it starts."""
+    cluster, nemesis = make_nemesis(tmp_path, proxy, bookie_process="cohosted")
+    journal = tmp_path / "data" / "bookie-1" / "journal"
+    journal.mkdir(parents=True)
+    records = b"".join(encode_record(FenceRecord(i)) for i in range(1, 4))
+    (journal / journal_file_name(1)).write_bytes(encode_file_header(1) + records)
+    nemesis.rng = random.Random(0)
+    nemesis._bookie_ids = lambda: ["bookie-1"]
+    started = cluster._start
+    refused = []
+
+    def start_refusing_once(name: str) -> None:
+        if name == "bookie-1" and not refused:
+            refused.append(name)
+            cluster.running[name] = True  # up a moment, long enough to say why it exits
+            with open(cluster.data_dir / "logs" / f"{name}.log", "a") as log:
+                log.write('{"exc": "JournalStartupError: ... refusing to start ..."}\n')
+            return
+        started(name)
+
+    cluster._start = start_refusing_once
+    fault = nemesis.inject("bitflip-journal")
+    assert fault.target == "bookie-1" and fault.details["flip"]["flipped"]
+    nemesis.heal(fault)
+    assert refused == ["bookie-1"] and cluster.running["bookie-1"]
+    assert nemesis.operator_env == {"bookie-1": {SKIP_INVALID_JOURNAL_RECORD: "true"}}
+    assert [x["target"] for x in log_lines(tmp_path) if x["event"] == "operator"] == ["bookie-1"]
 
 
 async def test_schedule_is_the_seeds_and_everything_is_logged(tmp_path: Path) -> None:
