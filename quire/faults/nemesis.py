@@ -4,14 +4,15 @@ and healed, on a schedule drawn from a seeded generator.
 Process faults go through the cluster's supervision (quire.cluster.Cluster: signal, hold,
 release), partitions through the fault proxy (quire/faults/proxy.py), disk and clock faults
 through the fault-control directories the service processes read (quire/faults/disk.py).
+Every injection and heal is logged, with its times, to `nemesis.jsonl` in the run dir.
 
 Faults act on processes. A co-hosted bookie (the default of `quire up`) is one process,
 bookie-N: killed, paused, partitioned, skewed, powered off, failing its next IO or
 restarted after a bitflip as a whole, with one fault directory and one proxy listener that
 both its halves use. Run with separate bookie processes (bookie-N.journal,
-bookie-N.ledgerstore), the process faults hit one half alone and the disk faults the
-process of the half that owns the file (a journal file: the journal's).
-Every injection and heal is logged, with its times, to `nemesis.jsonl` in the run dir.
+bookie-N.ledgerstore), the process faults hit one half alone, EIO and ENOSPC the half
+drawn, a bitflip restarts the half that owns the file (a journal file: the journal), and
+a power loss or a wipe takes both.
 """
 
 from __future__ import annotations
@@ -298,7 +299,7 @@ class Nemesis:
             time.time(),
             {"mode": mode, "report": report},
             # Without fsync (the control run) a power loss cuts what the journal had
-            # checkpointed: it refuses to start, as it should, and the operator steps in.
+            # checkpointed: it may refuse to start, as it should, and the operator steps in.
             heal=lambda: self._bring_back(processes, damage_expected=self.unsafe_no_fsync),
         )
 
