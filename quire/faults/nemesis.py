@@ -5,6 +5,14 @@ Process faults go through the cluster's supervision (quire.cluster.Cluster: sign
 release), partitions through the fault proxy (quire/faults/proxy.py), disk and clock faults
 through the fault-control directories the service processes read (quire/faults/disk.py).
 Every injection and heal is logged, with its times, to `nemesis.jsonl` in the run dir.
+
+Faults act on processes. A co-hosted bookie (the default of `quire up`) is one process,
+bookie-N: killed, paused, partitioned, skewed, powered off, failing its next IO or
+restarted after a bitflip as a whole, with one fault directory and one proxy listener that
+both its halves use. Run with separate bookie processes (bookie-N.journal,
+bookie-N.ledgerstore), the process faults hit one half alone, EIO and ENOSPC the half
+drawn, a bitflip restarts the half that owns the file (a journal file: the journal), and
+a power loss or a wipe takes both.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ KINDS = (
 )
 
 SERVERS = ("nats", "postgres")
+BOOKIE_HALVES = ("journal", "ledgerstore")
 # What a service's log says once it started (shared/service.py run_service), and what the
 # journal says when it refuses to start on a damaged journal (services/journal/journal.py).
 STARTED = '"msg": "started"'
@@ -280,18 +289,18 @@ class Nemesis:
         return self._lose_power("coordinated-power-loss", "all-bookies", self._bookie_ids())
 
     def _lose_power(self, kind: str, target: str, bookies: list[str]) -> Fault:
-        halves = [f"{b}.{half}" for b in bookies for half in ("journal", "ledgerstore")]
-        self._kill_held(halves)
+        processes = [p for b in bookies for p in self.bookie_processes(b)]
+        self._kill_held(processes)
         mode = self.rng.choice(self.power_loss_modes)
-        report = disk.power_loss([self.faults_dir(h) for h in halves], mode, self.rng)
+        report = disk.power_loss([self.faults_dir(p) for p in processes], mode, self.rng)
         return Fault(
             kind,
             target,
             time.time(),
             {"mode": mode, "report": report},
             # Without fsync (the control run) a power loss cuts what the journal had
-            # checkpointed: it refuses to start, as it should, and the operator steps in.
-            heal=lambda: self._bring_back(halves, damage_expected=self.unsafe_no_fsync),
+            # checkpointed: it may refuse to start, as it should, and the operator steps in.
+            heal=lambda: self._bring_back(processes, damage_expected=self.unsafe_no_fsync),
         )
 
     def _bitflip_journal(self) -> Fault | None:
@@ -313,7 +322,7 @@ class Nemesis:
         ]
         if not candidates:
             return None
-        name = f"{bookie}.{half}"
+        name = self.bookie_process(bookie, half)
         self._kill_held([name])
         report = disk.flip_bit(self.rng.choice(sorted(candidates)), self.rng)
         return Fault(
@@ -353,11 +362,11 @@ class Nemesis:
         return self._fail_next("enospc", "ENOSPC")
 
     def _fail_next(self, kind: str, errno_name: str) -> Fault:
-        """The next write or fsync of one bookie half fails: it fail-stops and the
-        supervisor restarts it. Heal: the fault is withdrawn if it was not used, and the
-        process runs again."""
+        """The next write or fsync of a bookie file by one bookie process (separate: one
+        half's) fails: it fail-stops and the supervisor restarts it. Heal: the fault is
+        withdrawn if it was not used, and the process runs again."""
         bookie = self.rng.choice(self._bookie_ids())
-        name = f"{bookie}.{self.rng.choice(('journal', 'ledgerstore'))}"
+        name = self.bookie_process(bookie, self.rng.choice(BOOKIE_HALVES))
         op = self.rng.choice(("write", "fsync"))
         directory = self.faults_dir(name)
         disk.fail_next(directory, op, errno_name)
@@ -373,20 +382,34 @@ class Nemesis:
 
     def _disk_wipe(self) -> Fault:
         bookie = self.rng.choice(self._bookie_ids())
-        halves = [f"{bookie}.journal", f"{bookie}.ledgerstore"]
-        self._kill_held(halves)
+        processes = self.bookie_processes(bookie)
+        self._kill_held(processes)
         report = disk.wipe_bookie(
-            self.cluster.data_dir, bookie, [self.faults_dir(h) for h in halves]
+            self.cluster.data_dir, bookie, [self.faults_dir(p) for p in processes]
         )
         return Fault(
             "disk-wipe",
             bookie,
             time.time(),
             {"report": report},
-            heal=lambda: self._bring_back(halves),
+            heal=lambda: self._bring_back(processes),
         )
 
     # -- helpers ------------------------------------------------------------------------
+
+    @property
+    def cohosted(self) -> bool:
+        return self.cluster.config.bookie_process == "cohosted"
+
+    def bookie_processes(self, bookie: str) -> list[str]:
+        """The processes of a bookie: itself co-hosted, else its journal and ledgerstore."""
+        return [bookie] if self.cohosted else [f"{bookie}.{half}" for half in BOOKIE_HALVES]
+
+    def bookie_process(self, bookie: str, half: str) -> str:
+        """The process that runs `half` of `bookie` (co-hosted: the bookie's one process,
+        whose name has the fault directory, the proxy listener, the log and the operator's
+        environment; the cluster takes a half's name as an alias, the runner would not)."""
+        return bookie if self.cohosted else f"{bookie}.{half}"
 
     def _services(self) -> list[str]:
         return [n for n in self.cluster.process_names() if n not in SERVERS]

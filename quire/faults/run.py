@@ -4,8 +4,13 @@ OUT/summary.json.
 
 Every service process reaches NATS (and the metadata service PostgreSQL) through a listener
 of the fault proxy of its own, and reads its fault-control directory (QUIRE_FAULTS_DIR); both
-are set through ClusterConfig.env_for at each (re)spawn. The cluster runs in this process
+are set through ClusterConfig.env_for at each (re)spawn, by process name: a co-hosted
+bookie's two halves share its listener and its directory. The cluster runs in this process
 with restart=True, so the nemesis can signal, hold and release its processes.
+
+Bookies run co-hosted (one process each, what `quire up` runs by default) except in the
+seeds a scenario lists in `separate_seeds`, which run a journal and a ledgerstore process
+per bookie so that both ways of running a bookie stay proven.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from shared.config import QuireSettings
 
 UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
 TRIGGER_AUDIT = "/api/v1/autorecovery/trigger_audit"
-BOOKIE_HALVES = ("journal", "ledgerstore")
+BOOKIE_PROCESSES = ("cohosted", "separate")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,12 @@ class Scenario:
     # Not a local cluster under the nemesis: the multi-host run's long tier, partitions of
     # hosts in network namespaces (quire/faults/multihost.py; needs root); `schedule` unused.
     hosts: bool = False
+    # Seeds run with a journal and a ledgerstore process per bookie (the others co-hosted):
+    # there the process faults hit one half alone.
+    separate_seeds: tuple[int, ...] = ()
+
+    def bookie_process(self, seed: int) -> str:
+        return "separate" if seed in self.separate_seeds else "cohosted"
 
 
 # The short tier's pace: a fault every ~2.5 s on average.
@@ -77,13 +88,22 @@ LONG: dict[str, Any] = {"repair_timeout_s": 90.0, "seeds": (1, 2)}
 
 TIERS: dict[str, list[Scenario]] = {
     "short": [
-        Scenario("processes", Schedule(PROCESS_FAULTS, **BRISK), 25.0, **SHORT),
+        # Separate processes: a journal or a ledgerstore killed, paused or cut off alone.
+        Scenario(
+            "processes", Schedule(PROCESS_FAULTS, **BRISK), 25.0, separate_seeds=(1,), **SHORT
+        ),
         Scenario("network", Schedule(NETWORK_FAULTS, **BRISK), 25.0, **SHORT),
         Scenario("disk", Schedule(DISK_FAULTS, **BRISK), 25.0, **SHORT),
         Scenario("control-no-fsync", CONTROL, 12.0, **CONTROL_RUN),
     ],
     "long": [
-        Scenario("processes", Schedule(PROCESS_FAULTS | {"clock-jump": 1}, **STEADY), 75.0, **LONG),
+        Scenario(
+            "processes",
+            Schedule(PROCESS_FAULTS | {"clock-jump": 1}, **STEADY),
+            75.0,
+            separate_seeds=(2,),
+            **LONG,
+        ),
         Scenario("network", Schedule(NETWORK_FAULTS | {"clock-jump": 1}, **STEADY), 75.0, **LONG),
         Scenario("disk", Schedule(DISK_FAULTS | MORE_DISK_FAULTS, **STEADY), 75.0, **LONG),
         Scenario("control-no-fsync", CONTROL, 20.0, **CONTROL_RUN),
@@ -95,8 +115,11 @@ TIERS: dict[str, list[Scenario]] = {
 class Run:
     """One scenario with one seed on a fresh cluster under `run_dir`."""
 
-    def __init__(self, scenario: Scenario, seed: int, run_dir: Path) -> None:
+    def __init__(
+        self, scenario: Scenario, seed: int, run_dir: Path, bookie_process: str | None = None
+    ) -> None:
         self.scenario = scenario
+        self.bookie_process = bookie_process or scenario.bookie_process(seed)
         self.seed = seed
         self.run_dir = run_dir
         self.faults_root = run_dir / "faults"
@@ -111,10 +134,7 @@ class Run:
                 grpc_port=free_port(),
                 restart=True,
                 env_for=self.env_for,
-                # A journal and a ledgerstore process per bookie, whatever the default:
-                # the nemesis gives each half its own fault directory (file hooks, clock)
-                # and its own NATS proxy, and kills or pauses one half alone.
-                bookie_process="separate",
+                bookie_process=self.bookie_process,
             ),
             out=io.StringIO(),
             err=open(run_dir / "cluster.stderr", "a"),  # noqa: SIM115 (closed in execute)
@@ -169,10 +189,10 @@ class Run:
         return env
 
     def _prepare_control(self) -> None:
-        """fsync off on every bookie half, from its first start (the file is read then)."""
+        """fsync off in every bookie process, from its first start (the file is read then)."""
         for bookie in self.cluster.config.bookie_ids:
-            for half in BOOKIE_HALVES:
-                directory = self.faults_dir(f"{bookie}.{half}")
+            for name in self.nemesis.bookie_processes(bookie):
+                directory = self.faults_dir(name)
                 directory.mkdir(parents=True, exist_ok=True)
                 (directory / UNSAFE_NO_FSYNC).touch()
 
@@ -183,6 +203,7 @@ class Run:
             "scenario": self.scenario.name,
             "seed": self.seed,
             "control": self.scenario.control,
+            "bookie_process": self.bookie_process,
             "run_dir": str(self.run_dir),
         }
         workload: Workload | None = None
@@ -283,7 +304,10 @@ def run_tier(
     scenario: str | None = None,
     seed: int | None = None,
     stream: IO[str] = sys.stdout,
+    bookie_process: str | None = None,
 ) -> int:
+    """Run the tier's scenarios (or one) with their seeds (or one); `bookie_process`, when
+    given, for every run instead of the scenarios' choice."""
     scenarios = [s for s in TIERS[tier] if scenario is None or s.name == scenario]
     if not scenarios:
         raise SystemExit(f"no scenario {scenario!r} in tier {tier}")
@@ -295,8 +319,17 @@ def run_tier(
             run_dir = out / f"{sc.name}-seed{s}"
             run_dir.mkdir(parents=True, exist_ok=False)
             run_dir.chmod(0o711)
-            print(f"faults: {sc.name} seed {s} ...", file=stream, flush=True)
-            result = _multihost(s, run_dir) if sc.hosts else Run(sc, s, run_dir).execute()
+            if sc.hosts:
+                print(f"faults: {sc.name} seed {s} ...", file=stream, flush=True)
+                result = _multihost(s, run_dir)
+            else:
+                run = Run(sc, s, run_dir, bookie_process)
+                print(
+                    f"faults: {sc.name} seed {s} ({run.bookie_process} bookies) ...",
+                    file=stream,
+                    flush=True,
+                )
+                result = run.execute()
             results.append(result)
             print(f"faults: {sc.name} seed {s}: {_verdict(result)}", file=stream, flush=True)
     summary = summarise(tier, results)

@@ -41,6 +41,8 @@ def test_short_tier() -> None:
 
     scenarios = {s.name: s for s in TIERS["short"]}
     assert set(summary["scenarios"]) == set(scenarios)
+    # Both ways of running a bookie are proven: co-hosted (quire up's default) and separate.
+    assert {run["bookie_process"] for run in summary["runs"]} == {"cohosted", "separate"}
     for run in summary["runs"]:
         assert "error" not in run, f"{run.get('error')}; {report}"
         check = run["check"]
@@ -71,4 +73,11 @@ def test_short_tier() -> None:
     for run in summary["runs"]:
         assert (Path(run["run_dir"]) / "nemesis.jsonl").exists()
         assert (Path(run["run_dir"]) / "history.jsonl").exists()
+        # The nemesis named processes: a co-hosted bookie as bookie-N, never by a half.
+        faults = Path(run["run_dir"]) / "faults"
+        bookies = sorted(d.name for d in faults.iterdir() if d.name.startswith("bookie-"))
+        if run["bookie_process"] == "cohosted":
+            assert bookies and all("." not in name for name in bookies), bookies
+        else:
+            assert bookies and all(n.endswith((".journal", ".ledgerstore")) for n in bookies)
     shutil.rmtree(parent)

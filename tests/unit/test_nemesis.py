@@ -14,8 +14,20 @@ from pathlib import Path
 import pytest
 
 from quire.faults import disk
-from quire.faults.nemesis import KINDS, Nemesis, NemesisError, Schedule
+from quire.faults.nemesis import (
+    KINDS,
+    SKIP_INVALID_JOURNAL_RECORD,
+    Nemesis,
+    NemesisError,
+    Schedule,
+)
 from quire.faults.proxy import FaultProxy
+from shared.bookie.journal_format import (
+    FenceRecord,
+    encode_file_header,
+    encode_record,
+    journal_file_name,
+)
 from tests.support.wait import until
 
 BOOKIES = ["bookie-1", "bookie-2"]
@@ -23,13 +35,20 @@ BOOKIES = ["bookie-1", "bookie-2"]
 
 class StandInCluster:
     """Processes that run, stop, die and come back as the supervisor would bring them back:
-    at once unless held."""
+    at once unless held. Co-hosted, a bookie is one process, bookie-N, and its halves' names
+    are unknown here: the nemesis must name the process (its fault directory, listener and
+    log are the process's)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, bookie_process: str = "separate") -> None:
         self.data_dir = data_dir
-        self.config = type("Config", (), {"bookie_ids": BOOKIES})()
+        self.config = type(
+            "Config", (), {"bookie_ids": BOOKIES, "bookie_process": bookie_process}
+        )()
         names = ["nats", "postgres", "metadata"]
-        names += [f"{b}.{h}" for b in BOOKIES for h in ("journal", "ledgerstore")]
+        if bookie_process == "cohosted":
+            names += BOOKIES
+        else:
+            names += [f"{b}.{h}" for b in BOOKIES for h in ("journal", "ledgerstore")]
         names += ["auditor", "replicator", "gateway"]
         self.running = dict.fromkeys(names, True)
         self.stopped: set[str] = set()
@@ -88,8 +107,10 @@ def proxy():
         yield p
 
 
-def make_nemesis(tmp_path: Path, proxy: FaultProxy, seed: int = 7):
-    cluster = StandInCluster(tmp_path / "data")
+def make_nemesis(
+    tmp_path: Path, proxy: FaultProxy, seed: int = 7, bookie_process: str = "separate"
+):
+    cluster = StandInCluster(tmp_path / "data", bookie_process)
     for name in cluster.process_names():
         if name not in ("nats", "postgres"):
             proxy.listen(name, ("127.0.0.1", 9))
@@ -172,6 +193,81 @@ def test_disk_and_clock_kinds_write_the_control_files(tmp_path: Path, proxy: Fau
 
     # No journal file with a record yet: nothing to flip, no fault.
     assert nemesis.inject("bitflip-journal") is None
+
+
+def test_cohosted_bookie_faults_act_on_its_one_process(tmp_path: Path, proxy: FaultProxy) -> None:
+    cluster, nemesis = make_nemesis(tmp_path, proxy, bookie_process="cohosted")
+    faults = tmp_path / "faults"
+    # A file bookie-1's process wrote, fsynced at 4 bytes, 10 long now: the power loss must
+    # read bookie-1's files.log (both halves log there) and cut it.
+    written = tmp_path / "journal-file"
+    written.write_bytes(b"0123456789")
+    (faults / "bookie-1").mkdir(parents=True)
+    (faults / "bookie-1" / "files.log").write_text(
+        json.dumps({"op": "open", "path": str(written), "size": 0})
+        + "\n"
+        + json.dumps({"op": "fsync", "path": str(written), "size": 4})
+        + "\n"
+    )
+    nemesis.power_loss_modes = ("lose",)
+    fault = nemesis.inject("coordinated-power-loss")
+    assert all(b in cluster.held and not cluster.running[b] for b in BOOKIES)
+    assert fault.details["report"]["cut"] == [{"path": str(written), "from": 10, "to": 4}]
+    assert written.read_bytes() == b"0123"
+    nemesis.heal(fault)
+    assert all(cluster.running[b] for b in BOOKIES) and not cluster.held
+
+    for kind in ("eio", "enospc"):
+        fault = nemesis.inject(kind)
+        assert fault.target in BOOKIES
+        assert (faults / fault.target / f"fail-next-{fault.details['op']}").exists()
+        nemesis.heal(fault)
+
+    for kind in ("kill", "kill-hold", "pause", "partition", "clock-jump"):
+        targets = set()
+        for _ in range(30):
+            fault = nemesis.inject(kind)
+            targets.add(fault.target)
+            nemesis.heal(fault)
+        assert targets & set(BOOKIES), kind  # a bookie is a target, as its process
+    assert nemesis.bookie_process("bookie-2", "ledgerstore") == "bookie-2"
+    assert nemesis.bookie_processes("bookie-2") == ["bookie-2"]
+    nemesis.heal_all()
+    assert all(cluster.running.values()) and not cluster.held
+
+
+def test_a_cohosted_journal_refusing_damage_is_restarted_the_operators_way(
+    tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """The bookie's process refuses at its first start after the flip (its log says so):
+    the operator's setting goes to that process, by the name the runner's env_for is asked
+    for (bookie-N), and it starts."""
+    cluster, nemesis = make_nemesis(tmp_path, proxy, bookie_process="cohosted")
+    journal = tmp_path / "data" / "bookie-1" / "journal"
+    journal.mkdir(parents=True)
+    records = b"".join(encode_record(FenceRecord(i)) for i in range(1, 4))
+    (journal / journal_file_name(1)).write_bytes(encode_file_header(1) + records)
+    nemesis.rng = random.Random(0)
+    nemesis._bookie_ids = lambda: ["bookie-1"]
+    started = cluster._start
+    refused = []
+
+    def start_refusing_once(name: str) -> None:
+        if name == "bookie-1" and not refused:
+            refused.append(name)
+            cluster.running[name] = True  # up a moment, long enough to say why it exits
+            with open(cluster.data_dir / "logs" / f"{name}.log", "a") as log:
+                log.write('{"exc": "JournalStartupError: ... refusing to start ..."}\n')
+            return
+        started(name)
+
+    cluster._start = start_refusing_once
+    fault = nemesis.inject("bitflip-journal")
+    assert fault.target == "bookie-1" and fault.details["flip"]["flipped"]
+    nemesis.heal(fault)
+    assert refused == ["bookie-1"] and cluster.running["bookie-1"]
+    assert nemesis.operator_env == {"bookie-1": {SKIP_INVALID_JOURNAL_RECORD: "true"}}
+    assert [x["target"] for x in log_lines(tmp_path) if x["event"] == "operator"] == ["bookie-1"]
 
 
 async def test_schedule_is_the_seeds_and_everything_is_logged(tmp_path: Path) -> None:
