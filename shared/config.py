@@ -112,10 +112,10 @@ class LedgerstoreSettings(BaseModel):
     # Write priority: while the journal is making adds durable (a group commit handed or
     # reported since the last read served), a read worker pauses after each request so
     # that serving reads takes at most this share of its time: a request that took 2 ms
-    # is followed by a 6 ms pause at 0.25 (at most READ_PAUSE_MAX_MS). Reads still
+    # is followed by an 18 ms pause at 0.1 (at most READ_PAUSE_MAX_S). Reads still
     # progress (never less than this share); with no writes they go at full speed.
     # 1: no pause. Counted in quire_ledgerstore_read_paused_seconds.
-    read_share_while_writing: float = Field(default=0.25, gt=0, le=1)
+    read_share_while_writing: float = Field(default=0.1, gt=0, le=1)
     # maxPendingReadRequestsPerThread: read requests waiting for a worker, per worker;
     # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests of 100
     # entries are seconds of reading (docs/storage.md has the rates): only an overload
