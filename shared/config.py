@@ -100,8 +100,22 @@ class LedgerstoreSettings(BaseModel):
     read_ahead_cache_batch_size: int = Field(default=100, ge=1, le=10_000)
     # numReadWorkerThreads: read requests served at once; each has at most one blocking
     # call (index queries, entry log reads) on the ledgerstore's read threads, as many as
-    # this and apart from the threads of the journal catch-up and the flush.
-    num_read_worker_threads: int = Field(default=4, ge=1, le=64)
+    # this and apart from the threads of the journal catch-up and the flush. One by
+    # default: a read thread's work is mostly Python (index rows, frame checks) under the
+    # GIL, so more threads read no faster on one bookie but take turns at the GIL with
+    # the event loop, and in a co-hosted bookie that loop answers adds: with 4, the loop
+    # waited p50 0.2-0.3 ms / p99 3 ms per hand-over beside cold reads, with 1 p50 0.05 /
+    # p99 1-1.8 ms, and the reads went ~30 % faster at ~30 % less CPU per entry
+    # (docs/performance.md, "Issue 20: reads beside writes, the fix"). More helps only
+    # where preads wait on a slow disk.
+    num_read_worker_threads: int = Field(default=1, ge=1, le=64)
+    # Write priority: while the journal is making adds durable (a group commit handed or
+    # reported since the last read served), a read worker pauses after each request so
+    # that serving reads takes at most this share of its time: a request that took 2 ms
+    # is followed by an 18 ms pause at 0.1 (at most READ_PAUSE_MAX_S). Reads still
+    # progress (never less than this share); with no writes they go at full speed.
+    # 1: no pause. Counted in quire_ledgerstore_read_paused_seconds.
+    read_share_while_writing: float = Field(default=0.1, gt=0, le=1)
     # maxPendingReadRequestsPerThread: read requests waiting for a worker, per worker;
     # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests of 100
     # entries are seconds of reading (docs/storage.md has the rates): only an overload

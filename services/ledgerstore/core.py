@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from shared.bookie.entrylog_format import ENTRY_HEAD_SIZE
 from shared.bookie.journal_format import (
@@ -25,9 +26,10 @@ from shared.digest import HEADER_SIZE, DigestManager, DigestMismatch, DigestType
 from shared.wire import DIGEST_TYPES
 
 
-@dataclass(frozen=True, slots=True)
-class EntryLocation:
-    """An entry in the entry logs, as the index holds it."""
+class EntryLocation(NamedTuple):
+    """An entry in the entry logs, as the index holds it. A named tuple, not a dataclass:
+    one is made per entry read from the index and per entry flushed, and a named tuple is
+    made in about half the time of a frozen dataclass (issue 20, reads beside writes)."""
 
     log_id: int
     offset: int  # of the entry's size field

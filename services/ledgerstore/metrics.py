@@ -172,6 +172,12 @@ def _reads(e: Exposition, service: LedgerstoreService) -> None:
         "Read requests dropped unread past their sender's timeout",
         r.read_entry_expired,
     )
+    e.counter(
+        "quire_ledgerstore_read_paused_seconds",
+        "Pauses of the read workers after requests served while the journal was writing "
+        "(read_share_while_writing: writes first)",
+        r.read_paused_s,
+    )
     e.gauge(
         "quire_ledgerstore_read_queue_requests",
         "Read requests waiting for a worker",

@@ -10,6 +10,14 @@ sender's timeout (carried in the request, `shared.wire`) is dropped unread and
 unanswered: its sender started its clock before ours did, so it has stopped waiting and
 would throw any answer away, and reading it would only delay the requests behind it. So
 an overload ends with its cause: what the clients gave up on is not served.
+
+Writes first: while the journal is making adds durable (`LedgerStore.durable_notes` moved
+since the last request served), a worker pauses after each request so that serving reads
+takes at most `read_share` of its time (`read_share_while_writing`). A read's work (its
+Python on the event loop and on a read thread) competes with the add path for the one
+GIL and the machine's cores; the pause leaves those to the adds, and slows the whole read
+pipeline (NATS, the readers) with it. A read is never starved: reads keep at least that
+share, each pause is bounded (READ_PAUSE_MAX_S), and with no writes there is none.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from shared.metrics import OpStats
 from shared.status import BookieStatus
 
 log = logging.getLogger(__name__)
+
+READ_PAUSE_MAX_S = 0.05  # the longest pause after one request (a slow disk read's)
 
 
 class Responder(Protocol):
@@ -56,6 +66,7 @@ class ReadQueueStats:
     read_entry_expired: int = 0  # dropped unread: waited past their sender's timeout
     read_entry_queue_size: int = 0  # waiting for a worker now
     read_entry_in_progress: int = 0  # being served now
+    read_paused_s: float = 0.0  # pauses after requests served while writing (writes first)
     # READ_ENTRY_SCHEDULING_DELAY, of those served.
     scheduling_delay: OpStats = field(default_factory=OpStats)
     # READ_ENTRY_REQUEST: from arrival to the reply (not success: refused, expired, failed).
@@ -69,8 +80,11 @@ class ReadQueue:
         workers: int,
         max_pending: int,
         clock: Callable[[], float] = time.monotonic,
+        read_share: float = 1.0,
     ) -> None:
         self.store = store
+        self.read_share = read_share
+        self._notes_at_start = store.durable_notes
         self.workers = workers
         self.max_pending = max_pending
         self.stats = ReadQueueStats()
@@ -105,13 +119,27 @@ class ReadQueue:
         self.stats.read_entry_queue_size = self._queue.qsize()
 
     async def _work(self) -> None:
+        notes_seen = self._notes_at_start  # this worker's: each paces its own reads
         while True:
             queued = await self._queue.get()
             self.stats.read_entry_queue_size = self._queue.qsize()
+            started_s = self._clock()
             try:
                 await self._serve(queued)
             finally:
                 self._queue.task_done()
+            notes = self.store.durable_notes
+            if notes != notes_seen and self.read_share < 1:
+                notes_seen = notes
+                await self._writes_first(self._clock() - started_s)
+
+    async def _writes_first(self, busy_s: float) -> None:
+        """After a request that took `busy_s` while adds were made durable (since this
+        worker's last request): pause so that reads take at most `read_share` of the
+        worker's time."""
+        pause_s = min(busy_s * (1 - self.read_share) / self.read_share, READ_PAUSE_MAX_S)
+        self.stats.read_paused_s += pause_s
+        await asyncio.sleep(pause_s)
 
     async def _serve(self, queued: QueuedRead) -> None:
         now_s = self._clock()

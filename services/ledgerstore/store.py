@@ -214,6 +214,9 @@ class LedgerStore:
         # journal the end of the last one it handed (queued or dropped).
         self.handoff: HandoffQueue | None = None
         self._handed_end: list[JournalPosition | None] = [None] * len(journal_dirs)
+        # Group commits the journal handed or reported (`offer`, `journal_durable`): the
+        # read queue pauses reads while this moves (`read_share_while_writing`).
+        self.durable_notes = 0
 
     async def _on_write_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._write_threads, fn, *args)
@@ -411,6 +414,7 @@ class LedgerStore:
 
     def journal_durable(self, index: int, position: JournalPosition) -> None:
         """Journal `index` says everything before `position` is fsynced."""
+        self.durable_notes += 1
         tailer = self.tailers[index]
         hint = tailer.durable_hint
         if hint is None or position > hint:
@@ -454,6 +458,7 @@ class LedgerStore:
         block). Queued for the next catch-up; False if the queue was full (dropped: the
         file tailer reads it instead)."""
         assert self.handoff is not None, "accept_handoff first"
+        self.durable_notes += 1
         self._handed_end[batch.journal] = batch.end
         queued = self.handoff.offer(batch)
         if not queued:

@@ -131,6 +131,31 @@ async def test_a_request_that_waited_past_its_senders_timeout_is_not_read(
     await store.close()
 
 
+class Ticking(Clock):
+    """Each reading 4 ms later than the last: a request served takes a known time."""
+
+    def __call__(self) -> float:
+        self.now_s += 0.004
+        return self.now_s
+
+
+async def test_reads_pause_while_the_journal_writes_and_only_then(tmp_path: Path) -> None:
+    store = await open_store(tmp_path, [(1, e) for e in range(10)])
+    queue = ReadQueue(store, workers=1, max_pending=10, clock=Ticking(), read_share=0.25)
+    answers = [Answers() for _ in range(3)]
+    for n, a in enumerate(answers):
+        await queue.offer(a, wire.encode_read_request(items(1, [n]), 0))
+    store.durable_notes += 1  # a group commit handed over: adds are being made durable
+    queue.start()
+    await queue.drain()
+    assert [r.entry_id for a in answers for _, [r] in a.replies] == [0, 1, 2]
+    # The first request took 12 ms of the (ticking) clock and was followed by a pause of
+    # three times that (reads at most a quarter of the time); the journal noted nothing
+    # more, so the next two were not.
+    assert queue.stats.read_paused_s == pytest.approx(0.036)
+    await store.close()
+
+
 @pytest.mark.parametrize(
     "data",
     [
