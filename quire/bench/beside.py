@@ -133,12 +133,15 @@ async def _readers(
 
         tasks = [asyncio.create_task(reader(metadata)) for metadata in ledgers]
         stop = asyncio.ensure_future(asyncio.to_thread(conn.recv))  # "stop"
-        await asyncio.wait([stop, asyncio.gather(*tasks)], return_when=asyncio.FIRST_COMPLETED)
+        # return_exceptions: the readers cancelled below end this gather without an
+        # exception left unretrieved.
+        readers_done = asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait([stop, readers_done], return_when=asyncio.FIRST_COMPLETED)
         elapsed = time.perf_counter() - started
         cpu_s = time.process_time() - cpu_from
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await readers_done
         await stop  # the parent sends "stop" in any case
     finally:
         await client_target.aclose()
