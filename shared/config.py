@@ -40,6 +40,10 @@ class JournalSettings(BaseModel):
     remove_pages_from_cache: bool = True
     # journalQueueSize: adds waiting for the journal writer; beyond it, TOO_MANY_REQUESTS.
     queue_size: int = Field(default=10_000, ge=1)
+    # maxAddsInProgressLimit: add requests admitted and waiting for their group commit at
+    # once; beyond it the journal takes no more from its subscription until one is
+    # answered (the next requests wait there). BookKeeper's default is unlimited.
+    max_adds_in_progress_limit: int = Field(default=1024, ge=1)
     # journalMaxSizeMB: roll to a new journal file past this size.
     max_size_mb: int = Field(default=256, ge=1)
     # journalMaxBackups: journal files wholly before the LastLogMark kept as backups

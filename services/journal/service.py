@@ -83,7 +83,6 @@ from shared.telemetry import recording, start_nats_server_span
 
 log = logging.getLogger(__name__)
 
-ADD_MAX_IN_FLIGHT = 1024  # add batches waiting for their group commit at once
 UNREGISTER_TIMEOUT_S = 1.0
 
 
@@ -150,6 +149,7 @@ class JournalService:
 
         self._add_subject = rt.subjects.bookie(self.bookie_id, "add")
         self.adds_waiting = 0  # add requests waiting for their group commit
+        self._max_adds_waiting = rt.settings.journal.max_adds_in_progress_limit
         self._add_slot_free = asyncio.Event()
 
     def hand_over(self, on_durable: Callable[[DurableBatch], None]) -> None:
@@ -229,9 +229,10 @@ class JournalService:
         """An add request, on the subscription's own task (`add_inline_endpoint`), in
         arrival order: decoded, admitted and queued at once; answered from its group
         commit's completion (`_answer_add`), with no task or coroutine per request waiting
-        for it. At most ADD_MAX_IN_FLIGHT wait for their commit: beyond, this waits (the
-        next requests wait in the subscription's queue) until one is answered."""
-        if self.adds_waiting >= ADD_MAX_IN_FLIGHT:
+        for it. At most journal.max_adds_in_progress_limit wait for their commit: beyond,
+        this waits (the next requests wait in the subscription's queue) until one is
+        answered."""
+        if self.adds_waiting >= self._max_adds_waiting:
             await self._add_slot()
         arrived = time.perf_counter()
         span = start_nats_server_span(self._add_subject, request.headers)
@@ -267,7 +268,7 @@ class JournalService:
     ) -> None:
         if durable is not None:
             self.adds_waiting -= 1
-            if self.adds_waiting == ADD_MAX_IN_FLIGHT - 1:
+            if self.adds_waiting == self._max_adds_waiting - 1:
                 self._add_slot_free.set()
             error = durable.exception() if not durable.cancelled() else asyncio.CancelledError()
             if error is not None:  # a failed commit: the journal is exiting (fail-stop)
@@ -288,7 +289,7 @@ class JournalService:
             span.end()
 
     async def _add_slot(self) -> None:
-        while self.adds_waiting >= ADD_MAX_IN_FLIGHT:
+        while self.adds_waiting >= self._max_adds_waiting:
             self._add_slot_free.clear()
             await self._add_slot_free.wait()
 

@@ -158,6 +158,22 @@ async def test_adds_are_journaled_before_ack_and_read_back_byte_exact(nc, settin
         assert added == requested == 60
 
 
+async def test_adds_beyond_the_limit_in_progress_wait_and_are_all_answered(nc, settings) -> None:
+    # journal.max_adds_in_progress_limit 1: one request waits for its group commit at a
+    # time, the others wait in the subscription and are taken as each is answered.
+    journal = settings.journal.model_copy(update={"max_adds_in_progress_limit": 1})
+    limited = settings.model_copy(update={"journal": journal})
+    client = Bookie(nc, limited)
+    async with bookie(limited):
+        frames = [frame(7, e, e - 1) for e in range(40)]
+        answers = await asyncio.wait_for(asyncio.gather(*(client.add([f]) for f in frames)), 30)
+        assert answers == [[BookieStatus.OK]] * len(frames)
+        assert {(7, e) for e in range(40)} <= journal_entries(limited)
+        stats = await client.stats("journal")
+        assert stats.value("quire_journal_add_requests_waiting") == 0
+        assert stats.value("bookkeeper_server_ADD_ENTRY_REQUEST_count", success="true") == 40
+
+
 async def test_bookie_client_reads_carry_its_read_timeout(nc, settings) -> None:
     """The budget a bookie drops a queued read by is the client's own read timeout; the
     bookie's read queue shows in its stats."""
