@@ -267,7 +267,7 @@ def short_journal_message(directory: Path, short: ShortJournal) -> str:
         "re-replicated elsewhere), or wipe all its directories (journal, ledger and bookie "
         "directories; there is no format command) and start it again with the same id and "
         "settings: it rejoins in limbo and the auditor has what it held re-replicated "
-        '(docs/storage.md, "A wiped bookie")'
+        '(docs/storage.md, "A journal shorter than its recorded position")'
     )
 
 
