@@ -13,10 +13,12 @@ would; `cut` adds one on each side, `heal` removes them all.
 `HostsCluster` lays a cluster out over them: three nats-servers clustered over their hosts'
 addresses (JetStream on, QUIRE_EVENTS created by the services with 3 replicas), a "meta"
 host with PostgreSQL, the metadata service, the auditor and the replicator, one host per
-bookie (its journal and its ledgerstore, its rack in QUIRE_BOOKIE_LOCATION), one per
-gateway. Each service lists all three NATS servers, the one of its own host's turn first
-(its nearest). The processes are not restarted: the faults here are the network's, and a
-process that exits is reported by `exited()`.
+bookie (one co-hosted process, `python -m services.bookie`, as `quire up` and deploy/ run
+it; or, with `HostsLayout(bookie_process="separate")`, its journal and its ledgerstore as
+two; its rack in QUIRE_BOOKIE_LOCATION), one per gateway. Each service lists all three
+NATS servers, the one of its own host's turn first (its nearest). The processes are not
+restarted: the faults here are the network's, and a process that exits is reported by
+`exited()`.
 
 Needs root (network namespaces), util-linux's unshare and nsenter, and iproute2.
 """
@@ -34,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -305,6 +308,9 @@ class HostsLayout:
     )
     gateways: int = 2
     nats_nodes: int = 3
+    # A bookie as one co-hosted process (`bookie-N`, `python -m services.bookie`) or as
+    # two (`bookie-N.journal`, `bookie-N.ledgerstore`): QuireSettings.bookie_process.
+    bookie_process: Literal["separate", "cohosted"] = "cohosted"
 
 
 class HostsCluster:
@@ -421,8 +427,11 @@ class HostsCluster:
         for i, (bookie_id, location) in enumerate(self.layout.bookies.items()):
             (self.directory / bookie_id).mkdir(exist_ok=True)
             env = {"QUIRE_BOOKIE_ID": bookie_id, "QUIRE_BOOKIE_LOCATION": location}
-            spawn(f"{bookie_id}.journal", "journal", bookie_id, i + 1, env)
-            spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id, i + 1, env)
+            if self.layout.bookie_process == "cohosted":
+                spawn(bookie_id, "bookie", bookie_id, i + 1, env)
+            else:
+                spawn(f"{bookie_id}.journal", "journal", bookie_id, i + 1, env)
+                spawn(f"{bookie_id}.ledgerstore", "ledgerstore", bookie_id, i + 1, env)
         spawn("auditor", "auditor", "meta", 0)
         spawn("replicator", "replicator", "meta", 0)
         for i, host in enumerate(self.gateway_hosts):

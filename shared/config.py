@@ -448,8 +448,8 @@ class QuireSettings(BaseSettings):
     # How `quire up` runs a bookie: "cohosted" (`python -m services.bookie`: journal and
     # ledgerstore in one process, the journal handing its durable records to the
     # ledgerstore in process: about a quarter less bookie CPU per entry, docs/performance.md
-    # "Issue 20: one process per bookie") or "separate" (a process each, as deploy/ runs
-    # them). `quire up --bookie-process`.
+    # "Issue 20: one process per bookie"; deploy/ runs it so too) or "separate" (a process
+    # each; deploy/ says how). `quire up --bookie-process`.
     bookie_process: Literal["separate", "cohosted"] = "cohosted"
     log_level: str = "INFO"
     # Bearer tokens the gateway accepts: comma-separated, or "@/path" to a file with one a

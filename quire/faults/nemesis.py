@@ -34,6 +34,7 @@ from quire.cluster import Cluster
 from quire.faults import disk
 from quire.faults.proxy import FaultProxy
 from shared.bookie.fault_files import FAIL_NEXT_FSYNC, FAIL_NEXT_WRITE
+from shared.bookie.journal_format import SHORT_JOURNAL
 from shared.clock import CLOCK_OFFSET_FILE
 
 KINDS = (
@@ -340,10 +341,16 @@ class Nemesis:
         since = {name: self._log_size(name) for name in names}
         self._release(names)
         for name in names:
-            if name in SERVERS or self._wait_started(name, since[name]) == "started":
+            if name in SERVERS:
+                continue
+            started = self._wait_started(name, since[name])
+            if started == "started":
                 continue
             if not damage_expected:
                 raise NemesisError(f"{name} refused to start after the fault; see its log")
+            if started == "short":
+                self._wipe_and_restart(name)
+                continue
             # BookKeeper's skipReplayJournalInvalidRecord: the damaged batch is lost on this
             # bookie, which from then on answers UNKNOWN_LEDGER_STATE (not NO_ENTRY) for
             # what it lacks. Kept for the rest of the run: the damage stays in the file.
@@ -354,6 +361,25 @@ class Nemesis:
             self._release([name])
             if self._wait_started(name, again) != "started":
                 raise NemesisError(f"{name} refused to start even skipping damaged records")
+
+    def _wipe_and_restart(self, name: str) -> None:
+        """The operator's way with a journal shorter than its recorded position (what was
+        fsynced and checkpointed is gone: the control run's fsync off): skipping records
+        cannot bring those bytes back, so the bookie's disk is wiped and it starts again,
+        in limbo, for the auditor to have what it held re-replicated (docs/storage.md, "A
+        wiped bookie"); what no other bookie holds is lost, and the checker says so."""
+        bookie = next(
+            (name.removesuffix(f".{h}") for h in BOOKIE_HALVES if name.endswith(f".{h}")), name
+        )
+        processes = self.bookie_processes(bookie)
+        self._log("operator", kind="wipe-bookie", target=bookie, refused=name)
+        self._kill_held(processes)
+        disk.wipe_bookie(self.cluster.data_dir, bookie, [self.faults_dir(p) for p in processes])
+        since = {p: self._log_size(p) for p in processes}
+        self._release(processes)
+        for process in processes:
+            if self._wait_started(process, since[process]) != "started":
+                raise NemesisError(f"{process} refused to start even on a wiped disk")
 
     def _eio(self) -> Fault:
         return self._fail_next("eio", "EIO")
@@ -452,7 +478,8 @@ class Nemesis:
 
     def _wait_started(self, name: str, since: int) -> str:
         """ "started" once `name`'s log (from byte `since`) says it started, "refused" if it
-        says the process refused to start (a damaged journal)."""
+        says the process refused to start (a damaged journal), "short" if it refused a
+        journal shorter than its recorded position."""
         path = self.cluster.data_dir / "logs" / f"{name}.log"
         deadline = time.monotonic() + RUNNING_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -462,7 +489,7 @@ class Nemesis:
             if STARTED in text:
                 return "started"
             if REFUSED in text:
-                return "refused"
+                return "short" if SHORT_JOURNAL in text else "refused"
             time.sleep(0.1)
         raise NemesisError(f"{name} did not start within {RUNNING_TIMEOUT_S:.0f} s")
 

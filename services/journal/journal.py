@@ -53,6 +53,7 @@ from shared.bookie.journal_format import (
     FILE_HEADER_SIZE,
     JOURNAL_START,
     LAST_MARK,
+    SHORT_JOURNAL,
     SNAPSHOT,
     EntryRecord,
     JournalFormatError,
@@ -60,6 +61,7 @@ from shared.bookie.journal_format import (
     Record,
     ScanResult,
     ScanStop,
+    ShortJournal,
     Snapshot,
     check_file_header,
     decode_last_mark,
@@ -73,6 +75,7 @@ from shared.bookie.journal_format import (
     encode_snapshot_segment,
     file_format_version,
     journal_file_name,
+    journal_shorter_than_recorded,
     next_valid_record,
     scan_records,
 )
@@ -214,6 +217,22 @@ def replay(
                 extra={"reason": snapshot.torn, "position": start.to_json()},
             )
         state.restore(snapshot.records)
+    short = journal_shorter_than_recorded(
+        {i: (directory / journal_file_name(i)).stat().st_size for i in ids},
+        {LAST_MARK: mark, SNAPSHOT: snapshot.position if snapshot is not None else None},
+    )
+    if short is not None:
+        message = short_journal_message(directory, short)
+        log.error(
+            message,
+            extra={
+                "file": str(directory / journal_file_name(short.position.file_id)),
+                "size": short.size,
+                "recorded_by": str(directory / short.recorded_by),
+                "position": short.position.to_json(),
+            },
+        )
+        raise JournalStartupError(message)
     durable = start
     for file_id in ids:
         if file_id < start.file_id:
@@ -230,6 +249,26 @@ def replay(
     seen = [*ids, mark.file_id if mark else 0, start.file_id if snapshot else 0]
     rows = len(snapshot.records) if snapshot is not None and snapshot.appendable else None
     return Replayed(state, durable, max(seen), mark, rows)
+
+
+def short_journal_message(directory: Path, short: ShortJournal) -> str:
+    """The refusal, for the operator: which file, its size, the recorded position, what to do."""
+    path = directory / journal_file_name(short.position.file_id)
+    size = "missing" if short.size is None else f"{short.size} bytes long"
+    return (
+        f"{SHORT_JOURNAL}: {path} is {size}, but {directory / short.recorded_by} records "
+        f"{short.position.to_json()} as fsynced (offset {short.position.offset}"
+        f"{', applied by the ledgerstore' if short.recorded_by == LAST_MARK else ''}): "
+        "bytes this bookie acknowledged are gone (a disk that lied about fsync, or a "
+        "truncation from outside); refusing to start, since writing on would reuse offsets "
+        "the ledgerstore has already applied and lose entries silently. Do not edit lastMark "
+        "or ledgers.snapshot. Either retire the bookie (`quire shell decommissionbookie "
+        "--bookieid ID`, or `quire autorecovery decommission ID`: its ledgers are "
+        "re-replicated elsewhere), or wipe all its directories (journal, ledger and bookie "
+        "directories; there is no format command) and start it again with the same id and "
+        "settings: it rejoins in limbo and the auditor has what it held re-replicated "
+        '(docs/storage.md, "A journal shorter than its recorded position")'
+    )
 
 
 def _read_optional(path: Path, decode: Callable):

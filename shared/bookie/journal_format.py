@@ -58,7 +58,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import NamedTuple
@@ -561,3 +561,43 @@ def _decode_snapshot_v1(data: bytes) -> Snapshot:
     if not all(isinstance(r, LedgerStateRecord) for r in records):
         raise JournalFormatError("snapshot holds records other than ledger state")
     return Snapshot(JournalPosition(file_id, offset), records, 1)  # type: ignore[arg-type]
+
+
+# -- replay's starting point ---------------------------------------------------------------
+
+
+# Opens the journal's refusal of such a file: the operator reads it, and the fault suite's
+# nemesis (quire/faults/nemesis.py) tells this refusal from one of damage by it.
+SHORT_JOURNAL = "journal shorter than its recorded durable position"
+
+
+@dataclass(frozen=True, slots=True)
+class ShortJournal:
+    """A journal file that ends before a position recorded as durable in it: bytes that
+    were fsynced (and, for the LastLogMark, applied by the ledgerstore) are gone."""
+
+    recorded_by: str  # the file that recorded the position (LAST_MARK or SNAPSHOT)
+    position: JournalPosition
+    size: int | None  # the journal file's size; None when the file is missing
+
+
+def journal_shorter_than_recorded(
+    sizes: Mapping[int, int], recorded: Mapping[str, JournalPosition | None]
+) -> ShortJournal | None:
+    """The first of the `recorded` positions (by recording file name: the LastLogMark,
+    the ledger-state snapshot's) that the journal files, `sizes` (file id -> bytes), do not
+    reach; None if they reach all of them.
+
+    Replay starts at such a position and counts everything before it durable: a file cut
+    below it (a disk that lied about fsync, a truncation from outside) would have the
+    journal start past the file's end and write new records at offsets the ledgerstore
+    believes it has already applied. Bytes past a position are not checked here (a torn
+    tail after it is replay's to truncate). A position at offset 0 needs no bytes (the
+    very start, before any file was made)."""
+    for recorded_by, position in recorded.items():
+        if position is None or position.offset == 0:
+            continue
+        size = sizes.get(position.file_id)
+        if size is None or size < position.offset:
+            return ShortJournal(recorded_by, position, size)
+    return None

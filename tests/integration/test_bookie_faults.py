@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from quire.faults import disk as faults_disk
+from services.journal.journal import SHORT_JOURNAL
 from shared import wire
 from shared.bookie.entrylog_format import ENTRYLOG_HEADER_SIZE
 from shared.bookie.fault_files import FILES_LOG, UNSAFE_NO_FSYNC, replay_files_log
@@ -24,10 +25,11 @@ from shared.bookie.journal_format import LAST_MARK, decode_last_mark, journal_fi
 from shared.config import QuireSettings
 from shared.disk import FAIL_STOP_EXIT_CODE
 from shared.status import BookieStatus
-from tests.integration.test_bookie import KEY, Bookie, frame, spawn
+from tests.integration.test_bookie import KEY, Bookie, frame, spawn, wait_serving
 from tests.support.wait import until
 
 KINDS = ("journal", "ledgerstore")
+KIND_IDS = ["separate", "cohosted"]
 # Short: the add in flight when a process dies is only answered by this timeout.
 ADD_TIMEOUT_S = 2.0
 FLAGS = wire.add_flags("crc32c")  # the digest of `frame`: the bookie verifies what it reads
@@ -174,8 +176,11 @@ async def test_power_loss_after_kill_9_keeps_every_acknowledged_entry(
 async def test_with_fsync_off_a_power_loss_loses_acknowledged_entries(
     nc, settings, tmp_path
 ) -> None:
+    # No checkpoint (no LastLogMark): the journal cut by the power loss is replayed as it
+    # is. Past a checkpoint it refuses to start instead (the next test).
     client = Bookie(nc, settings)
-    async with faulty_bookie(settings, tmp_path) as bookie:
+    no_checkpoint = {"QUIRE_LEDGERSTORE__FLUSH_INTERVAL_MS": "3600000"}
+    async with faulty_bookie(settings, tmp_path, **no_checkpoint) as bookie:
         for faults_dir in bookie.faults.values():
             faults_dir.mkdir(parents=True)
             (faults_dir / UNSAFE_NO_FSYNC).touch()
@@ -184,12 +189,57 @@ async def test_with_fsync_off_a_power_loss_loses_acknowledged_entries(
         await until(lambda: len(writers.acked) >= 150, "150 acked adds")
         bookie.kill_9()
         await writers.finished()
+        assert not (settings.bookie_dir / "journal" / LAST_MARK).exists()
         done = faults_disk.power_loss(list(bookie.faults.values()), "lose", random.Random(7))
         assert done["cut"]
         await bookie.start(client)
         outcome = await reads_back(client, writers.acked)
         assert "wrong" not in outcome
         assert len(outcome.get("ok", [])) < len(writers.acked)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kinds", [("journal", "ledgerstore"), ("bookie",)], ids=KIND_IDS)
+async def test_a_journal_cut_below_its_checkpoint_refuses_to_start(
+    nc, settings, tmp_path, kinds
+) -> None:
+    """What a disk that lied about fsync, or a truncation from outside, leaves: a journal
+    file shorter than the LastLogMark the ledgerstore checkpointed. The journal (co-hosted:
+    the bookie) refuses to start and says which file, its size, the position and what to
+    do, and leaves the file as it found it; it once started past the file's end and wrote
+    new records at offsets the ledgerstore had already applied."""
+    client = Bookie(nc, settings)
+    procs = [spawn(kind, settings, tmp_path) for kind in kinds]
+    try:
+        await wait_serving(client, procs)
+        await add_40_entries(client, 60)
+        journal = settings.bookie_dir / "journal"
+        (path,) = faults_disk.bookie_files(settings.data_dir, settings.bookie_id)["journal"]
+
+        def checkpointed() -> bool:
+            mark = journal / LAST_MARK
+            return mark.exists() and decode_last_mark(mark.read_bytes()).offset == (
+                path.stat().st_size
+            )
+
+        await until(checkpointed, "the ledgerstore checkpoints every record")
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=15)
+    mark = decode_last_mark((journal / LAST_MARK).read_bytes())
+    path = journal / journal_file_name(mark.file_id)
+    size = mark.offset - 100
+    os.truncate(path, size)
+
+    starting = spawn(kinds[0], settings, tmp_path)  # the journal's half replays
+    assert starting.wait(timeout=60) != 0
+    text = (tmp_path / f"{kinds[0]}.log").read_text()
+    assert text.count(SHORT_JOURNAL) >= 1 and "refusing to start" in text
+    assert f"{path} is {size} bytes long" in text and f"offset {mark.offset}" in text
+    assert "quire shell decommissionbookie" in text
+    assert path.stat().st_size == size  # left for the operator as it was
 
 
 @pytest.mark.slow

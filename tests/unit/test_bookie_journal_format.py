@@ -18,6 +18,7 @@ from shared.bookie.journal_format import (
     LedgerStateRecord,
     MasterKeyRecord,
     ScanStop,
+    ShortJournal,
     check_file_header,
     decode_last_mark,
     decode_snapshot,
@@ -28,6 +29,7 @@ from shared.bookie.journal_format import (
     encode_snapshot,
     encode_snapshot_segment,
     journal_file_name,
+    journal_shorter_than_recorded,
     next_valid_record,
     parse_journal_file_name,
     scan_records,
@@ -217,3 +219,30 @@ def test_version_1_snapshots_are_still_read() -> None:
 
 def test_positions_order_by_file_then_offset() -> None:
     assert JournalPosition(1, 500) < JournalPosition(2, 16) < JournalPosition(2, 17)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "mark", "snapshot", "short"),
+    [
+        # Every recorded position reached: nothing to refuse.
+        ({1: 100}, JournalPosition(1, 100), JournalPosition(1, 100), None),
+        ({1: 100, 2: 16}, JournalPosition(1, 50), JournalPosition(2, 16), None),
+        ({}, None, None, None),  # a fresh journal
+        ({}, JournalPosition(1, 0), None, None),  # the very start needs no bytes
+        ({3: 200}, None, JournalPosition(3, 120), None),  # bytes past it: replay's to check
+        # The mark's file cut below the mark: the ledgerstore applied what is gone.
+        ({1: 99}, JournalPosition(1, 100), JournalPosition(1, 100), ("lastMark", 1, 100, 99)),
+        # The mark reached, the snapshot's later position not.
+        ({1: 100, 2: 40}, JournalPosition(1, 100), JournalPosition(2, 60), ("s", 2, 60, 40)),
+        # The file a position is in is missing (its name never made durable, or deleted).
+        ({1: 100}, None, JournalPosition(2, 16), ("s", 2, 16, None)),
+        ({}, JournalPosition(4, 70), JournalPosition(4, 70), ("lastMark", 4, 70, None)),
+    ],
+)
+def test_journal_shorter_than_recorded(sizes, mark, snapshot, short) -> None:
+    found = journal_shorter_than_recorded(sizes, {"lastMark": mark, "s": snapshot})
+    if short is None:
+        assert found is None
+    else:
+        recorded_by, file_id, offset, size = short
+        assert found == ShortJournal(recorded_by, JournalPosition(file_id, offset), size)

@@ -106,7 +106,9 @@ def pod_specs() -> Iterator[tuple[str, dict]]:
             yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
 
 
-def test_a_bookie_pod_runs_journal_and_ledgerstore_on_shared_volumes() -> None:
+def test_a_bookie_pod_runs_one_cohosted_bookie_on_its_volumes() -> None:
+    """One container, `python -m services.bookie` (the journal and the ledgerstore in one
+    process, as `quire up` runs them), on a journal disk and ledger disks of its own."""
     bookies = [doc for _, doc in k8s_documents() if doc["kind"] == "StatefulSet"]
     bookies = [b for b in bookies if b["metadata"]["name"].startswith("bookie-")]
     assert len(bookies) >= 3
@@ -115,8 +117,8 @@ def test_a_bookie_pod_runs_journal_and_ledgerstore_on_shared_volumes() -> None:
         claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
         assert "journal" in claims and len(claims) >= 3  # a journal disk, ledger disks
         containers = sts["spec"]["template"]["spec"]["containers"]
-        commands = [c["command"][-1] for c in containers]
-        assert commands == ["services.journal", "services.ledgerstore"]
+        commands = [c["command"] for c in containers]
+        assert commands == [["python", "-m", "services.bookie"]]
         mounts = [{m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in containers]
         assert all({n: m[n] for n in claims} == {n: mounts[0][n] for n in claims} for m in mounts)
         for container in containers:
@@ -155,8 +157,21 @@ def test_every_service_is_probed_where_it_answers() -> None:
             ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
             served = ports["http"] if where == "gateway/gateway" else int(env["QUIRE_METRICS_PORT"])
-            assert {ports[get["port"]] for get in probes.values()} == {served}, where
+            at = {kind: ports[get["port"]] for kind, get in probes.items()}
+            if container["command"][-1] == "services.bookie":
+                # Co-hosted: the journal's port for liveness and startup (one event loop),
+                # the ledgerstore's (set up after the journal) for readiness.
+                store = int(env["QUIRE_LEDGERSTORE_METRICS_PORT"])
+                assert store != served and set(ports.values()) == {served, store}, where
+                assert at == {
+                    "livenessProbe": served,
+                    "readinessProbe": store,
+                    "startupProbe": served,
+                }
+            else:
+                assert set(at.values()) == {served}, where
     assert {"gateway/gateway", "metadata/metadata", "nats/nats"} <= probed
+    assert any(where.startswith("bookie-") for where in probed)
 
 
 def test_every_disruption_budget_selects_pods_and_bookies_go_one_at_a_time() -> None:
@@ -203,19 +218,22 @@ def test_the_compose_topology() -> None:
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     commands = [" ".join(s.get("command", [])) for s in services.values()]
     assert sum(c == "python -m services.gateway" for c in commands) >= 2
-    assert sum(c == "python -m services.journal" for c in commands) >= 3
-    assert sum(c == "python -m services.ledgerstore" for c in commands) >= 3
+    assert sum(c == "python -m services.bookie" for c in commands) >= 3
+    assert not any(
+        c in ("python -m services.journal", "python -m services.ledgerstore") for c in commands
+    )
     for kind in ("metadata", "auditor", "replicator"):
         assert f"python -m services.{kind}" in commands
     assert {"nats-1", "nats-2", "nats-3", "pg-primary", "pg-standby", "lb"} <= set(services)
-    # A bookie's two processes share its volumes; every bookie has its own.
-    bookie_volumes = {}
-    for name, service in services.items():
-        if name.startswith("bookie-"):
-            bookie_volumes.setdefault(name.rsplit("-", 1)[0], []).append(service["volumes"])
-    assert len(bookie_volumes) >= 3
-    for pair in bookie_volumes.values():
-        assert len(pair) == 2 and pair[0] == pair[1]
+    # Every bookie has volumes of its own, and its ledgerstore a metrics port beside the
+    # journal's.
+    bookies = {name: s for name, s in services.items() if name.startswith("bookie-")}
+    assert len(bookies) >= 3
+    volumes = [v for s in bookies.values() for v in s["volumes"] if not v.startswith("..")]
+    assert len(volumes) == len(set(volumes)) == 3 * len(bookies)
+    for service in bookies.values():
+        env = service["environment"]
+        assert env["QUIRE_LEDGERSTORE_METRICS_PORT"] != env["QUIRE_METRICS_PORT"]
 
 
 def test_every_host_path_the_compose_file_mounts_exists() -> None:
@@ -419,7 +437,7 @@ def named_modules() -> set[str]:
 
 def test_every_python_module_named_in_deploy_runs() -> None:
     modules = named_modules()
-    assert {f"services.{k}" for k in ("journal", "ledgerstore", "gateway", "metadata")} <= modules
+    assert {f"services.{k}" for k in ("bookie", "journal", "ledgerstore", "gateway")} <= modules
     # `python -m X` needs X.__main__ for a package.
     missing = [
         m

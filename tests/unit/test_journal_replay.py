@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.journal.journal import (
+    SHORT_JOURNAL,
     Journal,
     JournalStartupError,
     QueueFull,
@@ -181,3 +182,61 @@ async def test_checkpoint_deletes_old_files_and_replay_keeps_the_facts(tmp_path:
     assert replayed.mark == mark
     assert replayed.state.get(9).fenced and replayed.state.get(9).master_key == KEY
     assert replayed.state.get(1).last_entry_id == 1
+
+
+async def checkpointed_journal(directory: Path) -> JournalPosition:
+    """A journal with a master key, a fence and entries, checkpointed at its end (the
+    LastLogMark and the snapshot both there). Returns the mark."""
+    journal = Journal(directory, settings(), fatal=pytest.fail)
+    await journal.open()
+    writer = asyncio.create_task(journal.run_writer())
+    await journal.submit([MasterKeyRecord(9, KEY), FenceRecord(9)], now_ms=0)
+    await journal.submit([entry(1, e) for e in range(4)], now_ms=0)
+    mark, _ = await journal.checkpoint(JournalPosition(99, 0))
+    await journal.close()
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+    return mark
+
+
+@pytest.mark.parametrize("cut", [1, 30, "header", "all"])
+async def test_a_journal_cut_below_its_recorded_position_refuses(
+    tmp_path: Path, cut: int | str
+) -> None:
+    """Bytes that were fsynced and checkpointed are gone (fsync lied, or an outside
+    truncation): replay refuses, naming the file, its size and the recorded position,
+    instead of starting with a durable position past the file's end."""
+    mark = await checkpointed_journal(tmp_path)
+    path = tmp_path / journal_file_name(mark.file_id)
+    size = {"header": FILE_HEADER_SIZE, "all": 0}.get(cut) if isinstance(cut, str) else None
+    size = mark.offset - cut if size is None else size  # type: ignore[operator]
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    with pytest.raises(JournalStartupError) as err:
+        replay(tmp_path)
+    text = str(err.value)
+    assert SHORT_JOURNAL in text and "refusing to start" in text
+    assert f"{path} is {size} bytes long" in text and f"offset {mark.offset}" in text
+    assert "quire shell decommissionbookie" in text and "limbo" in text
+    assert path.stat().st_size == size  # left as it was found, for the operator
+
+
+async def test_a_journal_missing_the_file_of_its_recorded_position_refuses(
+    tmp_path: Path,
+) -> None:
+    mark = await checkpointed_journal(tmp_path)
+    for file_id in journal_files(tmp_path):
+        (tmp_path / journal_file_name(file_id)).unlink()
+    with pytest.raises(JournalStartupError, match=f"{journal_file_name(mark.file_id)} is missing"):
+        replay(tmp_path)
+
+
+async def test_a_journal_reaching_its_recorded_position_starts(tmp_path: Path) -> None:
+    """Exactly at the mark (a torn tail past it is only truncated)."""
+    mark = await checkpointed_journal(tmp_path)
+    path = tmp_path / journal_file_name(mark.file_id)
+    with open(path, "ab") as f:
+        f.write(encode_record(entry(1, 4))[:-5])
+    replayed = replay(tmp_path)
+    assert replayed.durable == mark and replayed.state.get(9).fenced
+    assert path.stat().st_size == mark.offset

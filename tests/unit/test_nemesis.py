@@ -23,6 +23,7 @@ from quire.faults.nemesis import (
 )
 from quire.faults.proxy import FaultProxy
 from shared.bookie.journal_format import (
+    SHORT_JOURNAL,
     FenceRecord,
     encode_file_header,
     encode_record,
@@ -344,3 +345,62 @@ def test_every_kind_of_the_contract_is_there() -> None:
         "enospc",
         "disk-wipe",
     }
+
+
+@pytest.mark.parametrize("bookie_process", ["separate", "cohosted"])
+def test_a_journal_shorter_than_its_mark_after_a_power_loss_is_wiped_the_operators_way(
+    tmp_path: Path, proxy: FaultProxy, bookie_process: str
+) -> None:
+    """The control run (fsync off) cuts journals below their LastLogMark: the journal
+    refuses to start (its log says so, as services/journal/journal.py words it). Skipping
+    records cannot help; the operator's way is to wipe the bookie and start it again (it
+    rejoins in limbo), logged as an `operator` line; the other bookies are left alone."""
+    cluster, nemesis = make_nemesis(tmp_path, proxy, bookie_process=bookie_process)
+    nemesis.unsafe_no_fsync = True  # the control run: damage is expected
+    refusing = "bookie-1" if bookie_process == "cohosted" else "bookie-1.journal"
+    journal = tmp_path / "data" / "bookie-1" / "journal"
+    journal.mkdir(parents=True)
+    (journal / journal_file_name(1)).write_bytes(encode_file_header(1))
+    started = cluster._start
+    refused = []
+
+    def start_refusing_once(name: str) -> None:
+        if name == refusing and not refused:
+            refused.append(name)
+            cluster.running[name] = True
+            with open(cluster.data_dir / "logs" / f"{name}.log", "a") as log:
+                log.write(f'{{"msg": "{SHORT_JOURNAL}: ...; refusing to start ..."}}\n')
+            return
+        started(name)
+
+    cluster._start = start_refusing_once
+    fault = nemesis.inject("coordinated-power-loss")
+    nemesis.heal(fault)
+    assert refused == [refusing] and all(cluster.running.values()) and not cluster.held
+    assert not journal.exists()  # wiped
+    assert nemesis.operator_env == {}  # not restarted skipping records
+    operator = [x for x in log_lines(tmp_path) if x["event"] == "operator"]
+    assert [(x["kind"], x["target"]) for x in operator] == [("wipe-bookie", "bookie-1")]
+    kills = Counter(name for name, sig in cluster.signals if sig == signal.SIGKILL)
+    assert all(kills[p] == 2 for p in nemesis.bookie_processes("bookie-1"))  # power, wipe
+    assert all(kills[p] == 1 for p in nemesis.bookie_processes("bookie-2"))
+
+
+def test_a_short_journal_outside_the_control_run_is_a_finding(
+    tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """With fsync on, a power loss never cuts below the mark: a refusal is the run's finding."""
+    cluster, nemesis = make_nemesis(tmp_path, proxy, bookie_process="cohosted")
+    started = cluster._start
+
+    def start_refusing(name: str) -> None:
+        if name != "bookie-1":
+            return started(name)
+        cluster.running[name] = True
+        with open(cluster.data_dir / "logs" / f"{name}.log", "a") as log:
+            log.write(f'{{"msg": "{SHORT_JOURNAL}: ...; refusing to start ..."}}\n')
+
+    cluster._start = start_refusing
+    fault = nemesis.inject("coordinated-power-loss")
+    with pytest.raises(NemesisError, match="bookie-1 refused to start"):
+        nemesis.heal(fault)
