@@ -44,8 +44,6 @@ CACHE_COUNTERS = {
     "read_cache_hits": "bookie_read_cache_hits",
     "read_cache_misses": "bookie_read_cache_misses",
     "readahead_batch_count": "bookie_readahead_batch_count_count",
-    # Writes first: read workers' pauses that ended late (each lengthens the next ones).
-    "read_late_pauses": "quire_ledgerstore_read_late_pauses_total",
 }
 FLUSH_TIMEOUT_S = 60.0  # for every bookie's write cache to be flushed before the cold read
 STATS_TIMEOUT_S = 5.0
