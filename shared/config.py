@@ -120,11 +120,6 @@ class LedgerstoreSettings(BaseModel):
     # progress (never less than this share); with no writes they go at full speed.
     # 1: no pause. Counted in quire_ledgerstore_read_paused_seconds.
     read_share_while_writing: float = Field(default=0.1, gt=0, le=1)
-    # A pause that ended late (the event loop or the machine busy: the adds wait for a core
-    # too) doubles the next pauses, up to this many times the share's; pauses that end on
-    # time halve it back. 1: pauses keep the share's length. Counted in
-    # quire_ledgerstore_read_late_pauses.
-    read_late_backoff_max: float = Field(default=4.0, ge=1, le=64)
     # maxPendingReadRequestsPerThread: read requests waiting for a worker, per worker;
     # beyond, a request is answered TOO_MANY_REQUESTS at once. 4 x 1,000 requests of 100
     # entries are seconds of reading (docs/storage.md has the rates): only an overload

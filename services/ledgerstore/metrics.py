@@ -178,12 +178,6 @@ def _reads(e: Exposition, service: LedgerstoreService) -> None:
         "(read_share_while_writing: writes first)",
         r.read_paused_s,
     )
-    e.counter(
-        "quire_ledgerstore_read_late_pauses",
-        "Read workers' pauses (writes first) that ended late: the event loop or the machine "
-        "was busy, so the next pauses are longer",
-        r.read_late_pauses,
-    )
     e.gauge(
         "quire_ledgerstore_read_queue_requests",
         "Read requests waiting for a worker",

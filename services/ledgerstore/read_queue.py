@@ -18,14 +18,6 @@ Python on the event loop and on a read thread) competes with the add path for th
 GIL and the machine's cores; the pause leaves those to the adds, and slows the whole read
 pipeline (NATS, the readers) with it. A read is never starved: reads keep at least that
 share, each pause is bounded (READ_PAUSE_MAX_S), and with no writes there is none.
-
-A pause that ends late says the machine (or this process's event loop) is busier than its
-share would suggest: the loop did not get a core when the pause was up, so the adds do not
-either. Then the next pauses are longer, doubling up to `backoff_max` times
-(`read_late_backoff_max`; at most READ_PAUSE_MAX_S each times that), and shrink back as
-pauses end on time: the reads give way while the machine is short of CPU, as a
-lower-priority process of their own would (the bookie is one process, journal and
-ledgerstore: the OS cannot favour its adds). Counted in `read_late_pauses`.
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,7 +39,6 @@ from shared.status import BookieStatus
 log = logging.getLogger(__name__)
 
 READ_PAUSE_MAX_S = 0.05  # the longest pause after one request (a slow disk read's)
-READ_LATE_S = 0.002  # a pause that ends this much late: the loop or the machine is busy
 
 
 class Responder(Protocol):
@@ -76,7 +67,6 @@ class ReadQueueStats:
     read_entry_queue_size: int = 0  # waiting for a worker now
     read_entry_in_progress: int = 0  # being served now
     read_paused_s: float = 0.0  # pauses after requests served while writing (writes first)
-    read_late_pauses: int = 0  # pauses that ended READ_LATE_S late (the next ones longer)
     # READ_ENTRY_SCHEDULING_DELAY, of those served.
     scheduling_delay: OpStats = field(default_factory=OpStats)
     # READ_ENTRY_REQUEST: from arrival to the reply (not success: refused, expired, failed).
@@ -91,14 +81,9 @@ class ReadQueue:
         max_pending: int,
         clock: Callable[[], float] = time.monotonic,
         read_share: float = 1.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        backoff_max: float = 1.0,
     ) -> None:
         self.store = store
         self.read_share = read_share
-        self._sleep = sleep
-        self._backoff = 1.0  # times the share's pause (late pauses double it)
-        self.backoff_max = backoff_max
         self._notes_at_start = store.durable_notes
         self.workers = workers
         self.max_pending = max_pending
@@ -152,17 +137,9 @@ class ReadQueue:
         """After a request that took `busy_s` while adds were made durable (since this
         worker's last request): pause so that reads take at most `read_share` of the
         worker's time."""
-        backoff = self._backoff
         pause_s = min(busy_s * (1 - self.read_share) / self.read_share, READ_PAUSE_MAX_S)
-        pause_s *= backoff
         self.stats.read_paused_s += pause_s
-        paused_from = self._clock()
-        await self._sleep(pause_s)
-        if self._clock() - paused_from - pause_s > READ_LATE_S:
-            self.stats.read_late_pauses += 1
-            self._backoff = min(backoff * 2, self.backoff_max)
-        else:
-            self._backoff = max(backoff / 2, 1.0)
+        await asyncio.sleep(pause_s)
 
     async def _serve(self, queued: QueuedRead) -> None:
         now_s = self._clock()

@@ -81,7 +81,6 @@ class LedgerstoreService:
             self.settings.num_read_worker_threads
             * self.settings.max_pending_read_requests_per_thread,
             read_share=self.settings.read_share_while_writing,
-            backoff_max=self.settings.read_late_backoff_max,
         )
         self._journal_committed = asyncio.Event()
         self._handed_timer: asyncio.TimerHandle | None = None

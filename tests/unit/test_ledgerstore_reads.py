@@ -156,37 +156,6 @@ async def test_reads_pause_while_the_journal_writes_and_only_then(tmp_path: Path
     await store.close()
 
 
-async def test_pauses_that_end_late_grow_up_to_the_bound_and_shrink_when_on_time(
-    tmp_path: Path,
-) -> None:
-    store = await open_store(tmp_path, [(1, e) for e in range(10)])
-    clock = Ticking()
-    late = [0.010, 0.010, 0.010, 0.010, 0.0, 0.0, 0.0]  # how late each pause ends
-    pauses: list[float] = []
-
-    async def sleep(pause_s: float) -> None:
-        pauses.append(pause_s)
-        clock.now_s += pause_s + late[len(pauses) - 1] - 0.004  # its next reading ticks on
-        store.durable_notes += 1  # the journal goes on making adds durable
-
-    queue = ReadQueue(
-        store, workers=1, max_pending=10, clock=clock, read_share=0.25, sleep=sleep,
-        backoff_max=4,
-    )  # fmt: skip
-    answers = [Answers() for _ in late]
-    for n, a in enumerate(answers):
-        await queue.offer(a, wire.encode_read_request(items(1, [n]), 0))
-    store.durable_notes += 1
-    queue.start()
-    await queue.drain()
-    assert [r.entry_id for a in answers for _, [r] in a.replies] == list(range(len(late)))
-    # Each request takes 12 ms of the ticking clock: a pause of 36 ms at a quarter; late
-    # ones double the next, up to 4 times; on time, halved back.
-    assert pauses == pytest.approx([0.036, 0.072, 0.144, 0.144, 0.144, 0.072, 0.036])
-    assert queue.stats.read_late_pauses == 4
-    await store.close()
-
-
 @pytest.mark.parametrize(
     "data",
     [
