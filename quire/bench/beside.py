@@ -295,7 +295,35 @@ async def beside_writes(
         await writer.aclose()
     read["ledgerstore"] = {k: after[k] - before[k] for k in after}
     read["covered_the_run"] = read["readers_finished"] == 0
+    read |= read_cpu(alone, beside, read)
     return figures | _compare(alone, beside) | {"readers": read}
+
+
+def read_cpu(alone: LoadResult, beside: LoadResult, read: dict[str, Any]) -> dict[str, Any]:
+    """What a cold entry read costs in CPU, and where: the readers' own process (their
+    client: in the bench, on this machine's cores; a consumer elsewhere would not be) and
+    the cluster's extra CPU with readers (each kind's cores in the run with readers less
+    its cores in the write-only run, both over their measured windows), per entry read.
+    The second is a difference of two runs' figures: it also holds whatever else changed
+    between them (fewer writes when the writer fell behind, the machine's other load)."""
+    rate = read["entries_per_s"]
+    if not rate or not read["entries"]:
+        return {"client_cpu_us_per_entry": None, "cluster_cpu_us_per_entry_by_kind": None}
+    kinds = beside.cpu_s_by_kind or {}
+    base = alone.cpu_s_by_kind or {}
+    extra: dict[str, float] | None = None
+    if kinds and beside.elapsed_s and alone.elapsed_s:
+        extra = {
+            kind: round(
+                (seconds / beside.elapsed_s - base.get(kind, 0.0) / alone.elapsed_s) * 1e6 / rate,
+                2,
+            )
+            for kind, seconds in sorted(kinds.items())
+        }
+    return {
+        "client_cpu_us_per_entry": round(read["client_cpu_cores"] * 1e6 / rate, 2),
+        "cluster_cpu_us_per_entry_by_kind": extra,
+    }
 
 
 def _compare(alone: LoadResult, beside: LoadResult) -> dict[str, Any]:

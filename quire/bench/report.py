@@ -405,6 +405,19 @@ def _print_beside(console: Console, figures: dict[str, Any]) -> None:
         cells = [_fmt_or_unknown(row[k]) for k in keys]
         table.add_row(name.replace("_", " "), *cells, str(row["errors"]))
     console.print(table)
+    cores = [
+        f"{name} {figures[key]['cpu_cores']}"
+        for name, key in (
+            ("peak", "peak"),
+            ("write only", "write_only"),
+            ("with readers", "with_readers"),
+        )
+        if key in figures and figures[key].get("cpu_cores") is not None
+    ]
+    if cores:
+        # How much of the machine the writes take before any reader: what is left is all
+        # the readers' work (their process here included) can have without delaying adds.
+        console.print(f"cores used by the cluster and the writer: {', '.join(cores)}")
     alone, beside = figures["journal_syncs_write_only"], figures["journal_syncs_with_readers"]
     console.print(
         f"journal group commits (write + fdatasync): write only {alone['group_commits']:,}, "
@@ -418,6 +431,13 @@ def _print_beside(console: Console, figures: dict[str, Any]) -> None:
         f"their process {read['client_cpu_cores']} of a core (nice {read['nice']}); "
         f"wait per batch p50 {read['batch_p50_ms']} ms, p99 {read['batch_p99_ms']} ms"
     )
+    if read.get("client_cpu_us_per_entry") is not None:
+        extra = read["cluster_cpu_us_per_entry_by_kind"] or {}
+        by_kind = ", ".join(f"{kind} {us}" for kind, us in extra.items())
+        console.print(
+            f"CPU per entry read (us): the readers' process {read['client_cpu_us_per_entry']}; "
+            f"the cluster's extra with readers: {by_kind or 'unknown'}"
+        )
     if not read["covered_the_run"]:
         console.print(
             f"[yellow]{read['readers_finished']} readers reached their ledger's end, the first "

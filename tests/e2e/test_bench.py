@@ -392,4 +392,20 @@ def test_bench_reads_beside_writes(cluster, tmp_path) -> None:
     assert read["entries"] <= 2 * 2000
     assert read["ledgerstore"]["ledgerstore_read_entry"] >= read["entries"]
     assert read["covered_the_run"] == (read["readers_finished"] == 0)
+    # CPU per entry read: the readers' process, and each kind's extra with readers.
+    assert read["client_cpu_us_per_entry"] == pytest.approx(
+        read["client_cpu_cores"] * 1e6 / read["entries_per_s"], abs=0.01
+    )
+    extra = read["cluster_cpu_us_per_entry_by_kind"]
+    assert set(extra) == set(beside["cpu_s_by_kind"])
+    kind = next(iter(extra))
+    assert extra[kind] == pytest.approx(
+        (
+            beside["cpu_s_by_kind"][kind] / beside["elapsed_s"]
+            - alone["cpu_s_by_kind"].get(kind, 0.0) / alone["elapsed_s"]
+        )
+        * 1e6
+        / read["entries_per_s"],
+        abs=0.5,
+    )
     assert open_ledgers(cluster) <= open_before
