@@ -23,6 +23,7 @@ from services.metadata.core import OutboxRecord
 from services.metadata.store import MetadataStore, OutboxReader, StoreError
 from shared.aio import wait_event
 from shared.events import Event
+from shared.natsfast import publish_soon
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,11 @@ class OutboxPublisher:
             raise
         self.published += len(acks)
         for watch in watches:
-            # Core NATS, best effort: watchers re-read when they must be sure.
-            await self._nc.publish(
-                self._subjects.ledger_watch(watch.ledger_id), watch.model_dump_json().encode()
+            # Core NATS, best effort: watchers re-read when they must be sure. Queued in the
+            # client's pending buffer without an await (`publish_soon`): the batch's
+            # notifications go out in one socket write at the end of this turn.
+            publish_soon(
+                self._nc,
+                self._subjects.ledger_watch(watch.ledger_id),
+                watch.model_dump_json().encode(),
             )
