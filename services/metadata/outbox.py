@@ -86,14 +86,18 @@ class OutboxPublisher:
                 self.is_leader = False
 
     async def _lead(self, reader: OutboxReader) -> None:
+        published: Sequence[OutboxRecord] = ()
         while True:
             self._wake.clear()
-            records = await reader.fetch(self._batch_size)
+            # The batch just acknowledged is marked published by the read of the next one
+            # (one round trip): at once, as a separate mark would be.
+            records = await reader.fetch(self._batch_size, published)
+            published = ()
             if not records:
                 await wait_event(self._wake, self._poll_interval_s)
                 continue
             await self._publish_until_acknowledged(reader.instance_id, records)
-            await reader.mark_published(records)
+            published = records
 
     async def _publish_until_acknowledged(
         self, instance_id: str, records: Sequence[OutboxRecord]
