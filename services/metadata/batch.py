@@ -8,7 +8,8 @@ starts the next with all that queued meanwhile (up to `max_items`). Requests arr
 bursts (the NATS client hands over every message of one socket read in one turn): a
 request that went alone at once when it found a slot free took that slot for itself, and
 the rest of its burst followed in a second statement with its own round trip and WAL
-flush (at 32 in flight, half the statements and then a third carried one change).
+flush (at 32 in flight, the one-change statements cost the service about as much as the
+batched ones: docs/performance.md, issue 20, round three).
 Waiting for the end of the turn puts the burst in one. One request at a time pays a
 future and a task for it, and waits for nothing. Each item of a batch has its own outcome
 (`run` answers one per item, a value or an exception), so a refused compare-and-set
