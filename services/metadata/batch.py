@@ -2,12 +2,18 @@
 are being written go to PostgreSQL together, as one statement (one round trip, one
 transaction, one WAL flush), the metadata analogue of the journal's group commit.
 
-A request that finds nothing queued and fewer than `in_flight` batches being written goes
-at once, alone, in its own task: one request at a time waits for nothing and costs no
-extra task. The others queue, and each batch that ends starts the next with all that
-queued meanwhile (up to `max_items`). Each item of a batch has its own outcome (`run`
-answers one per item, a value or an exception), so a refused compare-and-set refuses
-only its own request. Items with the same key (the same ledger) never share a batch: the
+Every request queues; at the end of the event-loop turn it arrived in, what queued starts
+as one batch if fewer than `in_flight` batches are being written, and each batch that ends
+starts the next with all that queued meanwhile (up to `max_items`). Requests arrive in
+bursts (the NATS client hands over every message of one socket read in one turn): a
+request that went alone at once when it found a slot free took that slot for itself, and
+the rest of its burst followed in a second statement with its own round trip and WAL
+flush (at 32 in flight, the one-change statements cost the service about as much as the
+batched ones: docs/performance.md, issue 20, round three).
+Waiting for the end of the turn puts the burst in one. One request at a time pays a
+future and a task for it, and waits for nothing. Each item of a batch has its own outcome
+(`run` answers one per item, a value or an exception), so a refused compare-and-set
+refuses only its own request. Items with the same key (the same ledger) never share a batch: the
 second waits for the next one, so that one statement never changes a row twice.
 """
 
@@ -44,30 +50,26 @@ class GroupCommit(Generic[Item, Result]):
         self._in_flight = in_flight
         self._pending: list[tuple[Item, asyncio.Future[Result]]] = []
         self._running: set[asyncio.Task[None]] = set()
-        self._writing = 0  # batches being written, in tasks of their own or inline
+        self._writing = 0  # batches being written, each in a task of its own
+        self._start_due = False  # an end-of-turn start is scheduled
         self._closed = False
         self.stats = BatchStats()
 
     async def submit(self, item: Item) -> Result:
         if self._closed:
             raise RuntimeError("the store is closed")
-        if not self._pending and self._writing < self._in_flight:
-            # Nothing queued: written alone, at once, in the caller's task.
-            self._writing += 1
-            self.stats.batches += 1
-            self.stats.items += 1
-            try:
-                outcome = (await self._run([item]))[0]
-            finally:
-                self._writing -= 1
-                self._start_batches()
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
         self._pending.append((item, future))
-        self._start_batches()
+        self.stats.pending = len(self._pending)
+        if not self._start_due:
+            self._start_due = True
+            loop.call_soon(self._start_at_end_of_turn)
         return await future
+
+    def _start_at_end_of_turn(self) -> None:
+        self._start_due = False
+        self._start_batches()
 
     def _start_batches(self) -> None:
         while self._pending and self._writing < self._in_flight and not self._closed:

@@ -443,7 +443,9 @@ class InMemoryOutboxReader:
         self._store = store
         self.instance_id = store._instance_id
 
-    async def fetch(self, limit: int) -> list[OutboxRecord]:
+    async def fetch(self, limit: int, published: Sequence[OutboxRecord] = ()) -> list[OutboxRecord]:
+        if published:
+            await self.mark_published(published)
         await self._store._enter()
         return list(self._store._outbox[:limit])
 

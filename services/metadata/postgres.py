@@ -80,6 +80,7 @@ from services.metadata.sql import (
     SQL_OUTBOX_CURSOR,
     SQL_OUTBOX_FETCH,
     SQL_OUTBOX_PUBLISHED,
+    SQL_OUTBOX_PUBLISHED_FETCH,
     SQL_RELEASE_URQ,
     SQL_REMOVE_BOOKIE,
     SQL_RENEW_LEADER,
@@ -769,8 +770,17 @@ class PostgresOutboxReader:
         self.instance_id = instance_id
         self._cursor = cursor
 
-    async def fetch(self, limit: int) -> list[OutboxRecord]:
-        rows = await (await self._conn.execute(SQL_OUTBOX_FETCH, {"limit": limit})).fetchall()
+    async def fetch(self, limit: int, published: Sequence[OutboxRecord] = ()) -> list[OutboxRecord]:
+        if published:
+            # One statement marks the previous batch and reads the next (one round trip
+            # a publishing round, not two).
+            ids = [r.outbox_id for r in published]
+            params = {"ids": ids, "last": max(ids), "limit": limit}
+            rows = await (await self._conn.execute(SQL_OUTBOX_PUBLISHED_FETCH, params)).fetchall()
+            self._cursor.published(ids)
+        else:
+            params = {"limit": limit}
+            rows = await (await self._conn.execute(SQL_OUTBOX_FETCH, params)).fetchall()
         if not rows:
             return []
         in_progress = core.snapshot_in_progress(rows[0]["snapshot"])

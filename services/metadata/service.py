@@ -60,6 +60,7 @@ from shared.models import (
     UnderreplicatedLedger,
     UpdateLedgerRequest,
 )
+from shared.natsfast import respond_soon
 from shared.service import ServiceRuntime
 from shared.subjects import METADATA_QUEUE_GROUP
 
@@ -333,7 +334,11 @@ async def main(rt: ServiceRuntime) -> None:
 
 
 def endpoint(service: MetadataService, op: str) -> Callable[[Request], Awaitable[None]]:
+    """The reply is queued in the NATS client's pending buffer (`respond_soon`), not
+    published with an await: the replies of one group commit, which finish in the same
+    event-loop turn, go out in one socket write, and none costs a coroutine of nats-py's."""
+
     async def serve(request: Request) -> None:
-        await request.respond(await service.handle(op, request.data))
+        respond_soon(request, await service.handle(op, request.data))
 
     return serve

@@ -419,3 +419,14 @@ SQL_OUTBOX_PUBLISHED = """
 WITH gone AS (DELETE FROM outbox WHERE id = ANY(%(ids)s))
 UPDATE outbox_cursor SET last_published_id = GREATEST(last_published_id, %(last)s)
 WHERE id = 1"""
+# Both in one statement: the previous batch marked, the next one read. The read sees the
+# rows as they were when the statement began (its deletes included), hence the filter;
+# its snapshot is the one the statement ran with.
+SQL_OUTBOX_PUBLISHED_FETCH = """
+WITH gone AS (DELETE FROM outbox WHERE id = ANY(%(ids)s::bigint[])), mark AS (
+    UPDATE outbox_cursor SET last_published_id = GREATEST(last_published_id, %(last)s)
+    WHERE id = 1
+)
+SELECT o.*, pg_current_snapshot()::text AS snapshot FROM outbox o
+WHERE o.id <> ALL(%(ids)s::bigint[]) ORDER BY o.id
+LIMIT %(limit)s"""

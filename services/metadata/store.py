@@ -111,8 +111,10 @@ class OutboxReader(Protocol):
 
     instance_id: str
 
-    async def fetch(self, limit: int) -> list[OutboxRecord]:
-        """The next records to publish, in order; may hold some back (see OutboxCursor)."""
+    async def fetch(self, limit: int, published: Sequence[OutboxRecord] = ()) -> list[OutboxRecord]:
+        """The next records to publish, in order; may hold some back (see OutboxCursor).
+        `published` (the previous batch, acknowledged) is marked published first, in the
+        same round trip: as `mark_published` then `fetch`."""
         ...
 
     async def mark_published(self, records: Sequence[OutboxRecord]) -> None: ...

@@ -611,3 +611,18 @@ async def test_a_closed_ledger_never_reopens_nor_changes_its_end(store: Metadata
             ),
             4,
         )
+
+
+async def test_outbox_fetch_marks_the_previous_batch_published(store: MetadataStore) -> None:
+    for _ in range(5):
+        await store.create_ledger(create_request(), ctime_ms=1)
+    async with store.outbox() as reader:
+        assert reader is not None
+        first = await reader.fetch(2)
+        second = await reader.fetch(2, first)
+        assert [r.ledger_id for r in first + second] == [0, 1, 2, 3]
+        third = await reader.fetch(10, second)
+        assert [r.ledger_id for r in third] == [4]
+        assert await reader.fetch(10, third) == []
+    async with store.outbox() as reader:  # the marks stayed: a new leader finds nothing
+        assert reader is not None and await reader.fetch(10) == []

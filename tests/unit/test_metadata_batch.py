@@ -91,7 +91,23 @@ async def test_close_cancels_queued_and_refuses_new_items() -> None:
     await commits.close()
     (outcome,) = await asyncio.gather(queued, return_exceptions=True)
     assert isinstance(outcome, asyncio.CancelledError)
-    running.cancel()  # written in its caller's task: the store's closing pool ends it
-    await asyncio.gather(running, return_exceptions=True)
+    (outcome,) = await asyncio.gather(running, return_exceptions=True)
+    assert isinstance(outcome, asyncio.CancelledError)  # its batch was cancelled
     with pytest.raises(RuntimeError):
         await commits.submit(("c", 1))
+
+
+async def test_what_arrives_in_one_turn_goes_in_one_batch_beside_a_running_one() -> None:
+    writer = Writer()
+    commits = group(writer, in_flight=2)
+    first = asyncio.create_task(commits.submit(("a", 1)))
+    await settle()
+    assert writer.batches == [[("a", 1)]]  # alone: nothing else arrived in its turn
+    # A burst while one batch is being written: a slot is free, and the burst takes it
+    # whole, not its first item alone.
+    burst = [asyncio.create_task(commits.submit((k, 2))) for k in "bcd"]
+    await settle()
+    assert writer.batches == [[("a", 1)], [("b", 2), ("c", 2), ("d", 2)]]
+    writer.release.set()
+    assert await asyncio.gather(first, *burst) == [10, 20, 20, 20]
+    assert (commits.stats.batches, commits.stats.items, commits.stats.pending) == (2, 4, 0)
