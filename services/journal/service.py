@@ -161,6 +161,11 @@ class JournalService:
         self._add_queue_drained: asyncio.Future[None] | None = None
         self._serve_queued_add = rt.guard_lean("add", self._handle_add)
 
+    @property
+    def adds_queued(self) -> int:
+        """Add requests waiting for a slot (`_queue_add`)."""
+        return len(self._add_queue)
+
     def hand_over(self, on_durable: Callable[[DurableBatch], None]) -> None:
         """Co-hosted (`services.bookie`): hand every durable group commit to
         `on_durable` (the ledgerstore's), in commit order, instead of announcing it."""
