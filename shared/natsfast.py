@@ -30,8 +30,17 @@ A request with headers (a traced one) goes through nats-py's own `request`. A re
 written by the same end-of-turn write; on a client that is not connected it falls back to
 nats-py's `publish` in a task, which buffers or raises as nats-py decides.
 
+Incoming, `subscribe_lean` serves a hot subject (the journal's `add`) where nats-py's read
+loop parses each message: its handler gets (reply subject, payload, headers) with no Msg
+(nor subject and reply decoding), no subscription queue and task switch, and no micro
+Request and its bookkeeping; nats-py's own `_process_msg` still serves every other
+subscription. In process that path costs 1.7-1.9 us a message against 3.8-4.5 us through a
+micro endpoint (docs/performance.md, issue 20, round three). `lean_stats` counts what every
+lean path did (Prometheus: `shared.metrics.natsfast_metrics`).
+
 The internals used are nats-py 2.x's (`_pending`, `_pending_data_size`, `_flush_queue`,
-`_transport`, `_subs`, the micro `Request._msg`; constraints.txt pins the version);
+`_transport`, `_subs`, `_process_msg`, `_process_headers`, the micro `Request._msg`;
+constraints.txt pins the version);
 `available` says whether a client has them (else every request takes nats-py's path).
 tests/integration/test_natsfast.py and test_nats_reply.py run both against a real
 nats-server."""
@@ -406,6 +415,13 @@ async def subscribe_lean(
     """Subscribe to `subject` (in queue group `queue`) with `deliver` called for each
     message in nats-py's read loop (`_lean_table`). Unsubscribing (or draining) the
     subscription it returns stops the deliveries."""
+    if not all(hasattr(nc, name) for name in ("_process_msg", "_process_headers", "_subs")):
+        sink = _LeanSink(deliver)  # a client without the internals: nats-py's own path
+
+        async def callback(msg: Msg) -> None:
+            sink.set_result(msg)
+
+        return await nc.subscribe(subject, queue=queue, cb=callback)
     table = _lean_table(nc)
     sub = await nc.subscribe(subject, queue=queue, future=_LeanSink(deliver))  # type: ignore[arg-type]
     if sub._id in nc._subs:
