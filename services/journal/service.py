@@ -283,7 +283,8 @@ class JournalService:
         ):
             self.adds_dropped += 1
             log.warning(
-                "add request dropped: too many waiting", extra={"queued": self.add_queue_bytes}
+                "add request dropped: too many queued",
+                extra={"queued": len(self._add_queue), "queued_bytes": self.add_queue_bytes},
             )
             return
         if not self._add_queue:
@@ -338,8 +339,8 @@ class JournalService:
         count_add_request(self.stats, ok, len(rows), (time.perf_counter() - arrived) * 1000)
         if span is not None:
             span.end()
-        if self._add_queue:
-            self._admit_queued()
+        if durable is not None and self._add_queue:  # a slot is free (never re-entered:
+            self._admit_queued()  # an answer without a commit frees none)
 
     def _admit_request(
         self, data: bytes
