@@ -47,6 +47,8 @@ from prometheus_client.core import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from shared.natsfast import LeanStats, lean_stats
+
 if TYPE_CHECKING:
     from shared.events import EventStats
     from shared.service import ServiceRuntime
@@ -243,6 +245,51 @@ def events_metrics(stats: EventStats) -> Builder:
     return build
 
 
+def natsfast_metrics(stats: LeanStats = lean_stats) -> Builder:
+    """The lean NATS paths' (shared/natsfast.py), in every process."""
+
+    def build(e: Exposition) -> None:
+        e.counter("quire_natsfast_requests", "Requests sent by the lean path", stats.requests)
+        e.counter(
+            "quire_natsfast_request_fallbacks",
+            "Requests sent by nats-py's request instead (with headers: traced)",
+            stats.request_fallbacks,
+        )
+        e.gauge(
+            "quire_natsfast_requests_waiting",
+            "Lean requests sent and not answered, timed out or cancelled",
+            stats.waiting,
+        )
+        e.counter("quire_natsfast_replies", "Replies queued without a coroutine", stats.replies)
+        e.counter(
+            "quire_natsfast_reply_fallbacks",
+            "Of those, published by nats-py (the connection was not up)",
+            stats.reply_fallbacks,
+        )
+        e.counter(
+            "quire_natsfast_writes",
+            "End-of-turn socket writes of the queued requests and replies",
+            stats.writes,
+        )
+        e.counter(
+            "quire_natsfast_delivered",
+            "Messages handed to a lean subscription's handler",
+            stats.delivered,
+        )
+        e.counter(
+            "quire_natsfast_delivered_with_headers",
+            "Of those, with headers (traced requests)",
+            stats.delivered_with_headers,
+        )
+        e.counter(
+            "quire_natsfast_handler_errors",
+            "Lean subscription handlers that raised",
+            stats.handler_errors,
+        )
+
+    return build
+
+
 class BuilderCollector(Collector):
     """Builders as a prometheus_client collector (a MetricsRegistry's, or one added to
     another registry: the gateway's)."""
@@ -315,7 +362,7 @@ def serve_metrics(rt: ServiceRuntime, *builders: Builder) -> MetricsRegistry:
     `/metrics`; the server stops at shutdown. `rt.metrics_url` is the URL it serves (None
     without one)."""
     metrics = MetricsRegistry()
-    for build in (events_metrics(rt.events.stats), *builders):
+    for build in (events_metrics(rt.events.stats), natsfast_metrics(), *builders):
         metrics.add(build)
     rt.metrics = metrics  # type: ignore[attr-defined]
     rt.metrics_url = None  # type: ignore[attr-defined]

@@ -30,8 +30,17 @@ A request with headers (a traced one) goes through nats-py's own `request`. A re
 written by the same end-of-turn write; on a client that is not connected it falls back to
 nats-py's `publish` in a task, which buffers or raises as nats-py decides.
 
+Incoming, `subscribe_lean` serves a hot subject (the journal's `add`) where nats-py's read
+loop parses each message: its handler gets (reply subject, payload, headers) with no Msg
+(nor subject and reply decoding), no subscription queue and task switch, and no micro
+Request and its bookkeeping; nats-py's own `_process_msg` still serves every other
+subscription. In process that path costs 1.7-1.9 us a message against 3.8-4.5 us through a
+micro endpoint (docs/performance.md, issue 20, round three). `lean_stats` counts what every
+lean path did (Prometheus: `shared.metrics.natsfast_metrics`).
+
 The internals used are nats-py 2.x's (`_pending`, `_pending_data_size`, `_flush_queue`,
-`_transport`, `_subs`, the micro `Request._msg`; constraints.txt pins the version);
+`_transport`, `_subs`, `_process_msg`, `_process_headers`, the micro `Request._msg`;
+constraints.txt pins the version);
 `available` says whether a client has them (else every request takes nats-py's path).
 tests/integration/test_natsfast.py and test_nats_reply.py run both against a real
 nats-server."""
@@ -41,11 +50,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError, NoRespondersError, TimeoutError
 from nats.micro.request import Request
 from nats.protocol.command import pub_cmd
@@ -57,6 +68,42 @@ STATUS_HEADER = "Status"
 # Above this many bytes waiting in the socket's buffer the end-of-turn write leaves the
 # pending buffer to nats-py's flusher, which waits for the socket to drain.
 MAX_UNSENT_BYTES = 1024 * 1024
+
+
+class LeanStats:
+    """What the lean paths of this process did, over all its clients (Prometheus:
+    `shared.metrics.natsfast_metrics`, in every service)."""
+
+    __slots__ = (
+        "delivered",
+        "delivered_with_headers",
+        "handler_errors",
+        "replies",
+        "reply_fallbacks",
+        "request_fallbacks",
+        "requests",
+        "requesters",
+        "writes",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0  # requests sent through `Requests`' lean path
+        self.request_fallbacks = 0  # sent through nats-py's request (headers, no internals)
+        self.requesters: weakref.WeakSet[Requests] = weakref.WeakSet()  # for `waiting`
+        self.replies = 0  # replies and publishes queued by `publish_soon` / `reply_soon`
+        self.reply_fallbacks = 0  # of them, published by nats-py (not connected)
+        self.writes = 0  # end-of-turn socket writes
+        self.delivered = 0  # messages handed to a lean subscription's handler
+        self.delivered_with_headers = 0  # of them, with headers (a traced request)
+        self.handler_errors = 0  # handlers that raised (the message was dropped)
+
+    @property
+    def waiting(self) -> int:
+        """Requests sent through `Requests` and not answered, timed out or cancelled."""
+        return sum(requests.waiting for requests in list(self.requesters))
+
+
+lean_stats = LeanStats()
 
 
 class _Dispatch:
@@ -124,6 +171,7 @@ class Requests:
         self._started: asyncio.Future[None] | None = None
         self.requests = 0  # sent through the lean path
         self.fallbacks = 0  # sent through nats-py's request (headers, or no internals)
+        lean_stats.requesters.add(self)
 
     @property
     def available(self) -> bool:
@@ -170,6 +218,7 @@ class Requests:
         connection's error."""
         if headers or not self.available:
             self.fallbacks += 1
+            lean_stats.request_fallbacks += 1
             return await self._nc.request(subject, payload, timeout=timeout_s, headers=headers)
         await self.start()
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
@@ -206,6 +255,7 @@ class Requests:
         self._waiting[token] = waiter
         _append(nc, pub_cmd(subject, self._prefix + token, payload), len(payload))
         self.requests += 1
+        lean_stats.requests += 1
         waiter.timer = loop.call_later(timeout_s, self._expire, token, waiter)
         return waiter_cancel(self._waiting, token, waiter)
 
@@ -232,7 +282,9 @@ def respond_soon(request: Request, payload: bytes) -> None:
 
 def publish_soon(nc: NatsClient, subject: str, payload: bytes) -> None:
     """Publish `payload` on `subject` (no headers, no reply inbox) without awaiting."""
+    lean_stats.replies += 1
     if not nc.is_connected or nc.is_draining_pubs or nc._flush_queue is None:
+        lean_stats.reply_fallbacks += 1
         task = asyncio.ensure_future(_publish(nc, subject, payload))
         _fallbacks.add(task)
         task.add_done_callback(_fallbacks.discard)
@@ -278,11 +330,121 @@ def _write(nc: NatsClient) -> None:
         pending = nc._pending
         nc._pending = []
         nc._pending_data_size = 0
+        lean_stats.writes += 1
         transport.writelines(pending)  # a broken connection: the read loop sees it
         return
     queue = nc._flush_queue
     if queue is not None and queue.empty():
         queue.put_nowait(asyncio.get_running_loop().create_future())
+
+
+# -- incoming messages without a Msg ---------------------------------------------------
+
+# A lean subscription's handler: (reply subject, payload, headers or None), called in
+# nats-py's read loop as the message is parsed; it must not block, and never raises into
+# the read loop (an exception is logged and counted, the message dropped).
+Deliver = Callable[[bytes, bytes, "dict[str, str] | None"], None]
+
+
+class _LeanSink:
+    """A lean subscription's "future" (see `_Dispatch`): takes the messages nats-py's own
+    `_process_msg` builds before the subscription is in the lean table (those parsed
+    while `subscribe` was awaiting), and hands them to the same handler."""
+
+    __slots__ = ("deliver",)
+
+    def __init__(self, deliver: Deliver) -> None:
+        self.deliver = deliver
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, msg: Msg) -> None:
+        _deliver(self.deliver, msg.reply.encode(), msg.data, msg.headers)
+
+
+def _deliver(deliver: Deliver, reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+    lean_stats.delivered += 1
+    if headers:
+        lean_stats.delivered_with_headers += 1
+    try:
+        deliver(reply, data, headers)
+    except Exception:  # nats-py's read loop, which calls this, would stop for good
+        lean_stats.handler_errors += 1
+        log.exception("a lean subscription's handler failed")
+
+
+def _lean_table(nc: NatsClient) -> dict[int, Deliver]:
+    """The lean subscriptions of `nc` by sid, installing on first use a `_process_msg`
+    that hands their messages to their handler (reply, payload, headers) as nats-py's
+    parser reads them: no Msg, no subject decoding, no pending queue, no task switch, no
+    micro request. Any other subscription's message goes to nats-py's own."""
+    table: dict[int, Deliver] | None = getattr(nc, "_quire_lean", None)
+    if table is not None:
+        return table
+    lean: dict[int, Deliver] = {}
+    process_msg = nc._process_msg
+    process_headers = nc._process_headers
+    stats: Any = nc.stats
+
+    async def lean_process_msg(
+        sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        deliver = lean.get(sid)
+        if deliver is None:
+            await process_msg(sid, subject, reply, data, headers)
+            return
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        if headers:
+            _deliver(deliver, reply, data, await process_headers(headers))
+        else:
+            _deliver(deliver, reply, data, None)
+
+    nc._process_msg = lean_process_msg  # type: ignore[method-assign]
+    nc._quire_lean = lean  # type: ignore[attr-defined]
+    return lean
+
+
+async def subscribe_lean(
+    nc: NatsClient, subject: str, deliver: Deliver, queue: str = ""
+) -> Subscription:
+    """Subscribe to `subject` (in queue group `queue`) with `deliver` called for each
+    message in nats-py's read loop (`_lean_table`). Unsubscribing (or draining) the
+    subscription it returns stops the deliveries."""
+    if not all(hasattr(nc, name) for name in ("_process_msg", "_process_headers", "_subs")):
+        sink = _LeanSink(deliver)  # a client without the internals: nats-py's own path
+
+        async def callback(msg: Msg) -> None:
+            sink.set_result(msg)
+
+        return await nc.subscribe(subject, queue=queue, cb=callback)
+    table = _lean_table(nc)
+    sub = await nc.subscribe(subject, queue=queue, future=_LeanSink(deliver))  # type: ignore[arg-type]
+    if sub._id in nc._subs:
+        table[sub._id] = deliver
+    return sub
+
+
+def unsubscribe_lean(nc: NatsClient, sub: Subscription) -> None:
+    """Stop handing `sub`'s messages to its handler (call before unsubscribing it: the
+    messages the server sent meanwhile are dropped, as nats-py drops a closed
+    subscription's)."""
+    table: dict[int, Deliver] | None = getattr(nc, "_quire_lean", None)
+    if table is not None:
+        table.pop(sub._id, None)
+
+
+def reply_soon(nc: NatsClient, reply: bytes, payload: bytes) -> None:
+    """`publish_soon` to a reply subject as a lean subscription's handler gets it."""
+    if not nc.is_connected or nc.is_draining_pubs or nc._flush_queue is None:
+        publish_soon(nc, reply.decode(), payload)
+        return
+    lean_stats.replies += 1
+    _append(nc, b"PUB %s %d\r\n%s\r\n" % (reply, len(payload), payload), len(payload))
 
 
 def _failed(future: asyncio.Future[None]) -> bool:
@@ -301,4 +463,14 @@ def waiter_cancel(waiting: dict[str, _Waiter], token: str, waiter: _Waiter) -> C
     return cancel
 
 
-__all__ = ["Requests", "publish_soon", "respond_soon"]
+__all__ = [
+    "Deliver",
+    "LeanStats",
+    "Requests",
+    "lean_stats",
+    "publish_soon",
+    "reply_soon",
+    "respond_soon",
+    "subscribe_lean",
+    "unsubscribe_lean",
+]

@@ -24,8 +24,9 @@ from urllib.parse import urlsplit
 import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
 from nats.micro import add_service
-from nats.micro.request import Request
+from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER, Request
 from nats.micro.service import EndpointConfig, Service
 
 from shared import __version__, clock
@@ -34,12 +35,16 @@ from shared.config import QuireSettings, load_settings, nats_servers
 from shared.events import EventPublisher, ensure_event_stream
 from shared.gc_tuning import tune_gc
 from shared.logs import setup_logging
+from shared.natsfast import Deliver, subscribe_lean, unsubscribe_lean
 from shared.subjects import Subjects
 from shared.telemetry import nats_server_span, setup_tracing, shutdown_tracing
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[None]]
+# A lean endpoint's handler (`ServiceRuntime.add_lean_endpoint`): reply subject (b"" if
+# none), payload, headers (None if none); synchronous.
+LeanHandler = Callable[[bytes, bytes, "dict[str, str] | None"], None]
 ShutdownStep = Callable[[], Awaitable[None]]
 
 CONNECT_DEADLINE_S = 60.0
@@ -158,6 +163,7 @@ class ServiceRuntime:
         self._shutdown_steps: list[ShutdownStep] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._in_flight: set[asyncio.Future[Any]] = set()  # request tasks, `hold`s
+        self._lean_subs: list[Subscription] = []  # add_lean_endpoint's
         # For the probes (`health`, `readiness`), read from the metrics server's thread:
         # when the event loop last ran the heartbeat, and whether `main` has set the
         # service up (a journal's replay, a metadata service's schema...).
@@ -235,6 +241,52 @@ class ServiceRuntime:
             )
         )
 
+    async def add_lean_endpoint(self, name: str, subject: str, handler: LeanHandler) -> None:
+        """Serve `subject` by calling `handler(reply, payload, headers)` where nats-py's
+        read loop parses each message (`shared.natsfast.subscribe_lean`): no Msg, no
+        subscription queue or task, no micro request, for a hot subject. The handler must
+        not block: it answers at once (`shared.natsfast.reply_soon`), or from a callback on
+        a future it gives `hold`, or queues the request in a bounded queue of its own that
+        `hold` covers; it opens its own SERVER span from the headers. One that raises is
+        logged and answered with a micro error (code 500). The endpoint is not one of the
+        micro service's (`$SRV.STATS` does not count it); the shutdown's drain stops it
+        first, with the micro endpoints."""
+        guarded = self.guard_lean(name, handler)
+        sub = await subscribe_lean(self.nc, subject, guarded, queue=f"q-{subject}")
+        self._lean_subs.append(sub)
+
+    def guard_lean(self, name: str, handler: LeanHandler) -> Deliver:
+        """`handler`, logging any exception it raises and answering its request with a
+        micro error (code 500): a malformed message never takes the service down."""
+
+        def guarded(reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+            try:
+                handler(reply, data, headers)
+            except Exception:
+                log.exception("handler failed", extra={"endpoint": name})
+                if reply:
+                    self.spawn_reply(
+                        self.nc.publish(
+                            reply.decode(),
+                            b"",
+                            headers={ERROR_HEADER: "internal error", ERROR_CODE_HEADER: "500"},
+                        )
+                    )
+
+        return guarded
+
+    def spawn_reply(self, publish: Awaitable[None]) -> None:
+        """Send an answer from a synchronous handler (a task the drain waits for; a failed
+        send is logged: the requester times out)."""
+
+        async def send() -> None:
+            try:
+                await publish
+            except Exception as exc:
+                log.debug("reply not sent", extra={"err": repr(exc)})
+
+        self.hold(asyncio.ensure_future(send()))
+
     def hold(self, future: asyncio.Future[Any]) -> None:
         """Count `future` as a request in flight until it is done: the drain at shutdown
         waits for it as for a request's task (an inline handler answers from it)."""
@@ -300,6 +352,12 @@ class ServiceRuntime:
         log.info("draining")
         with contextlib.suppress(Exception):
             await self.micro.stop()
+        for sub in self._lean_subs:
+            # Drained as micro drains its endpoints: no more messages once the server has
+            # the UNSUB (a flush's round trip); those sent before it are still served.
+            with contextlib.suppress(Exception):
+                await sub.drain()
+            unsubscribe_lean(self.nc, sub)
         if self._in_flight:
             await asyncio.wait(set(self._in_flight), timeout=DRAIN_TIMEOUT_S)
         await cancel_all(set(self._background))

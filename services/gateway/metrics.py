@@ -14,7 +14,7 @@ from prometheus_client import (
 )
 
 from shared.events import EventStats
-from shared.metrics import BuilderCollector, events_metrics
+from shared.metrics import BuilderCollector, events_metrics, natsfast_metrics
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 BATCH_ENTRIES_BUCKETS = (1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 100_000)
@@ -28,7 +28,9 @@ class GatewayMetrics:
             self.registry.register(collector)
         # The event publisher's, under the names every process serves (read at scrape time;
         # a gateway without a publisher, as in unit tests, shows zeros).
-        self.registry.register(BuilderCollector(events_metrics(events or EventStats())))
+        self.registry.register(
+            BuilderCollector(events_metrics(events or EventStats()), natsfast_metrics())
+        )
         self.add_latency = Histogram(
             "quire_gateway_add_latency_seconds",
             "Time from an append request to its acknowledgement (ack quorum, in order)",

@@ -73,6 +73,16 @@ def journal_metrics(service: JournalService) -> Builder:
             "Add requests waiting for their group commit",
             service.adds_waiting,
         )
+        e.gauge(
+            "quire_journal_add_requests_queued",
+            "Add requests waiting for a slot (beyond journal.max_adds_in_progress_limit)",
+            service.adds_queued,
+        )
+        e.counter(
+            "quire_journal_add_requests_dropped",
+            "Add requests dropped: too many queued for a slot (their senders time out)",
+            service.adds_dropped,
+        )
         e.declare_counter("quire_journal_add_rejected", "Entries refused", "status")
         for status, n in list(stats.journal_add_entry_rejected.items()):
             e.counter("quire_journal_add_rejected", "Entries refused", n, status=status)

@@ -19,6 +19,7 @@ Its counters are Prometheus metrics (`services.journal.metrics`; docs/metrics.md
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import json
 import logging
@@ -29,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nats.micro.request import Request
+from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
+from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER, Request
 from opentelemetry.trace import Span, StatusCode, get_current_span, use_span
 
 from services.journal.core import high_priority_writes_allowed
@@ -75,7 +77,7 @@ from shared.disk import fail_stop
 from shared.metaclient import MetadataClient, MetadataError
 from shared.metrics import serve_metrics
 from shared.models import LOCATION, NO_VERSION, REGISTERED_AT, BookieState, MetaErrorCode
-from shared.natsfast import respond_soon
+from shared.natsfast import reply_soon
 from shared.service import ServiceRuntime
 from shared.status import BookieStatus
 from shared.subjects import JOURNAL_CHECKPOINT, JOURNAL_COMMITTED, JOURNAL_DELETE
@@ -150,7 +152,19 @@ class JournalService:
         self._add_subject = rt.subjects.bookie(self.bookie_id, "add")
         self.adds_waiting = 0  # add requests waiting for their group commit
         self._max_adds_waiting = rt.settings.journal.max_adds_in_progress_limit
-        self._add_slot_free = asyncio.Event()
+        # Add requests beyond that bound, in arrival order (`_queue_add`).
+        self._add_queue: collections.deque[tuple[bytes, bytes, dict[str, str] | None]] = (
+            collections.deque()
+        )
+        self.add_queue_bytes = 0
+        self.adds_dropped = 0  # beyond the queue's bound (the senders time out)
+        self._add_queue_drained: asyncio.Future[None] | None = None
+        self._serve_queued_add = rt.guard_lean("add", self._handle_add)
+
+    @property
+    def adds_queued(self) -> int:
+        """Add requests waiting for a slot (`_queue_add`)."""
+        return len(self._add_queue)
 
     def hand_over(self, on_durable: Callable[[DurableBatch], None]) -> None:
         """Co-hosted (`services.bookie`): hand every durable group commit to
@@ -225,23 +239,28 @@ class JournalService:
 
     # -- add ------------------------------------------------------------------------------
 
-    async def handle_add(self, request: Request) -> None:
-        """An add request, on the subscription's own task (`add_inline_endpoint`), in
-        arrival order: decoded, admitted and queued at once; answered from its group
-        commit's completion (`_answer_add`), with no task or coroutine per request waiting
-        for it. At most journal.max_adds_in_progress_limit wait for their commit: beyond,
-        this waits (the next requests wait in the subscription's queue) until one is
-        answered."""
-        if self.adds_waiting >= self._max_adds_waiting:
-            await self._add_slot()
+    def handle_add(self, reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        """An add request, where the connection's read loop parses it
+        (`add_lean_endpoint`), in arrival order: decoded, admitted and queued at once;
+        answered from its group commit's completion (`_answer_add`), with no task or
+        coroutine per request. At most journal.max_adds_in_progress_limit wait for their
+        commit: beyond, requests wait in arrival order in `_add_queue` (bounded as nats-py
+        bounds a subscription's pending messages; beyond that they are dropped as nats-py
+        drops a slow consumer's) and are admitted as answers free their slots."""
+        if self._add_queue or self.adds_waiting >= self._max_adds_waiting:
+            self._queue_add(reply, data, headers)
+            return
+        self._handle_add(reply, data, headers)
+
+    def _handle_add(self, reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
         arrived = time.perf_counter()
-        span = start_nats_server_span(self._add_subject, request.headers)
+        span = start_nats_server_span(self._add_subject, headers)
         try:
             if span is None:
-                status, rows, durable = self._admit_request(request.data)
+                status, rows, durable = self._admit_request(data)
             else:
                 with use_span(span, end_on_exit=False):
-                    status, rows, durable = self._admit_request(request.data)
+                    status, rows, durable = self._admit_request(data)
         except BaseException as exc:
             if span is not None:
                 span.record_exception(exc)
@@ -249,17 +268,45 @@ class JournalService:
                 span.end()
             raise
         if durable is None:
-            self._answer_add(request, status, rows, arrived, span, None)
+            self._answer_add(reply, status, rows, arrived, span, None)
             return
         self.adds_waiting += 1
         self.rt.hold(durable)
         durable.add_done_callback(
-            functools.partial(self._answer_add, request, status, rows, arrived, span)
+            functools.partial(self._answer_add, reply, status, rows, arrived, span)
         )
+
+    def _queue_add(self, reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        if (
+            len(self._add_queue) >= DEFAULT_SUB_PENDING_MSGS_LIMIT
+            or self.add_queue_bytes + len(data) > DEFAULT_SUB_PENDING_BYTES_LIMIT
+        ):
+            self.adds_dropped += 1
+            log.warning(
+                "add request dropped: too many queued",
+                extra={"queued": len(self._add_queue), "queued_bytes": self.add_queue_bytes},
+            )
+            return
+        if not self._add_queue:
+            self._add_queue_drained = asyncio.get_running_loop().create_future()
+            self.rt.hold(self._add_queue_drained)  # the drain at shutdown waits for them
+        self._add_queue.append((reply, data, headers))
+        self.add_queue_bytes += len(data)
+
+    def _admit_queued(self) -> None:
+        """Admit the queued requests while slots are free (in arrival order)."""
+        queue = self._add_queue
+        while queue and self.adds_waiting < self._max_adds_waiting:
+            reply, data, headers = queue.popleft()
+            self.add_queue_bytes -= len(data)
+            self._serve_queued_add(reply, data, headers)
+        if not queue and self._add_queue_drained is not None:
+            self._add_queue_drained.set_result(None)
+            self._add_queue_drained = None
 
     def _answer_add(
         self,
-        request: Request,
+        reply: bytes,
         status: BookieStatus,
         rows: list[wire.AddResultRow],
         arrived: float,
@@ -268,8 +315,6 @@ class JournalService:
     ) -> None:
         if durable is not None:
             self.adds_waiting -= 1
-            if self.adds_waiting == self._max_adds_waiting - 1:
-                self._add_slot_free.set()
             error = durable.exception() if not durable.cancelled() else asyncio.CancelledError()
             if error is not None:  # a failed commit: the journal is exiting (fail-stop)
                 log.error("add not committed", extra={"err": repr(error)})
@@ -277,21 +322,25 @@ class JournalService:
                     span.record_exception(error)
                     span.set_status(StatusCode.ERROR)
                     span.end()
-                # Answered as a handler that raised is (`_guarded`): with a micro error.
-                task = asyncio.ensure_future(request.respond_error("500", "internal error"))
-                self._announcing.add(task)
-                task.add_done_callback(self._announcing.discard)
+                # Answered as a handler that raised is: with a micro error.
+                if reply:
+                    self.rt.spawn_reply(
+                        self.rt.nc.publish(
+                            reply.decode(),
+                            b"",
+                            headers={ERROR_HEADER: "internal error", ERROR_CODE_HEADER: "500"},
+                        )
+                    )
+                self._admit_queued()
                 return
-        respond_soon(request, wire.encode_add_reply_rows(status, rows))
+        if reply:
+            reply_soon(self.rt.nc, reply, wire.encode_add_reply_rows(status, rows))
         ok = sum(1 for row in rows if row[2] is BookieStatus.OK)
         count_add_request(self.stats, ok, len(rows), (time.perf_counter() - arrived) * 1000)
         if span is not None:
             span.end()
-
-    async def _add_slot(self) -> None:
-        while self.adds_waiting >= self._max_adds_waiting:
-            self._add_slot_free.clear()
-            await self._add_slot_free.wait()
+        if durable is not None and self._add_queue:  # a slot is free (never re-entered:
+            self._admit_queued()  # an answer without a commit frees none)
 
     def _admit_request(
         self, data: bytes
@@ -751,10 +800,9 @@ async def main(
     for index, journal in enumerate(service.journals):
         rt.spawn(journal.run_writer(), f"journal-writer-{index}")
     bookie = rt.settings.bookie_id
-    # Adds inline (admitted in arrival order, answered from their commit: handle_add).
-    await rt.add_inline_endpoint(
-        "add", rt.subjects.bookie(bookie, "add"), service.handle_add, own_span=True
-    )
+    # Adds where the read loop parses them (admitted in arrival order, answered from
+    # their commit: handle_add).
+    await rt.add_lean_endpoint("add", rt.subjects.bookie(bookie, "add"), service.handle_add)
     endpoints = [
         ("fence", "fence", service.handle_fence, 256),
         ("write_lac", "write_lac", service.handle_write_lac, 256),

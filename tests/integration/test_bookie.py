@@ -160,17 +160,22 @@ async def test_adds_are_journaled_before_ack_and_read_back_byte_exact(nc, settin
 
 async def test_adds_beyond_the_limit_in_progress_wait_and_are_all_answered(nc, settings) -> None:
     # journal.max_adds_in_progress_limit 1: one request waits for its group commit at a
-    # time, the others wait in the subscription and are taken as each is answered.
+    # time, the others wait in the journal's queue and are taken as each is answered (a
+    # malformed one among them is answered BAD_REQUEST at its turn).
     journal = settings.journal.model_copy(update={"max_adds_in_progress_limit": 1})
     limited = settings.model_copy(update={"journal": journal})
     client = Bookie(nc, limited)
     async with bookie(limited):
         frames = [frame(7, e, e - 1) for e in range(40)]
-        answers = await asyncio.wait_for(asyncio.gather(*(client.add([f]) for f in frames)), 30)
+        adds = [client.add([f]) for f in frames]
+        malformed = client.call("add", b"\x07garbage")
+        answers = await asyncio.wait_for(asyncio.gather(*adds[:20], malformed, *adds[20:]), 30)
+        assert wire.decode_add_reply(answers.pop(20)) == (BookieStatus.BAD_REQUEST, [])
         assert answers == [[BookieStatus.OK]] * len(frames)
         assert {(7, e) for e in range(40)} <= journal_entries(limited)
         stats = await client.stats("journal")
         assert stats.value("quire_journal_add_requests_waiting") == 0
+        assert stats.value("quire_journal_add_requests_queued") == 0
         assert stats.value("bookkeeper_server_ADD_ENTRY_REQUEST_count", success="true") == 40
 
 

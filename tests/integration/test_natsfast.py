@@ -1,6 +1,8 @@
 """The lean request path (shared.natsfast) against a real nats-server: each request gets its
 own answer, errors come as nats-py's, a stopped or timed-out request hears nothing more,
-and what it sends stays in order with nats-py's own publishes."""
+and what it sends stays in order with nats-py's own publishes. A lean subscription gets
+each message's reply subject, payload and headers in arrival order, survives a handler
+that raises, and leaves the client's other subscriptions as they were."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError, TimeoutError
 
-from shared.natsfast import Requests
+from shared.natsfast import Requests, lean_stats, reply_soon, subscribe_lean, unsubscribe_lean
 
 
 async def _echo(nc, subject: str, seen: list[bytes] | None = None, delay_s: float = 0.0):
@@ -124,3 +126,73 @@ async def test_in_order_with_nats_py_publishes(nc) -> None:
             await nc.publish("fast.order", str(i).encode())
     await _until(lambda: len(seen) == 50)
     assert seen == [str(i).encode() for i in range(50)]
+
+
+async def _lean_echo(nc, subject: str, seen: list, fail_on: bytes | None = None):
+    def handle(reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        seen.append((data, headers))
+        if data == fail_on:
+            raise RuntimeError("a bug in the handler")
+        if reply:
+            reply_soon(nc, reply, b"lean:" + data)
+
+    sub = await subscribe_lean(nc, subject, handle, queue="q-" + subject)
+    await nc.flush()
+    return sub
+
+
+async def test_a_lean_subscription_gets_reply_payload_and_headers(nats_url: str, nc) -> None:
+    import nats
+
+    server = await nats.connect(nats_url)
+    try:
+        seen: list = []
+        await _lean_echo(server, "lean.echo", seen)
+        answers = await asyncio.gather(
+            *(nc.request("lean.echo", str(i).encode(), timeout=5) for i in range(200))
+        )
+        assert [a.data for a in answers] == [b"lean:" + str(i).encode() for i in range(200)]
+        assert [data for data, _ in seen] == [str(i).encode() for i in range(200)]  # in order
+        assert all(headers is None for _, headers in seen)
+        traced = await nc.request("lean.echo", b"t", timeout=5, headers={"traceparent": "00-x"})
+        assert traced.data == b"lean:t" and seen[-1][1] == {"traceparent": "00-x"}
+        await nc.publish("lean.echo", b"no-reply")  # no reply subject: nothing to answer
+        await _until(lambda: seen[-1][0] == b"no-reply")
+    finally:
+        await server.drain()
+
+
+async def test_a_raising_lean_handler_stops_nothing(nats_url: str, nc) -> None:
+    import nats
+
+    server = await nats.connect(nats_url)
+    try:
+        seen: list = []
+        await _lean_echo(server, "lean.boom", seen, fail_on=b"boom")
+        ordinary: list[bytes] = []
+        await _echo(server, "lean.other", ordinary)  # the same client's other subscription
+        errors = lean_stats.handler_errors
+        await nc.publish("lean.boom", b"boom")
+        assert (await nc.request("lean.boom", b"after", timeout=5)).data == b"lean:after"
+        assert lean_stats.handler_errors == errors + 1
+        assert (await nc.request("lean.other", b"o", timeout=5)).data == b"re:o"
+        assert ordinary == [b"o"]
+    finally:
+        await server.drain()
+
+
+async def test_an_unsubscribed_lean_subscription_hears_nothing(nats_url: str, nc) -> None:
+    import nats
+
+    server = await nats.connect(nats_url)
+    try:
+        seen: list = []
+        sub = await _lean_echo(server, "lean.gone", seen)
+        assert (await nc.request("lean.gone", b"1", timeout=5)).data == b"lean:1"
+        await sub.drain()
+        unsubscribe_lean(server, sub)
+        with pytest.raises(NoRespondersError):
+            await nc.request("lean.gone", b"2", timeout=2)
+        assert [data for data, _ in seen] == [b"1"]
+    finally:
+        await server.drain()

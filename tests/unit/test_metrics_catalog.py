@@ -30,6 +30,7 @@ from shared.metrics import (
     OpStats,
     Scrape,
     events_metrics,
+    natsfast_metrics,
     parse,
 )
 from tests.support.metrics_catalog import catalog, missing_and_unlisted
@@ -52,6 +53,8 @@ def builders() -> dict[str, Builder]:
         read_only=False,
         disk_usage_fraction=0.0,
         adds_waiting=0,
+        adds_queued=0,
+        adds_dropped=0,
     )
     ledgerstore = SimpleNamespace(
         store=SimpleNamespace(stats=LedgerstoreStats(), ledgers={}, damaged=None, unsure=None),
@@ -95,7 +98,8 @@ def scraped(service: str) -> Scrape:
     if service == "gateway":  # prometheus_client's own instruments, in the gateway's registry
         return parse(generate_latest(GatewayMetrics().registry).decode())
     registry = MetricsRegistry()
-    registry.add(events_metrics(EventStats()))  # serve_metrics adds it in every service
+    registry.add(events_metrics(EventStats()))  # serve_metrics adds these in every service
+    registry.add(natsfast_metrics())
     registry.add(builders()[service])
     return registry.scrape()
 
