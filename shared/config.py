@@ -31,12 +31,6 @@ class JournalSettings(BaseModel):
     # pending, without waiting max_group_wait_ms for more (batches still form while the
     # previous fsync runs). Off: wait for a threshold or max_group_wait_ms.
     flush_when_queue_empty: bool = True
-    # A group commit of at most this many records is written and fdatasynced on the event
-    # loop's own thread, not handed to the writer thread: a lone add (one entry at a time)
-    # then costs no thread wake-up there and back (docs/performance.md, issue 20 round
-    # three). Bigger commits go to the writer thread, so that the requests arriving during
-    # their fdatasync are read and admitted meanwhile. 0: every commit on the writer thread.
-    inline_sync_max_records: int = Field(default=1, ge=0)
     # journalSyncData: fsync before acknowledging. Off means a machine crash can lose
     # acknowledged entries; a process crash cannot (the data is in the page cache).
     sync_data: bool = True

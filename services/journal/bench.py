@@ -46,11 +46,8 @@ def raw_fsync_rate(directory: Path, seconds: float) -> dict:
     }
 
 
-async def journal_adds(
-    directory: Path, seconds: float, writers: int, size: int, inline_sync_max_records: int = 1
-) -> dict:
-    settings = JournalSettings(max_backups=0, inline_sync_max_records=inline_sync_max_records)
-    journal = Journal(directory, settings)
+async def journal_adds(directory: Path, seconds: float, writers: int, size: int) -> dict:
+    journal = Journal(directory, JournalSettings(max_backups=0))
     await journal.open()
     task = asyncio.create_task(journal.run_writer())
     digest = DigestManager("crc32c")
@@ -81,8 +78,6 @@ async def journal_adds(
     return {
         "entry_size_bytes": size,
         "writers": writers,
-        "inline_sync_max_records": inline_sync_max_records,
-        "inline_syncs": journal.inline_syncs,
         # Every thread of this process (the writer thread too), user and system.
         "cpu_us_per_add": round(cpu_s / max(len(latencies), 1) * 1e6, 1),
         "adds_per_s": round(len(latencies) / elapsed),
@@ -102,11 +97,7 @@ async def run(args: argparse.Namespace) -> dict:
         "machine": {"cpus": os.cpu_count(), "dir": str(base)},
         "raw_fsync_4k": raw_fsync_rate(base, args.seconds),
         "journal": await journal_adds(
-            base / "bookie" / "journal",
-            args.seconds,
-            args.writers,
-            args.entry_size,
-            args.inline_sync_max_records,
+            base / "bookie" / "journal", args.seconds, args.writers, args.entry_size
         ),
     }
 
@@ -116,12 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--writers", type=int, default=64, help="concurrent adders")
     parser.add_argument("--entry-size", type=int, default=1024)
-    parser.add_argument(
-        "--inline-sync-max-records",
-        type=int,
-        default=JournalSettings().inline_sync_max_records,
-        help="journal.inline_sync_max_records (0: every commit on the writer thread)",
-    )
     parser.add_argument("--dir", help="where to write (default: a new temp dir)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)

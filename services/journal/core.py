@@ -21,9 +21,6 @@ class GroupCommitPolicy:
     # is pending, commit at once instead of waiting for more. Batches still form under
     # load (adds pile up while the previous fsync runs) and a lone add is not delayed.
     flush_when_queue_empty: bool = True
-    # A group commit of at most this many records is synced inline, on the caller's own
-    # thread (journal.inline_sync_max_records): no hop to the writer thread and back.
-    inline_sync_max_records: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +63,6 @@ def batch_length(policy: GroupCommitPolicy, record_sizes: Sequence[int]) -> int:
             return count
         total += size
     return len(record_sizes)
-
-
-def sync_inline(policy: GroupCommitPolicy, batch_records: int) -> bool:
-    """Whether a group commit of `batch_records` is written and synced on the event loop's
-    thread (small: a lone add, nothing to overlap with its fdatasync) rather than handed
-    to the writer thread (big: the requests arriving meanwhile are read and admitted while
-    it syncs)."""
-    return batch_records <= policy.inline_sync_max_records
 
 
 def high_priority_writes_allowed(free_bytes: int, min_usable_bytes: int) -> bool:

@@ -44,12 +44,7 @@ from pathlib import Path
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, set_span_in_context
 
-from services.journal.core import (
-    GroupCommitPolicy,
-    batch_length,
-    plan_group_commit,
-    sync_inline,
-)
+from services.journal.core import GroupCommitPolicy, batch_length, plan_group_commit
 from shared.aio import wait_event
 from shared.bookie.files import OS_FILES, FileLayer
 from shared.bookie.handoff import DurableBatch
@@ -439,13 +434,11 @@ class Journal:
             buffered_writes_threshold_bytes=settings.buffered_writes_threshold_bytes,
             buffered_entries_threshold=settings.buffered_entries_threshold,
             flush_when_queue_empty=settings.flush_when_queue_empty,
-            inline_sync_max_records=settings.inline_sync_max_records,
         )
         # Shared by the journals of one bookie (one per journal directory): the bookie's
         # totals. What is this journal's alone is below (`syncs`, `written_bytes`...).
         self.stats = stats or JournalStats()
         self.syncs = 0
-        self.inline_syncs = 0  # of them, written and synced on the event loop's thread
         self.sync_seconds = 0.0
         self.written_bytes = 0
         # `live` includes what is queued (admission decisions); `durable` only what is
@@ -601,16 +594,8 @@ class Journal:
         ):
             await self._writer_thread.run(self._create_file, self._file_id + 1)
         started = time.perf_counter()
-        end = self._file_size + len(data)
         try:
-            if sync_inline(self.policy, len(batch)):
-                # A small commit (a lone add): no hop to the writer thread and back (a
-                # futex wake there, a self-pipe write and two loop turns back). Nothing
-                # else is pending to read meanwhile, so blocking the loop costs nothing.
-                self.inline_syncs += 1
-                written = self._write(data, end)
-            else:
-                written = await self._writer_thread.run(self._write, data, end)
+            written = await self._writer_thread.run(self._write, data, self._file_size + len(data))
         except OSError as exc:
             self._fatal(f"journal write/fsync of {journal_file_name(self._file_id)}: {exc!r}")
             raise

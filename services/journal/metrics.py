@@ -122,12 +122,6 @@ def journal_metrics(service: JournalService) -> Builder:
                 **where,
             )
             e.counter(
-                "quire_journal_dir_inline_syncs",
-                "Of those, commits small enough to be synced on the event loop's thread",
-                journal.inline_syncs,
-                **where,
-            )
-            e.counter(
                 "quire_journal_dir_sync_seconds",
                 "Time spent in the group commits of this journal directory",
                 journal.sync_seconds,

@@ -12,7 +12,6 @@ from services.journal.core import (
     GroupCommitPolicy,
     batch_length,
     plan_group_commit,
-    sync_inline,
 )
 from shared.bookie.rules import disk_read_only
 
@@ -25,14 +24,6 @@ WAITING = GroupCommitPolicy(
     flush_when_queue_empty=False,
 )
 EAGER = GroupCommitPolicy(2.0, 1000, 10, flush_when_queue_empty=True)
-
-
-def test_only_small_commits_are_synced_inline() -> None:
-    lone = GroupCommitPolicy(2.0, 1000, 10, inline_sync_max_records=1)
-    assert sync_inline(lone, 1)
-    assert not sync_inline(lone, 2)
-    assert not sync_inline(EAGER, 1)  # 0 (the core's default): always the writer thread
-    assert sync_inline(GroupCommitPolicy(2.0, 1000, 10, inline_sync_max_records=4), 4)
 
 
 @pytest.mark.parametrize(

@@ -73,17 +73,11 @@ class Fatal:
 
 
 async def run_journal(
-    directory: Path,
-    files: FileLayer,
-    batches: list[list[EntryRecord]],
-    fatal: Fatal,
-    inline_sync_max_records: int = 0,
+    directory: Path, files: FileLayer, batches: list[list[EntryRecord]], fatal: Fatal
 ) -> list[tuple[int, int]]:
     """Submit the batches one after another; the (ledger, entry) acknowledged before the
-    journal died (or all of them). `inline_sync_max_records`: commits of up to this many
-    records are synced on the event loop's thread, bigger ones on the writer thread."""
-    settings = journal_settings(inline_sync_max_records=inline_sync_max_records)
-    journal = Journal(directory, settings, fatal=fatal, files=files)
+    journal died (or all of them)."""
+    journal = Journal(directory, journal_settings(), fatal=fatal, files=files)
     acked: list[tuple[int, int]] = []
     try:
         await journal.open()
@@ -116,10 +110,9 @@ async def journal_ops(tmp_path: Path) -> int:
     return files.ops
 
 
-@pytest.mark.parametrize("inline", [0, 4], ids=["writer-thread", "inline"])
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_crash_at_any_journal_operation_loses_no_acknowledged_entry(
-    tmp_path: Path, mode: str, inline: int
+    tmp_path: Path, mode: str
 ) -> None:
     total = await journal_ops(tmp_path)
     assert total > 12  # create + a write and an fdatasync per batch
@@ -127,7 +120,7 @@ async def test_a_crash_at_any_journal_operation_loses_no_acknowledged_entry(
         directory = tmp_path / f"{mode}-{crash_at}"
         files = FaultyFiles(seed=crash_at)
         files.crash_at(crash_at)
-        acked = await run_journal(directory, files, BATCHES, Fatal(), inline)
+        acked = await run_journal(directory, files, BATCHES, Fatal())
         files.power_loss(mode)
         # A torn tail, even with a hole in the middle of the last batch, is recovered.
         replayed = replay(directory)
@@ -144,15 +137,13 @@ async def test_a_crash_at_any_journal_operation_loses_no_acknowledged_entry(
         assert more == [(2, 0)]
 
 
-@pytest.mark.parametrize("inline", [0, 2], ids=["writer-thread", "inline"])
 @pytest.mark.parametrize(("kind", "err"), [("fsync", EIO), ("write", ENOSPC)])
 async def test_a_failed_fsync_or_write_is_fatal_and_never_acknowledged(
-    tmp_path: Path, kind: str, err: int, inline: int
+    tmp_path: Path, kind: str, err: int
 ) -> None:
     files = FaultyFiles()
     fatal = Fatal()
-    settings = journal_settings(inline_sync_max_records=inline)
-    journal = Journal(tmp_path, settings, fatal=fatal, files=files)
+    journal = Journal(tmp_path, journal_settings(), fatal=fatal, files=files)
     await journal.open()
     writer = asyncio.create_task(journal.run_writer())
     await journal.submit([entry(1, 0)], now_ms=0)
