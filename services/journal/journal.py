@@ -17,9 +17,10 @@ writer thread, group commit and fsync, and these files:
                          whole once it holds more than SNAPSHOT_ROWS_PER_LEDGER_MAX rows a
                          ledger
 
-Durability: a batch is written with one write and made durable with fdatasync before any
-add of it is answered. A write or fsync error is fatal: the process exits at once
-(fail-stop; after a failed fsync the page cache state is unknown, so never retry).
+Durability: a batch is written and made durable (one pwritev with RWF_DSYNC, or a write
+then fdatasync: `FileLayer.write_and_sync`) before any add of it is answered. A write or
+fsync error is fatal: the process exits at once (fail-stop; after a failed fsync the page
+cache state is unknown, so never retry).
 
 Traces: a group commit serves many requests at once, so it is no request's child. A
 commit that serves traced requests (a `submit` given the request's recording span) is a
@@ -732,10 +733,11 @@ class Journal:
         When it started and ended (ns since the epoch, as spans are timed)."""
         started_ns = time.time_ns()
         with self._io_lock:
-            self.files.write(self._fd, data)
             if self.settings.sync_data:
-                self.files.fdatasync(self._fd)
+                self.files.write_and_sync(self._fd, data)
                 self._drop_cache(end)
+            else:
+                self.files.write(self._fd, data)
         return started_ns, time.time_ns()
 
     def _drop_cache(self, end: int) -> None:

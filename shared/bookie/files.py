@@ -9,6 +9,7 @@ Reads go straight to `os.pread`: a crash does not change what a live reader sees
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -42,6 +43,13 @@ class FileLayer:
 
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
+
+    def write_and_sync(self, fd: int, data: bytes | memoryview) -> None:
+        """Append `data` to `fd` (opened by `create`/`open_append`) and fdatasync it: the
+        journal's group commit. Here as `write` then `fdatasync`, so a subclass that
+        overrides either (the fault layers) sees both; `OsFiles` does it in one call."""
+        self.write(fd, data)
+        self.fdatasync(fd)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -102,4 +110,44 @@ class FileLayer:
         crash here, so tests reach every step of a checkpoint."""
 
 
-OS_FILES = FileLayer()
+# pwritev's per-call O_DSYNC (Linux 4.7) and O_APPEND (4.16): the write returns once its
+# data (and what is needed to read it back: the file's new size) is on disk, as
+# write + fdatasync; 0 where the platform has neither.
+if hasattr(os, "RWF_DSYNC") and hasattr(os, "RWF_APPEND"):
+    _DSYNC_APPEND = os.RWF_DSYNC | os.RWF_APPEND
+else:
+    _DSYNC_APPEND = 0
+
+
+class OsFiles(FileLayer):
+    """Production's file layer: plain `os` calls, and a group commit in one system call
+    (`write_and_sync`)."""
+
+    def __init__(self) -> None:
+        self._dsync_append = _DSYNC_APPEND
+
+    def write_and_sync(self, fd: int, data: bytes | memoryview) -> None:
+        """One pwritev with RWF_DSYNC | RWF_APPEND instead of write + fdatasync: the same
+        durability (POSIX synchronized I/O data integrity, what fdatasync gives), one
+        system call, and one release of the GIL instead of two. The journal's writer
+        thread must take the GIL back after each release, and while the event loop's
+        thread is busy that wait can be as long as the switch interval (5 ms): at half
+        the peak rate the loop is busy most of the time. Where the kernel refuses the
+        flags (EINVAL/EOPNOTSUPP: nothing was written), write + fdatasync from then on."""
+        if not self._dsync_append:
+            super().write_and_sync(fd, data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.pwritev(fd, [view], 0, self._dsync_append)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP) or len(view) != len(data):
+                    raise
+                self._dsync_append = 0
+                super().write_and_sync(fd, data)
+                return
+            view = view[written:]
+
+
+OS_FILES: FileLayer = OsFiles()
