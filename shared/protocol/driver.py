@@ -356,8 +356,11 @@ class WriterHandle:
         back, it is `append` in a task (a Task is a Future too). Raises as `append` does
         when the append cannot be queued."""
         if not self.core.fits(len(payloads)):
-            return asyncio.ensure_future(self.append(payloads))
+            return asyncio.ensure_future(self._append_lac(payloads))
         return self._start_append(payloads)[2]
+
+    async def _append_lac(self, payloads: Sequence[bytes]) -> int:
+        return (await self.append(payloads))[2]
 
     def _start_append(self, payloads: Sequence[bytes]) -> tuple[int, int, asyncio.Future[int]]:
         """Queue the append (it fits): (first, last, the future of its LAC)."""
