@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from quire.bench.histogram import Histogram
@@ -191,7 +192,11 @@ class _Pacer:
     each writer in a heap, one event-loop timer for the earliest, every start that is due
     launched when it fires. Thousands of slow writers then cost the bench one timer in all
     and a heap entry each, not a sleeping task each (a timer, a future and a task step of
-    its own per append, on top of the append's).
+    its own per append, on top of the append's). An append the client starts as a future
+    (Quire's in-process `WriterHandle.append_future`) is waited for by a done callback; one
+    that is a coroutine (JetStream's: nats-py's publish is one) runs in a task. Either way
+    it starts at its scheduled time and its latency ends at the first turn of the loop
+    after its answer.
 
     A writer keeps at most `in_flight` appends outstanding; a start that finds its window
     full waits, and goes the moment one of its appends ends. Latency counts from the
@@ -223,7 +228,7 @@ class _Pacer:
         ]
         self._outstanding = [0] * spec.writers
         self._waiting: dict[int, float] = {}  # writer -> its due start, while its window is full
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: set[asyncio.Future[Any]] = set()  # the appends outstanding
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -265,32 +270,49 @@ class _Pacer:
         if self._cancelled:
             return
         self._outstanding[writer] += 1
-        task = self._loop.create_task(self._one(writer, started))
-        self._running.add(task)
         if (after := due + self._interval_s) < self._stop_at:
             heapq.heappush(self._heap, (after, writer))
-
-    async def _one(self, writer: int, started: float) -> None:
         try:
-            await self._appends[writer](self._payloads)
+            started_append = self._appends[writer](self._payloads)
         except Exception as exc:  # counted and shown; the run goes on
             self._recorder.failed(exc)
+            self._ended(writer)
+            return
+        # A client that starts an append without a coroutine hands back a future: waited
+        # for by a callback (no task, no coroutine frames to resume); a coroutine (the
+        # JetStream client's append) runs in a task, as every append did before.
+        if isinstance(started_append, asyncio.Future):
+            future: asyncio.Future[Any] = started_append
         else:
-            self._recorder.record(started, time.perf_counter())
-        finally:
-            self._running.discard(asyncio.current_task())  # type: ignore[arg-type]
-            self._outstanding[writer] -= 1
-            if (due := self._waiting.pop(writer, None)) is not None:
-                self._launch(writer, due, due)  # overdue: at once
-            self._arm()
+            future = asyncio.ensure_future(started_append, loop=self._loop)
+        self._running.add(future)
+        future.add_done_callback(partial(self._answered, writer, started))
+
+    def _answered(self, writer: int, started: float, future: asyncio.Future[Any]) -> None:
+        """An append ended (answered, failed or cancelled): its latency counts from
+        `started`, the scheduled start, up to now (the callback runs in the turn after
+        the answer, as a task awaiting it would resume)."""
+        self._running.discard(future)
+        if not future.cancelled():
+            if (exc := future.exception()) is not None:
+                self._recorder.failed(exc)
+            else:
+                self._recorder.record(started, time.perf_counter())
+        self._ended(writer)
+
+    def _ended(self, writer: int) -> None:
+        self._outstanding[writer] -= 1
+        if (due := self._waiting.pop(writer, None)) is not None:
+            self._launch(writer, due, due)  # overdue: at once
+        self._arm()
 
     def cancel(self) -> None:
         """Start nothing more; cancel the appends outstanding."""
         self._cancelled = True
         if self._timer is not None:
             self._timer.cancel()
-        for task in list(self._running):
-            task.cancel()
+        for future in list(self._running):
+            future.cancel()
 
 
 async def create_ledgers(target: Target, count: int, concurrency: int) -> list[Append]:

@@ -261,6 +261,8 @@ class LedgerWriter:
         self._progress()
 
     def _on_reply(self, event: BookieAddReply) -> None:
+        if event.status is BookieStatus.OK and self._ack_all(event):
+            return
         # An entry sent but missing from an OK answer counts as the bookie's IO_ERROR.
         missing = BookieStatus.IO_ERROR if event.status is BookieStatus.OK else event.status
         statuses: dict[int, BookieStatus] = {entry_id: missing for entry_id in event.entry_ids}
@@ -278,6 +280,42 @@ class LedgerWriter:
                     status,
                     f"bookie {event.bookie_id} answered {status.name}",
                 )
+
+    def _ack_all(self, event: BookieAddReply) -> bool:
+        """The usual answer: OK for every entry sent, in order, all in one segment. Each is
+        `_on_ack`ed with the bookie's index looked up once (an ack per entry and bookie was
+        most of the core's work per entry); False, having done nothing, for any other."""
+        entry_ids, results = event.entry_ids, event.results
+        if not entry_ids or len(results) != len(entry_ids):
+            return False
+        ledger_id, ok = self.ledger_id, BookieStatus.OK
+        for entry_id, result in zip(entry_ids, results, strict=True):
+            if (
+                result.entry_id != entry_id
+                or result.ledger_id != ledger_id
+                or result.status is not ok
+            ):
+                return False
+        segment = self.metadata.segment_for(entry_ids[0])
+        if self.metadata.segment_for(entry_ids[-1]) is not segment:
+            return False
+        bookies = segment.bookies
+        if event.bookie_id not in bookies:
+            return True  # a stray answer: none of its entries is on that bookie
+        index = bookies.index(event.bookie_id)
+        size, write_quorum = self.quorum.ensemble_size, self.quorum.write_quorum
+        pending_of, change = self._pending.get, self._change
+        for entry_id in entry_ids:
+            # `index in write_set(entry_id)`: (entry_id + i) % size == index for an i < Qw.
+            if (index - entry_id) % size >= write_quorum:
+                continue
+            pending = pending_of(entry_id)
+            if pending is None or index in pending.failed:
+                continue  # late, duplicate or stray; or a bookie already counted as failed
+            if change is not None and index in change.failed:
+                continue  # its bookie is being replaced: the replacement must store it
+            pending.acks.add(index)
+        return True
 
     def _index_of(self, entry_id: int, bookie_id: str) -> int | None:
         bookies = self.metadata.segment_for(entry_id).bookies

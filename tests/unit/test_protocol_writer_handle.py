@@ -260,3 +260,30 @@ async def test_adds_in_flight_to_a_killed_bookie_fail_once_a_probe_finds_it_gone
     assert update.segments[-1].bookies == ["b0", "b1", "b3"]
     assert bookies.probed[0] == "b2" and set(bookies.probed) == {"b2"}
     client.close()
+
+
+async def test_append_future_resolves_with_the_lac_and_waits_out_back_pressure() -> None:
+    """`append_future` (the paced bench's append, no coroutine): a future of the LAC; with
+    the core's pending bound full, the append waits for room (a Task) and then resolves
+    with the LAC too."""
+    clock, bookies = Clock(), Bookies()
+    settings = GatewaySettings(add_entry_timeout_ms=ADD_TIMEOUT_MS)
+    client = ProtocolClient(bookies, None, settings, clock=clock)  # type: ignore[arg-type]
+    core = LedgerWriter(
+        metadata(),
+        KEY,
+        DigestManager("crc32c", b"pw"),
+        add_entry_timeout_ms=ADD_TIMEOUT_MS,
+        max_pending_adds=2,
+        now_ms=clock.ms,
+    )
+    handle = WriterHandle(core, client)
+    futures = [handle.append_future([b"entry"]) for _ in range(3)]
+    assert not isinstance(futures[0], asyncio.Task)
+    assert isinstance(futures[2], asyncio.Task)  # the bound of 2 was full: it waits
+    lacs = await asyncio.wait_for(asyncio.gather(*futures), WAIT_S)
+    # Each resolves with the LAC once its entry is acknowledged (entries 0-2 in order).
+    assert all(lac >= entry for entry, lac in enumerate(lacs)) and lacs == sorted(lacs)
+    assert lacs[-1] == 2
+    assert core.lac == 2
+    client.close()
