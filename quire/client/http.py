@@ -30,6 +30,14 @@ CUT = "RESPONSE_CUT"
 WRITERS_KEPT = 4096
 
 
+# An idle pooled connection is dropped after this long: well before the gateway's server
+# closes it (uvicorn's keep-alive timeout, 5 s). At httpx's default, also 5 s, a request
+# sent on a connection idle for about 5 s raced the server's close and failed with
+# "Server disconnected without sending a response" (`quire bench --compare one-ledger
+# --via http` closed the first run's ledgers after the second run's few seconds).
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 def problem_error(response: httpx.Response) -> QuireClientError:
     """An error answer's problem details (API.md) as the exception."""
     try:
@@ -59,6 +67,7 @@ class HttpClient(QuireClient):
             timeout=timeout_s,
             verify=verify,
             transport=transport,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
         # The writers' gateways redirects named, by ledger (base URLs), oldest first.
         self._writers: OrderedDict[int, str] = OrderedDict()
