@@ -80,6 +80,11 @@ async def _group_commit_loop(
     writer_task.cancel()
     latencies.sort()
     cpu = time.process_time() - cpu_started
+    return _report(latencies, commits, elapsed, cpu)
+
+
+def _report(latencies: list[float], commits: int, elapsed: float, cpu: float) -> dict:
+    """One mode's figures from its sorted add latencies (s), commits, wall and CPU time."""
     return {
         "cpu_us_per_add": round(cpu / max(len(latencies), 1) * 1e6, 1),
         "adds_per_s": round(len(latencies) / elapsed),
@@ -224,14 +229,7 @@ async def run_thread_loop(path: Path, seconds: float, adders: int) -> dict:
     thread.join()
     os.close(fd)
     latencies.sort()
-    return {
-        "cpu_us_per_add": round(cpu / max(len(latencies), 1) * 1e6, 1),
-        "adds_per_s": round(len(latencies) / elapsed),
-        "commits_per_s": round(commits / elapsed),
-        "mean_batch": round(len(latencies) / max(commits, 1), 1),
-        "p50_ms": round(statistics.median(latencies) * 1000, 3),
-        "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 3),
-    }
+    return _report(latencies, commits, elapsed, cpu)
 
 
 MODES = {
