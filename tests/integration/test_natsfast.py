@@ -191,7 +191,10 @@ async def test_an_unsubscribed_lean_subscription_hears_nothing(nats_url: str, nc
         assert (await nc.request("lean.gone", b"1", timeout=5)).data == b"lean:1"
         await sub.drain()
         unsubscribe_lean(server, sub)
-        with pytest.raises(NoRespondersError):
+        # No answer: "no responders" at once, or a timeout when the server still routed
+        # the request to the old interest (it failed so once in a loaded CI run). Either
+        # way the handler must not have heard it (below).
+        with pytest.raises((NoRespondersError, nats.errors.TimeoutError)):
             await nc.request("lean.gone", b"2", timeout=2)
         assert [data for data, _ in seen] == [b"1"]
     finally:
