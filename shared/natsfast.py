@@ -106,7 +106,20 @@ class LeanStats:
 lean_stats = LeanStats()
 
 
-class _Dispatch:
+class _NeverDone:
+    """What nats-py asks of a "future" subscription's future besides `set_result`: it is
+    never cancelled or done, so nats-py hands it every message."""
+
+    __slots__ = ()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+
+class _Dispatch(_NeverDone):
     """Stands in for the future of a nats-py "future" subscription: nats-py calls
     `set_result` with each message as its read loop parses it."""
 
@@ -115,12 +128,6 @@ class _Dispatch:
     def __init__(self, waiting: dict[str, _Waiter], prefix_len: int) -> None:
         self._waiting = waiting
         self._prefix_len = prefix_len
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return False
 
     def set_result(self, msg: Msg) -> None:
         waiter = self._waiting.pop(msg.subject[self._prefix_len :], None)
@@ -346,7 +353,7 @@ def _write(nc: NatsClient) -> None:
 Deliver = Callable[[bytes, bytes, "dict[str, str] | None"], None]
 
 
-class _LeanSink:
+class _LeanSink(_NeverDone):
     """A lean subscription's "future" (see `_Dispatch`): takes the messages nats-py's own
     `_process_msg` builds before the subscription is in the lean table (those parsed
     while `subscribe` was awaiting), and hands them to the same handler."""
@@ -355,12 +362,6 @@ class _LeanSink:
 
     def __init__(self, deliver: Deliver) -> None:
         self.deliver = deliver
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return False
 
     def set_result(self, msg: Msg) -> None:
         _deliver(self.deliver, msg.reply.encode(), msg.data, msg.headers)
